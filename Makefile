@@ -1,0 +1,28 @@
+# The two commands: `make demo` and `make test`. Each installs what is missing,
+# configures into build/, builds, then runs.
+JOBS ?= $(shell nproc)
+BUILD := build
+
+.PHONY: demo test build setup configure asan clean
+
+setup:
+	@./scripts/setup
+
+configure: setup
+	@cmake --preset default > /dev/null
+
+build: configure
+	@cmake --build $(BUILD) -j $(JOBS)
+
+demo: build
+	./scripts/demo
+
+test: build
+	cd $(BUILD) && OPENBLAS_NUM_THREADS=1 ctest --output-on-failure -j $(JOBS) --timeout 600
+
+asan: setup
+	cmake --preset asan > /dev/null && cmake --build build-asan -j $(JOBS) && \
+	  cd build-asan && OPENBLAS_NUM_THREADS=1 ctest --output-on-failure -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD) build-asan

@@ -1,0 +1,12 @@
+// Each `hp` subcommand registers itself on the CLI11 app in its own file.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace hp::cli {
+
+void add_version_command(CLI::App& app);
+
+}  // namespace hp::cli

@@ -1,0 +1,30 @@
+// hp: the HyperParallel command line (schedule, dryrun, plan, train).
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "commands.h"
+#include "hp/base/error.h"
+
+namespace hp::cli {
+
+void add_version_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("version", "print the version");
+  cmd->callback([] { std::cout << "hp 0.1.0\n"; });
+}
+
+}  // namespace hp::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"HyperParallel: distributed training made simple"};
+  app.require_subcommand(1);
+  hp::cli::add_version_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const hp::Error& e) {
+    std::cerr << "hp: error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}
