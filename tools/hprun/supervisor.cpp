@@ -1,0 +1,234 @@
+#include "supervisor.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "hp/base/error.h"
+
+namespace hp::run {
+namespace {
+
+volatile std::sig_atomic_t g_interrupted = 0;
+
+void on_interrupt(int) { g_interrupted = 1; }
+
+struct Rank {
+  int rank = 0;
+  pid_t pid = -1;
+  int out_fd = -1;  // child's stdout, relayed to ours
+  int err_fd = -1;  // child's stderr, relayed to ours
+  std::string out_buf, err_buf;
+  bool running = false;
+};
+
+void write_all(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = ::write(fd, s.data() + off, s.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    off += static_cast<size_t>(n);
+  }
+}
+
+// Emits every complete line of `buf` with the rank prefix; keeps the tail.
+void flush_lines(int rank, std::string& buf, int to_fd, bool final) {
+  const std::string prefix = "[rank" + std::to_string(rank) + "]: ";
+  size_t start = 0, nl;
+  std::string out;
+  while ((nl = buf.find('\n', start)) != std::string::npos) {
+    out += prefix + buf.substr(start, nl - start + 1);
+    start = nl + 1;
+  }
+  buf.erase(0, start);
+  if (final && !buf.empty()) {
+    out += prefix + buf + "\n";
+    buf.clear();
+  }
+  write_all(to_fd, out);
+}
+
+// Reads what is available; returns false at end of file.
+bool pump(int& fd, std::string& buf, int rank, int to_fd) {
+  char chunk[65536];
+  ssize_t n = ::read(fd, chunk, sizeof chunk);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+  if (n <= 0) {
+    flush_lines(rank, buf, to_fd, true);
+    ::close(fd);
+    fd = -1;
+    return false;
+  }
+  buf.append(chunk, static_cast<size_t>(n));
+  flush_lines(rank, buf, to_fd, false);
+  return true;
+}
+
+std::string describe(int rank, pid_t pid, int status) {
+  std::string who = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ")";
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    return who + " was killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
+  }
+  return who + " exited with code " + std::to_string(WEXITSTATUS(status));
+}
+
+pid_t spawn(const Options& opt, int rank, int local_rank, int port, int restart_count, int out_w,
+            int err_w) {
+  pid_t pid = ::fork();
+  HP_CHECK(pid >= 0) << "fork failed: " << std::strerror(errno);
+  if (pid > 0) return pid;
+  // Child: its own process group, so that stopping it stops what it started.
+  ::setpgid(0, 0);
+  ::dup2(out_w, 1);
+  ::dup2(err_w, 2);
+  const int world = opt.nproc_per_node * opt.nnodes;
+  auto set = [](const char* k, const std::string& v) { ::setenv(k, v.c_str(), 1); };
+  set("RANK", std::to_string(rank));
+  set("LOCAL_RANK", std::to_string(local_rank));
+  set("WORLD_SIZE", std::to_string(world));
+  set("LOCAL_WORLD_SIZE", std::to_string(opt.nproc_per_node));
+  set("GROUP_RANK", std::to_string(opt.node_rank));
+  set("MASTER_ADDR", opt.master_addr);
+  set("MASTER_PORT", std::to_string(port));
+  set("HP_RESTART_COUNT", std::to_string(restart_count));
+  set("TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count));
+  std::vector<char*> argv;
+  for (const auto& a : opt.command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  ::execvp(argv[0], argv.data());
+  std::string msg = "hprun: cannot execute '" + opt.command[0] + "': " + std::strerror(errno) + "\n";
+  write_all(2, msg);
+  ::_exit(127);
+}
+
+}  // namespace
+
+void install_interrupt_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+  ::signal(SIGPIPE, SIG_IGN);
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  HP_CHECK(fd >= 0) << "socket() failed: " << std::strerror(errno);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+            ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  ::close(fd);
+  HP_CHECK(ok) << "cannot find a free port on 127.0.0.1: " << std::strerror(errno);
+  return ntohs(addr.sin_port);
+}
+
+Outcome run_attempt(const Options& opt, int master_port, int restart_count) {
+  std::vector<Rank> ranks(opt.nproc_per_node);
+  for (int l = 0; l < opt.nproc_per_node; ++l) {
+    int out[2], err[2];
+    HP_CHECK(::pipe2(out, O_CLOEXEC) == 0 && ::pipe2(err, O_CLOEXEC) == 0)
+        << "pipe failed: " << std::strerror(errno);
+    Rank& r = ranks[l];
+    r.rank = opt.node_rank * opt.nproc_per_node + l;
+    r.pid = spawn(opt, r.rank, l, master_port, restart_count, out[1], err[1]);
+    ::setpgid(r.pid, r.pid);  // also here: no race with the child's own call
+    ::close(out[1]);
+    ::close(err[1]);
+    r.out_fd = out[0];
+    r.err_fd = err[0];
+    r.running = true;
+  }
+
+  Outcome outcome;
+  outcome.ok = true;
+  bool stopping = false;
+  auto stop_started = std::chrono::steady_clock::now();
+  bool killed = false;
+
+  auto stop_all = [&](int sig) {
+    for (auto& r : ranks)
+      if (r.running) ::kill(-r.pid, sig);
+  };
+
+  for (;;) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Rank*, bool>> owners;  // (rank, is_stderr)
+    for (auto& r : ranks) {
+      if (r.out_fd >= 0) fds.push_back({r.out_fd, POLLIN, 0}), owners.push_back({&r, false});
+      if (r.err_fd >= 0) fds.push_back({r.err_fd, POLLIN, 0}), owners.push_back({&r, true});
+    }
+    if (!fds.empty()) ::poll(fds.data(), fds.size(), 50);
+    else ::usleep(20000);
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      Rank* r = owners[i].first;
+      if (owners[i].second) pump(r->err_fd, r->err_buf, r->rank, 2);
+      else pump(r->out_fd, r->out_buf, r->rank, 1);
+    }
+
+    bool any_running = false;
+    for (auto& r : ranks) {
+      if (!r.running) continue;
+      int status = 0;
+      pid_t got = ::waitpid(r.pid, &status, WNOHANG);
+      if (got == r.pid) {
+        r.running = false;
+        bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        if (failed && outcome.ok && !stopping) {
+          outcome.ok = false;
+          outcome.failure = describe(r.rank, r.pid, status);
+          outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        }
+      } else {
+        any_running = true;
+      }
+    }
+
+    if (g_interrupted && !outcome.interrupted) {
+      outcome.interrupted = true;
+      outcome.ok = false;
+      outcome.exit_code = 130;
+      if (outcome.failure.empty()) outcome.failure = "interrupted";
+    }
+    if (!outcome.ok && !stopping && any_running) {
+      stopping = true;
+      stop_started = std::chrono::steady_clock::now();
+      stop_all(SIGTERM);
+    }
+    if (stopping && !killed && any_running &&
+        std::chrono::steady_clock::now() - stop_started > std::chrono::duration<double>(opt.grace_s)) {
+      killed = true;
+      stop_all(SIGKILL);
+    }
+    bool pipes_open = false;
+    for (auto& r : ranks) pipes_open |= r.out_fd >= 0 || r.err_fd >= 0;
+    // A grandchild may hold a pipe open after its rank died: do not wait for it once stopping.
+    if (!any_running && (!pipes_open || stopping)) break;
+    if (!any_running && !outcome.ok) break;
+  }
+  for (auto& r : ranks) {
+    if (r.out_fd >= 0) flush_lines(r.rank, r.out_buf, 1, true), ::close(r.out_fd);
+    if (r.err_fd >= 0) flush_lines(r.rank, r.err_buf, 2, true), ::close(r.err_fd);
+  }
+  return outcome;
+}
+
+}  // namespace hp::run
