@@ -1,0 +1,12 @@
+// hp/comm.h: the public header of the comm layer.
+#pragma once
+
+#include "hp/comm/autograd.h"
+#include "hp/comm/collectives.h"
+#include "hp/comm/device_mesh.h"
+#include "hp/comm/local_ranks.h"
+#include "hp/comm/world.h"
+
+namespace hp {
+using comm::init_distributed;
+}

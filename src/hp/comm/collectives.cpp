@@ -1,0 +1,319 @@
+#include "hp/comm/collectives.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <numeric>
+
+#include "hp/base/error.h"
+#include "hp/base/strings.h"
+
+namespace hp::comm {
+namespace {
+
+int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+
+bool all_equal(const std::vector<int64_t>& v) {
+  return std::all_of(v.begin(), v.end(), [&](int64_t x) { return x == v.front(); });
+}
+
+// Gloo in LibTorch 1.13 cannot carry bfloat16 (nor int16): move its bits as float16,
+// which data-movement collectives copy without arithmetic.
+at::Tensor wire(const at::Tensor& t) {
+  if (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kShort) return t.view(at::kHalf);
+  if (t.scalar_type() == at::kBool) return t.view(at::kByte);
+  return t;
+}
+
+std::string what(const char* op, const Group& g) { return std::string(op) + " on " + g.describe(); }
+
+template <typename F>
+WorkPtr launch(const char* op, const Group& g, F&& start) {
+  try {
+    return start();
+  } catch (const std::exception& e) {
+    HP_FAIL() << what(op, g) << " failed: " << e.what();
+  }
+  return {};
+}
+
+c10d::ReduceOp to_c10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum:
+    case ReduceOp::Avg: return c10d::ReduceOp::SUM;  // divided locally afterwards
+    case ReduceOp::Max: return c10d::ReduceOp::MAX;
+    case ReduceOp::Min: return c10d::ReduceOp::MIN;
+    case ReduceOp::Product: return c10d::ReduceOp::PRODUCT;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+void divide_(at::Tensor& t, int64_t n) {
+  if (at::isIntegralType(t.scalar_type(), /*includeBool=*/true)) t.div_(n, "trunc");
+  else t.div_(n);
+}
+
+// Reduces `stacked` over dim 0 (one slice per rank, in rank order: deterministic).
+at::Tensor reduce_stack(const at::Tensor& stacked, ReduceOp op) {
+  const auto dtype = stacked.scalar_type();
+  const bool widen = dtype == at::kBFloat16 || dtype == at::kHalf;
+  at::Tensor x = widen ? stacked.to(at::kFloat) : stacked;
+  at::Tensor r;
+  switch (op) {
+    case ReduceOp::Sum: r = x.sum(0, false, x.scalar_type()); break;
+    case ReduceOp::Avg: r = x.sum(0, false, x.scalar_type()); divide_(r, stacked.size(0)); break;
+    case ReduceOp::Max: r = std::get<0>(x.max(0)); break;
+    case ReduceOp::Min: r = std::get<0>(x.min(0)); break;
+    case ReduceOp::Product: r = x.prod(0, false, x.scalar_type()); break;
+  }
+  return widen ? r.to(dtype) : r;
+}
+
+int64_t wrap_dim(int64_t dim, const at::Tensor& t, const char* op) {
+  const int64_t nd = t.dim();
+  HP_CHECK(nd > 0) << op << " needs a tensor with at least one dim, got a scalar";
+  HP_CHECK(dim >= -nd && dim < nd) << op << ": dim " << dim << " out of range for shape " << t.sizes();
+  return dim < 0 ? dim + nd : dim;
+}
+
+// c10d wants empty split lists for equal pieces.
+std::vector<int64_t> splits_or_empty(const std::vector<int64_t>& s) {
+  return all_equal(s) ? std::vector<int64_t>{} : s;
+}
+
+}  // namespace
+
+std::vector<int64_t> chunk_sizes(int64_t n, int parts) {
+  HP_CHECK(parts >= 1 && n >= 0) << "cannot chunk " << n << " into " << parts << " parts";
+  const int64_t chunk = (n + parts - 1) / parts;
+  std::vector<int64_t> s(parts);
+  for (int i = 0; i < parts; ++i) s[i] = std::max<int64_t>(0, std::min(chunk, n - i * chunk));
+  return s;
+}
+
+Pending all_reduce_async(at::Tensor t, const Group& g, ReduceOp op) {
+  // Reduce 16-bit floats in float32: Gloo lacks bfloat16, and it is more accurate.
+  const bool widen = t.scalar_type() == at::kBFloat16 && g.device() == "cpu";
+  at::Tensor buf = widen ? t.to(at::kFloat) : t.contiguous();
+  if (g.size() == 1) return Pending::done(t);
+  std::vector<at::Tensor> bufs{buf};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = to_c10d(op);
+  opts.timeout = g.timeout();
+  WorkPtr w = launch("all_reduce", g, [&] { return g.backend().allreduce(bufs, opts); });
+  const int64_t n = g.size();
+  return Pending(
+      w,
+      [t, buf, op, n]() mutable {
+        if (op == ReduceOp::Avg) divide_(buf, n);
+        if (!buf.is_same(t)) t.copy_(buf);
+        return t;
+      },
+      what("all_reduce", g), g.timeout());
+}
+
+at::Tensor all_reduce_(at::Tensor t, const Group& g, ReduceOp op) { return all_reduce_async(t, g, op).wait(); }
+
+at::Tensor all_reduce(const at::Tensor& t, const Group& g, ReduceOp op) {
+  return all_reduce_async(t.clone(), g, op).wait();
+}
+
+Pending all_to_all_single_async(at::Tensor out, const at::Tensor& in, const Group& g,
+                                std::vector<int64_t> out_splits, std::vector<int64_t> in_splits) {
+  HP_CHECK(out.scalar_type() == in.scalar_type())
+      << "all_to_all on " << g.describe() << ": output dtype " << out.scalar_type()
+      << " differs from input dtype " << in.scalar_type();
+  HP_CHECK(out.is_contiguous()) << "all_to_all on " << g.describe() << " needs a contiguous output";
+  at::Tensor src = in.contiguous();
+  if (g.size() == 1) {
+    out.copy_(src.view(out.sizes()));
+    return Pending::done(out);
+  }
+  at::Tensor out_w = wire(out), in_w = wire(src);
+  c10d::AllToAllOptions opts;
+  opts.timeout = g.timeout();
+  WorkPtr w = launch("all_to_all", g, [&] {
+    return g.backend().alltoall_base(out_w, in_w, out_splits, in_splits, opts);
+  });
+  return Pending(w, [out, src] { return out; }, what("all_to_all", g), g.timeout());
+}
+
+Pending all_gather_async(const at::Tensor& t, const Group& g, int64_t dim, std::vector<int64_t> sizes) {
+  dim = wrap_dim(dim, t, "all_gather");
+  const int n = g.size();
+  if (sizes.empty()) sizes.assign(n, t.size(dim));
+  HP_CHECK(static_cast<int>(sizes.size()) == n && sizes[g.rank()] == t.size(dim))
+      << "all_gather on " << g.describe() << ": sizes " << to_string_list(sizes)
+      << " must have one entry per rank, this rank's equal to its extent " << t.size(dim)
+      << " along dim " << dim;
+  if (n == 1) return Pending::done(t.clone());
+  // Every rank sends its rows to every rank: an all-to-all of n copies moves the bytes
+  // of a ring all-gather and runs far faster than Gloo's list all-gather.
+  at::Tensor rows = t.movedim(dim, 0);
+  std::vector<int64_t> rep_shape = rows.sizes().vec();
+  rep_shape.insert(rep_shape.begin(), n);
+  std::vector<int64_t> flat_shape = rows.sizes().vec();
+  flat_shape[0] *= n;
+  at::Tensor send = rows.unsqueeze(0).expand(rep_shape).contiguous().view(flat_shape);
+  std::vector<int64_t> out_shape = rows.sizes().vec();
+  out_shape[0] = sum(sizes);
+  at::Tensor out = at::empty(out_shape, t.options());
+  return all_to_all_single_async(out, send, g, splits_or_empty(sizes), std::vector<int64_t>{})
+      .then([dim](at::Tensor got) { return dim == 0 ? got : got.movedim(0, dim).contiguous(); },
+            what("all_gather", g));
+}
+
+at::Tensor all_gather(const at::Tensor& t, const Group& g, int64_t dim, std::vector<int64_t> sizes) {
+  return all_gather_async(t, g, dim, std::move(sizes)).wait();
+}
+
+Pending reduce_scatter_async(const at::Tensor& t, const Group& g, int64_t dim, ReduceOp op,
+                             std::vector<int64_t> sizes) {
+  dim = wrap_dim(dim, t, "reduce_scatter");
+  const int n = g.size();
+  if (sizes.empty()) sizes = chunk_sizes(t.size(dim), n);
+  HP_CHECK(static_cast<int>(sizes.size()) == n && sum(sizes) == t.size(dim))
+      << "reduce_scatter on " << g.describe() << ": sizes " << to_string_list(sizes)
+      << " must have one entry per rank and add up to extent " << t.size(dim) << " along dim " << dim;
+  if (n == 1) return Pending::done(reduce_stack(t.unsqueeze(0), op));
+  // All-to-all hands rank r every rank's r-th piece; a local reduction (in rank order,
+  // hence deterministic) finishes it. Same bytes as a ring reduce-scatter.
+  at::Tensor rows = t.movedim(dim, 0).contiguous();
+  std::vector<int64_t> out_shape = rows.sizes().vec();
+  const int64_t mine = sizes[g.rank()];
+  out_shape[0] = mine * n;
+  at::Tensor out = at::empty(out_shape, t.options());
+  return all_to_all_single_async(out, rows, g, std::vector<int64_t>{}, splits_or_empty(sizes))
+      .then(
+          [n, mine, dim, op](at::Tensor got) {
+            std::vector<int64_t> stacked = got.sizes().vec();
+            stacked[0] = mine;
+            stacked.insert(stacked.begin(), n);
+            at::Tensor r = reduce_stack(got.view(stacked), op);
+            return dim == 0 ? r : r.movedim(0, dim).contiguous();
+          },
+          what("reduce_scatter", g));
+}
+
+at::Tensor reduce_scatter(const at::Tensor& t, const Group& g, int64_t dim, ReduceOp op,
+                          std::vector<int64_t> sizes) {
+  return reduce_scatter_async(t, g, dim, op, std::move(sizes)).wait();
+}
+
+Pending all_to_all_async(const at::Tensor& t, const Group& g, int64_t split_dim, int64_t concat_dim,
+                         std::vector<int64_t> split_sizes, std::vector<int64_t> concat_sizes) {
+  split_dim = wrap_dim(split_dim, t, "all_to_all");
+  concat_dim = wrap_dim(concat_dim, t, "all_to_all");
+  const int n = g.size();
+  if (split_sizes.empty()) split_sizes = chunk_sizes(t.size(split_dim), n);
+  HP_CHECK(static_cast<int>(split_sizes.size()) == n && sum(split_sizes) == t.size(split_dim))
+      << "all_to_all on " << g.describe() << ": split sizes " << to_string_list(split_sizes)
+      << " must have one entry per rank and add up to " << t.size(split_dim) << " along dim " << split_dim;
+  const int64_t mine = split_sizes[g.rank()];
+  if (concat_sizes.empty())
+    concat_sizes.assign(n, split_dim == concat_dim ? mine : t.size(concat_dim));
+  HP_CHECK(static_cast<int>(concat_sizes.size()) == n)
+      << "all_to_all on " << g.describe() << ": concat sizes " << to_string_list(concat_sizes)
+      << " must have one entry per rank";
+
+  // Pack the outgoing pieces back to back, each contiguous in its own shape.
+  std::vector<at::Tensor> pieces = t.split_with_sizes(split_sizes, split_dim);
+  std::vector<int64_t> in_splits(n);
+  for (int r = 0; r < n; ++r) in_splits[r] = pieces[r].numel();
+  at::Tensor send;
+  if (split_dim == 0 && t.is_contiguous()) {
+    send = t.reshape({-1});
+  } else {
+    send = at::empty({t.numel()}, t.options());
+    int64_t off = 0;
+    for (auto& p : pieces) {
+      send.narrow(0, off, p.numel()).view(p.sizes()).copy_(p);
+      off += p.numel();
+    }
+  }
+  // Rank r's piece arrives with our split extent and its concat extent.
+  std::vector<std::vector<int64_t>> in_shapes(n);
+  std::vector<int64_t> out_splits(n);
+  for (int r = 0; r < n; ++r) {
+    in_shapes[r] = t.sizes().vec();
+    in_shapes[r][split_dim] = mine;
+    in_shapes[r][concat_dim] = concat_sizes[r];
+    out_splits[r] = std::accumulate(in_shapes[r].begin(), in_shapes[r].end(), int64_t{1},
+                                    std::multiplies<int64_t>());
+  }
+  at::Tensor out = at::empty({sum(out_splits)}, t.options());
+  return all_to_all_single_async(out, send, g, out_splits, in_splits)
+      .then(
+          [in_shapes, out_splits, concat_dim](at::Tensor flat) {
+        std::vector<at::Tensor> parts;
+        int64_t off = 0;
+        for (size_t r = 0; r < in_shapes.size(); ++r) {
+          parts.push_back(flat.narrow(0, off, out_splits[r]).view(in_shapes[r]));
+          off += out_splits[r];
+        }
+        return at::cat(parts, concat_dim);
+      },
+          what("all_to_all", g));
+}
+
+at::Tensor all_to_all(const at::Tensor& t, const Group& g, int64_t split_dim, int64_t concat_dim,
+                      std::vector<int64_t> split_sizes, std::vector<int64_t> concat_sizes) {
+  return all_to_all_async(t, g, split_dim, concat_dim, std::move(split_sizes), std::move(concat_sizes))
+      .wait();
+}
+
+Pending broadcast_async(at::Tensor t, const Group& g, int src) {
+  HP_CHECK(src >= 0 && src < g.size()) << "broadcast on " << g.describe() << ": source rank " << src
+                                       << " is outside the group";
+  if (g.size() == 1) return Pending::done(t);
+  at::Tensor buf = t.contiguous();
+  std::vector<at::Tensor> bufs{wire(buf)};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = src;
+  opts.timeout = g.timeout();
+  WorkPtr w = launch("broadcast", g, [&] { return g.backend().broadcast(bufs, opts); });
+  return Pending(
+      w,
+      [t, buf]() mutable {
+        if (!buf.is_same(t)) t.copy_(buf);
+        return t;
+      },
+      what("broadcast", g), g.timeout());
+}
+
+at::Tensor broadcast_(at::Tensor t, const Group& g, int src) { return broadcast_async(t, g, src).wait(); }
+
+Pending send_async(const at::Tensor& t, const Group& g, int peer, int tag) {
+  HP_CHECK(peer >= 0 && peer < g.size() && peer != g.rank())
+      << "send on " << g.describe() << ": peer " << peer << " must be another rank of the group";
+  at::Tensor buf = t.contiguous();
+  std::vector<at::Tensor> bufs{wire(buf)};
+  WorkPtr w = launch("send", g, [&] { return g.backend().send(bufs, peer, tag); });
+  return Pending(w, [buf] { return buf; }, what("send", g) + " to " + std::to_string(peer), g.timeout());
+}
+
+Pending recv_async(at::Tensor t, const Group& g, int peer, int tag) {
+  HP_CHECK(peer >= 0 && peer < g.size() && peer != g.rank())
+      << "recv on " << g.describe() << ": peer " << peer << " must be another rank of the group";
+  at::Tensor buf = t.contiguous();
+  std::vector<at::Tensor> bufs{wire(buf)};
+  WorkPtr w = launch("recv", g, [&] { return g.backend().recv(bufs, peer, tag); });
+  return Pending(
+      w,
+      [t, buf]() mutable {
+        if (!buf.is_same(t)) t.copy_(buf);
+        return t;
+      },
+      what("recv", g) + " from " + std::to_string(peer), g.timeout());
+}
+
+void barrier(const Group& g) {
+  if (g.size() == 1) return;
+  c10d::BarrierOptions opts;
+  opts.timeout = g.timeout();
+  Pending(launch("barrier", g, [&] { return g.backend().barrier(opts); }), nullptr, what("barrier", g),
+          g.timeout())
+      .wait();
+}
+
+}  // namespace hp::comm

@@ -1,0 +1,34 @@
+#include "hp/comm/local_ranks.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "hp/base/error.h"
+#include "hp/comm/world.h"
+
+namespace hp::comm {
+
+void run_local_ranks(int n, const std::function<void(int rank)>& fn, std::chrono::milliseconds timeout) {
+  HP_CHECK(n >= 1) << "run_local_ranks needs at least one rank, got " << n;
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        auto world = std::make_shared<World>(r, n, store, timeout, /*loopback=*/true);
+        ScopedWorld scope(world);
+        fn(r);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) HP_CHECK(errors[r].empty()) << "rank " << r << ": " << errors[r];
+}
+
+}  // namespace hp::comm

@@ -1,0 +1,16 @@
+// Runs N ranks as threads of this process over real Gloo (loopback), each with its own
+// World: fast multi-rank tests and experiments without launching processes.
+#pragma once
+
+#include <chrono>
+#include <functional>
+
+namespace hp::comm {
+
+// Calls fn(rank) on n threads. If any rank throws, rethrows (after all threads end) the
+// lowest failing rank's error as hp::Error prefixed "rank R: ". A rank stuck in a
+// collective gives up after `timeout`.
+void run_local_ranks(int n, const std::function<void(int rank)>& fn,
+                     std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+}  // namespace hp::comm

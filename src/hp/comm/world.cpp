@@ -1,0 +1,159 @@
+#include "hp/comm/world.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <thread>
+
+#include "hp/base/error.h"
+#include "hp/base/strings.h"
+
+namespace hp::comm {
+namespace {
+
+std::mutex g_mu;
+std::shared_ptr<World> g_world;
+thread_local std::shared_ptr<World> t_world;
+
+std::string group_key(const std::string& device, const std::vector<int>& ranks) {
+  std::string k = "hp/group/" + device;
+  for (int r : ranks) k += "/" + std::to_string(r);
+  return k;
+}
+
+BackendPtr make_backend(const std::string& device, const StorePtr& store, int rank, int size,
+                        std::chrono::milliseconds timeout, bool loopback) {
+  if (device == "cpu") {
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    opts->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                     : c10d::ProcessGroupGloo::createDefaultDevice());
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+  }
+#ifdef USE_C10D_NCCL
+  if (device == "cuda") {
+    auto opts = c10d::ProcessGroupNCCL::Options::create();
+    opts->timeout = timeout;
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
+  }
+#endif
+  HP_FAIL() << "no process-group backend for device '" << device
+            << "' in this LibTorch build (cpu uses Gloo; cuda needs LibTorch with NCCL)";
+  return {};
+}
+
+// Every rank announces itself, then waits until all have; on timeout names the missing.
+void wait_for_all_ranks(c10d::Store& store, const DistEnv& env, std::chrono::milliseconds timeout) {
+  store.set("hp/joined/" + std::to_string(env.rank), std::vector<uint8_t>{1});
+  store.add("hp/joined", 1);
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (store.add("hp/joined", 0) < env.world_size) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      std::vector<int> missing;
+      for (int r = 0; r < env.world_size; ++r)
+        if (!store.check({"hp/joined/" + std::to_string(r)})) missing.push_back(r);
+      HP_FAIL() << "rank " << env.rank << ": only " << env.world_size - missing.size() << " of "
+                << env.world_size << " ranks joined within " << env.timeout_s
+                << " s (HP_TIMEOUT_S); missing ranks " << to_string_list(missing);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace
+
+World::World(int rank, int size, StorePtr store, std::chrono::milliseconds timeout, bool loopback,
+             DistEnv env)
+    : rank_(rank), size_(size), store_(std::move(store)), timeout_(timeout), loopback_(loopback),
+      env_(std::move(env)) {
+  HP_CHECK(size >= 1 && rank >= 0 && rank < size) << "rank " << rank << " outside world of " << size;
+}
+
+World::~World() = default;
+
+std::shared_ptr<Group> World::group(const std::vector<int>& ranks, const std::string& device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto key = std::make_pair(device, ranks);
+  auto it = groups_.find(key);
+  if (it != groups_.end()) return it->second;
+  auto pos = std::find(ranks.begin(), ranks.end(), rank_);
+  HP_CHECK(pos != ranks.end()) << "rank " << rank_ << " asked for group " << to_string_list(ranks)
+                               << " but is not a member";
+  for (int r : ranks)
+    HP_CHECK(r >= 0 && r < size_) << "group " << to_string_list(ranks) << " names rank " << r
+                                  << " outside the world of " << size_;
+  int group_rank = static_cast<int>(pos - ranks.begin());
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>(group_key(device, ranks), store_);
+  BackendPtr backend;
+  try {
+    backend = make_backend(device, prefixed, group_rank, static_cast<int>(ranks.size()), timeout_, loopback_);
+  } catch (const hp::Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    HP_FAIL() << "rank " << rank_ << ": creating group " << to_string_list(ranks) << " on " << device
+              << " failed (did every member create it, within " << timeout_.count() << " ms?): "
+              << e.what();
+  }
+  auto g = std::make_shared<Group>(ranks, rank_, backend, timeout_, device);
+  groups_.emplace(key, g);
+  return g;
+}
+
+std::shared_ptr<Group> World::world_group(const std::string& device) {
+  std::vector<int> all(size_);
+  for (int r = 0; r < size_; ++r) all[r] = r;
+  return group(all, device);
+}
+
+std::shared_ptr<World> init_distributed() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (g_world) return g_world;
+  DistEnv env = read_dist_env();
+  auto timeout = std::chrono::milliseconds(static_cast<int64_t>(env.timeout_s * 1000));
+  StorePtr store;
+  if (env.world_size == 1) {
+    store = c10::make_intrusive<c10d::HashStore>();
+  } else {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(env.master_port);
+    o.isServer = env.rank == 0;
+    o.numWorkers = env.world_size;
+    o.waitWorkers = false;  // we wait ourselves, naming who is missing
+    o.timeout = timeout;
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
+    } catch (const std::exception& e) {
+      HP_FAIL() << "rank " << env.rank << ": cannot reach the rendezvous store at " << env.master_addr
+                << ":" << env.master_port << " within " << env.timeout_s
+                << " s (rank 0 hosts it; did it start?): " << e.what();
+    }
+    wait_for_all_ranks(*store, env, timeout);
+  }
+  bool loopback = env.local_world_size == env.world_size;
+  g_world = std::make_shared<World>(env.rank, env.world_size, store, timeout, loopback, env);
+  return g_world;
+}
+
+bool is_initialized() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_world != nullptr || t_world != nullptr;
+}
+
+std::shared_ptr<World> current_world() {
+  if (t_world) return t_world;
+  std::lock_guard<std::mutex> lock(g_mu);
+  HP_CHECK(g_world) << "no distributed world: call hp::init_distributed() first";
+  return g_world;
+}
+
+ScopedWorld::ScopedWorld(std::shared_ptr<World> world) : previous_(std::move(t_world)) {
+  t_world = std::move(world);
+}
+
+ScopedWorld::~ScopedWorld() { t_world = std::move(previous_); }
+
+}  // namespace hp::comm

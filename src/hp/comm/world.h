@@ -1,0 +1,69 @@
+// The job: this process's rank, the rendezvous store, and every process group it
+// has joined (created once per (device, ranks) and cached).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "hp/base/dist_env.h"
+#include "hp/comm/backend.h"
+#include "hp/comm/group.h"
+
+namespace hp::comm {
+
+class World {
+ public:
+  // `loopback`: ranks all live on this host, so Gloo talks over 127.0.0.1.
+  World(int rank, int size, StorePtr store, std::chrono::milliseconds timeout, bool loopback = true,
+        DistEnv env = {});
+  ~World();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  const DistEnv& env() const { return env_; }
+  const StorePtr& store() const { return store_; }
+
+  // The group of `ranks` (this rank must be one). Every member must ask for the same
+  // groups in the same order the first time: creating one is a rendezvous.
+  std::shared_ptr<Group> group(const std::vector<int>& ranks, const std::string& device = "cpu");
+  std::shared_ptr<Group> world_group(const std::string& device = "cpu");
+
+ private:
+  int rank_;
+  int size_;
+  StorePtr store_;
+  std::chrono::milliseconds timeout_;
+  bool loopback_;
+  DistEnv env_;
+  std::mutex mu_;
+  std::map<std::pair<std::string, std::vector<int>>, std::shared_ptr<Group>> groups_;
+};
+
+// Joins the job described by the environment (hprun, torchrun, mpirun, Slurm; a single
+// process when none is set): rendezvous through c10d's TCPStore, then checks that every
+// rank arrived within HP_TIMEOUT_S, naming the missing ranks otherwise. Idempotent.
+std::shared_ptr<World> init_distributed();
+bool is_initialized();
+
+// The world this thread works in: the one installed by ScopedWorld, else init_distributed's.
+std::shared_ptr<World> current_world();
+
+// Makes `world` current for this thread (ranks as threads in one process).
+class ScopedWorld {
+ public:
+  explicit ScopedWorld(std::shared_ptr<World> world);
+  ~ScopedWorld();
+  ScopedWorld(const ScopedWorld&) = delete;
+  ScopedWorld& operator=(const ScopedWorld&) = delete;
+
+ private:
+  std::shared_ptr<World> previous_;
+};
+
+}  // namespace hp::comm
