@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstring>
@@ -105,6 +106,11 @@ pid_t spawn(const Options& opt, int rank, int local_rank, int port, int restart_
   set("MASTER_PORT", std::to_string(port));
   set("HP_RESTART_COUNT", std::to_string(restart_count));
   set("TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count));
+  // Like torchrun: ranks share the cores, so each gets its slice of threads unless told
+  // otherwise (oversubscribed OpenMP/OpenBLAS pools spin and starve communication).
+  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN) / opt.nproc_per_node);
+  for (const char* k : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
+    if (!::getenv(k)) set(k, std::to_string(cores));
   std::vector<char*> argv;
   for (const auto& a : opt.command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

@@ -242,7 +242,8 @@ Pending all_to_all_async(const at::Tensor& t, const Group& g, int64_t split_dim,
                                     std::multiplies<int64_t>());
   }
   at::Tensor out = at::empty({sum(out_splits)}, t.options());
-  return all_to_all_single_async(out, send, g, out_splits, in_splits)
+  // Gloo's all-to-all with explicit splits is ~2x slower than with equal pieces.
+  return all_to_all_single_async(out, send, g, splits_or_empty(out_splits), splits_or_empty(in_splits))
       .then(
           [in_shapes, out_splits, concat_dim](at::Tensor flat) {
         std::vector<at::Tensor> parts;
