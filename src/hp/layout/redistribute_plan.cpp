@@ -149,8 +149,9 @@ RedistributePlan per_mesh_dim_plan(const ShardSpec& from, const ShardSpec& to,
       Placement p = target[m];
       if (p.is_shard()) {
         // Outer mesh dims must shard this tensor dim alike, or this one replicates first.
+        const int t = p.dim();
         for (int i = 0; i < m; ++i)
-          if (cur.placement(i).is_shard(p.dim()) != target[i].is_shard(p.dim())) p = Replicate();
+          if (cur.placement(i).is_shard(t) != target[i].is_shard(t)) p = Replicate();
       }
       apply(m, p);
     }
