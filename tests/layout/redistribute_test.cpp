@@ -149,3 +149,16 @@ TEST(Redistribute, CacheIsSharedAndThreadSafe) {
   clear_redistribute_cache();
   EXPECT_EQ(redistribute_cache_size(), 0u);
 }
+
+// Where PyTorch's per-mesh-dim order gathers only to re-shard, the search chunks first
+// and moves a quarter of the bytes.
+TEST(Redistribute, BeatsPerMeshDimWhereItRoundTripsThroughReplicate) {
+  MeshShape m({2, 2});
+  ShardSpec a({16, 16}, 4, m, {Replicate(), Shard(0)});
+  ShardSpec b = a.with_placements({Shard(1), Shard(1)});
+  RedistributePlan p = min_cost_plan(a, b), base = per_mesh_dim_plan(a, b);
+  EXPECT_EQ(base.steps[0].kind, StepKind::AllGather) << base.to_string();
+  EXPECT_GE(base.cost.total_bytes(), 2 * p.cost.total_bytes()) << p.to_string() << " vs " << base.to_string();
+  EXPECT_TRUE(sim::run(p, sim::iota({16, 16}), a, b));
+  EXPECT_TRUE(sim::run(base, sim::iota({16, 16}), a, b));
+}

@@ -49,20 +49,30 @@ std::optional<RedistributeStep> single_step(const ShardSpec& from, int mesh_dim,
                                             const Placement& target, const MeshCost& cost) {
   const Placement& cur = from.placement(mesh_dim);
   if (cur == target) return std::nullopt;
-  std::vector<Placement> next = from.placements();
+  const std::vector<Placement>& ps = from.placements();
+  const int n = static_cast<int>(ps.size());
+  // No mesh dim after this one shards `t`: then this one may stop sharding `t` (it is the
+  // innermost), or start to (its split falls inside every existing one).
+  auto innermost = [&](int t) {
+    for (int i = mesh_dim + 1; i < n; ++i)
+      if (ps[i].is_shard(t)) return false;
+    return true;
+  };
+  auto& can_add = innermost;
+
+  auto linear = [](ReduceOp op) { return op == ReduceOp::Sum || op == ReduceOp::Avg; };
+  // Reject before building anything: the planner asks this for every candidate.
+  // Shard -> Partial needs a gather first; of Partial -> Partial, only sum <-> avg is a
+  // local rescaling.
+  const bool ok = cur.is_shard()       ? innermost(cur.dim()) && !target.is_partial() &&
+                                             (!target.is_shard() || can_add(target.dim()))
+                  : target.is_shard()   ? can_add(target.dim())
+                  : target.is_partial() && cur.is_partial() ? linear(cur.op()) && linear(target.op())
+                                                            : true;
+  if (!ok) return std::nullopt;
+  std::vector<Placement> next = ps;
   next[mesh_dim] = target;
   if (!partial_ops_compatible(next)) return std::nullopt;
-
-  // Only the innermost mesh dim sharding `t` can stop sharding it.
-  auto innermost = [&](int t) {
-    std::vector<int> dims = from.mesh_dims_sharding(t);
-    return !dims.empty() && dims.back() == mesh_dim;
-  };
-  // A new shard of `t` must split inside every existing one.
-  auto can_add = [&](int t) {
-    std::vector<int> dims = from.mesh_dims_sharding(t);
-    return dims.empty() || dims.back() < mesh_dim;
-  };
 
   const double k = static_cast<double>(from.mesh().dim_size(mesh_dim));
   ShardSpec to = from.with_placements(std::move(next));
@@ -72,29 +82,24 @@ std::optional<RedistributeStep> single_step(const ShardSpec& from, int mesh_dim,
 
   if (cur.is_shard()) {
     const int t = cur.dim();
-    if (!innermost(t)) return std::nullopt;
     if (target.is_replicate()) {
       RedistributeStep s = step(StepKind::AllGather);
       s.concat_dim = t;
       s.cost = cost.cost(Collective::AllGather, k * from.max_local_bytes(), mesh_dim);
       return s;
     }
-    if (target.is_shard() && can_add(target.dim())) {
-      const int u = target.dim();
-      RedistributeStep s = step(StepKind::AllToAll);
-      s.split_dim = u;
-      s.concat_dim = t;
-      std::vector<int64_t> piece = from.max_local_shape();
-      piece[u] = to.max_local_shape()[u];
-      s.cost = cost.cost(Collective::AllToAll, k * product(piece, from.elem_size()), mesh_dim);
-      return s;
-    }
-    return std::nullopt;  // Shard -> Partial needs a gather first
+    const int u = target.dim();
+    RedistributeStep s = step(StepKind::AllToAll);
+    s.split_dim = u;
+    s.concat_dim = t;
+    std::vector<int64_t> piece = from.max_local_shape();
+    piece[u] = to.max_local_shape()[u];
+    s.cost = cost.cost(Collective::AllToAll, k * product(piece, from.elem_size()), mesh_dim);
+    return s;
   }
 
   if (cur.is_replicate()) {
     if (target.is_shard()) {
-      if (!can_add(target.dim())) return std::nullopt;
       RedistributeStep s = step(StepKind::LocalChunk);
       s.split_dim = target.dim();
       return s;
@@ -113,20 +118,14 @@ std::optional<RedistributeStep> single_step(const ShardSpec& from, int mesh_dim,
     return s;
   }
   if (target.is_shard()) {
-    if (!can_add(target.dim())) return std::nullopt;
     RedistributeStep s = step(StepKind::ReduceScatter);
     s.op = op;
     s.split_dim = target.dim();
     s.cost = cost.cost(Collective::ReduceScatter, k * to.max_local_bytes(), mesh_dim);
     return s;
   }
-  // Partial -> Partial of another op: only sum <-> avg is a local rescaling.
-  const ReduceOp to_op = target.op();
-  const bool linear = (op == ReduceOp::Sum || op == ReduceOp::Avg) &&
-                      (to_op == ReduceOp::Sum || to_op == ReduceOp::Avg);
-  if (!linear) return std::nullopt;
-  RedistributeStep s = step(StepKind::LocalScale);
-  s.op = to_op;
+  RedistributeStep s = step(StepKind::LocalScale);  // sum <-> avg, checked above
+  s.op = target.op();
   s.scale = op == ReduceOp::Sum ? k : 1.0 / k;  // sum_i x_i == avg_i (k x_i)
   return s;
 }
