@@ -64,7 +64,7 @@ RedistributePlan min_cost_plan(const ShardSpec& from, const ShardSpec& to,
   std::vector<ShardSpec> states{from};
   std::unordered_map<ShardSpec, int> index{{from, 0}};
   std::vector<Dist> dist{Dist{}};
-  std::vector<std::optional<RedistributeStep>> via{std::nullopt};
+  std::vector<std::pair<int, Placement>> via{{-1, Placement()}};  // step into each state
   std::vector<int> prev{-1};
   std::vector<bool> done{false};
   using Item = std::pair<Dist, int>;
@@ -91,12 +91,12 @@ RedistributePlan min_cost_plan(const ShardSpec& from, const ShardSpec& to,
         if (fresh) {
           states.push_back(s->to);
           dist.push_back(nd);
-          via.push_back(std::move(s));
+          via.push_back({m, p});
           prev.push_back(u);
           done.push_back(false);
         } else if (!done[v] && nd < dist[v]) {
           dist[v] = nd;
-          via[v] = std::move(s);
+          via[v] = {m, p};
           prev[v] = u;
         } else {
           continue;
@@ -106,7 +106,8 @@ RedistributePlan min_cost_plan(const ShardSpec& from, const ShardSpec& to,
     }
   }
   HP_CHECK(goal >= 0) << "no redistribution found from " << from << " to " << to;
-  for (int v = goal; prev[v] >= 0; v = prev[v]) plan.steps.push_back(*via[v]);
+  for (int v = goal; prev[v] >= 0; v = prev[v])
+    plan.steps.push_back(*single_step(states[prev[v]], via[v].first, via[v].second, cost));
   std::reverse(plan.steps.begin(), plan.steps.end());
   for (const auto& s : plan.steps) plan.cost += s.cost;
   return plan;
