@@ -162,3 +162,19 @@ TEST(Redistribute, BeatsPerMeshDimWhereItRoundTripsThroughReplicate) {
   EXPECT_TRUE(sim::run(p, sim::iota({16, 16}), a, b));
   EXPECT_TRUE(sim::run(base, sim::iota({16, 16}), a, b));
 }
+
+// Found by fuzz/planner_fuzz: size-1 mesh dims still fix the split order, and partials of
+// ops that cannot mix must be reduced before the other appears.
+TEST(Redistribute, PerMeshDimHandlesSizeOneDimsAndMixedPartials) {
+  ShardSpec a({11}, 4, MeshShape({1, 1}), {Shard(0), Replicate()});
+  ShardSpec b = a.with_placements({Replicate(), Shard(0)});
+  for (auto [x, y] : {std::pair{a, b}, std::pair{b, a}}) {
+    EXPECT_TRUE(sim::run(per_mesh_dim_plan(x, y), sim::iota({11}), x, y));
+    EXPECT_TRUE(sim::run(min_cost_plan(x, y), sim::iota({11}), x, y));
+  }
+  ShardSpec c({6}, 4, MeshShape({4, 2}), {Replicate(), Partial(ReduceOp::Max)});
+  ShardSpec d = c.with_placements({Partial(), Replicate()});
+  RedistributePlan p = per_mesh_dim_plan(c, d);
+  EXPECT_TRUE(sim::run(p, sim::iota({6}), c, d)) << p.to_string();
+  EXPECT_TRUE(sim::run(min_cost_plan(c, d), sim::iota({6}), c, d));
+}

@@ -126,26 +126,35 @@ RedistributePlan per_mesh_dim_plan(const ShardSpec& from, const ShardSpec& to,
   const std::vector<Placement>& target = to.placements();
   const int n = from.mesh().ndim();
 
-  // One transition on a mesh dim; through Replicate where no single step does it.
-  auto apply = [&](int m, const Placement& p) {
-    if (cur.placement(m) == p) return;
-    std::optional<RedistributeStep> s = single_step(cur, m, p, cost);
-    if (!s && !p.is_replicate()) {
-      std::optional<RedistributeStep> r = single_step(cur, m, Replicate(), cost);
-      HP_CHECK(r) << "per-mesh-dim plan cannot replicate mesh dim " << m << " of " << cur;
-      plan.steps.push_back(*r);
-      cur = r->to;
-      s = single_step(cur, m, p, cost);
-    }
+  auto push = [&](std::optional<RedistributeStep> s, int m, const Placement& p) {
     HP_CHECK(s) << "per-mesh-dim plan cannot turn mesh dim " << m << " of " << cur << " into " << p;
     plan.steps.push_back(*s);
     cur = s->to;
   };
+  // One transition on a mesh dim; through Replicate where no single step does it.
+  auto apply = [&](int m, const Placement& p) {
+    if (cur.placement(m) == p) return;
+    std::optional<RedistributeStep> s = single_step(cur, m, p, cost);
+    if (!s && p.is_partial()) {
+      // Partials of an op that cannot mix with p's are reduced first.
+      for (int i = 0; i < n; ++i)
+        if (i != m && cur.placement(i).is_partial() &&
+            !partial_ops_compatible({cur.placement(i), p}))
+          push(single_step(cur, i, Replicate(), cost), i, Replicate());
+      s = single_step(cur, m, p, cost);
+    }
+    if (!s && !cur.placement(m).is_replicate()) {
+      push(single_step(cur, m, Replicate(), cost), m, Replicate());
+      s = single_step(cur, m, p, cost);
+    }
+    push(std::move(s), m, p);
+  };
 
-  int64_t num_shards = 1;
-  for (int m = 0; m < n; ++m)
-    if (from.placement(m).is_shard()) num_shards *= from.mesh().dim_size(m);
-  if (n > 1 && num_shards > 1) {
+  // PyTorch skips this pass when the shards multiply to 1; here size-1 mesh dims still
+  // fix the order in which a tensor dim is split, so any Shard triggers it.
+  bool sharded = false;
+  for (int m = 0; m < n; ++m) sharded = sharded || from.placement(m).is_shard();
+  if (n > 1 && sharded) {
     for (int m = n - 1; m >= 0; --m) {
       Placement p = target[m];
       if (p.is_shard()) {
