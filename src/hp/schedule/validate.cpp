@@ -154,7 +154,8 @@ void validate(const Schedule& s, int send_capacity) {
   zero.send_capacity = send_capacity;
   const detail::Execution ex = detail::execute(s, zero);
   HP_CHECK(!ex.deadlocked) << "schedule '" << s.name << "' deadlocks ("
-                           << (send_capacity < 0 ? std::string("non-blocking sends")
+                           << (send_capacity < 0    ? std::string("non-blocking sends")
+                               : send_capacity == 0 ? std::string("rendezvous sends")
                                                  : "sends block beyond " +
                                                        std::to_string(send_capacity) +
                                                        " unreceived messages")
