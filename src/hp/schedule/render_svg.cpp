@@ -17,6 +17,21 @@ const char* fill_of(ActionType t) {
   }
 }
 
+// Schedule names come from users and files: keep them from breaking the markup.
+std::string escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '&': out += "&amp;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string render_svg(const Schedule& s, const SimResult& sim, const SvgOptions& opt) {
@@ -28,7 +43,7 @@ std::string render_svg(const Schedule& s, const SimResult& sim, const SvgOptions
   std::ostringstream o;
   o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
     << "\" font-family=\"sans-serif\" font-size=\"11\">\n";
-  o << "<text x=\"" << left << "\" y=\"18\" font-size=\"13\">" << s.name << ": " << s.num_ranks
+  o << "<text x=\"" << left << "\" y=\"18\" font-size=\"13\">" << escape(s.name) << ": " << s.num_ranks
     << " ranks, " << s.num_stages << " stages, " << s.num_microbatches
     << " microbatches, makespan " << sim.makespan << ", bubble "
     << std::round(sim.bubble_ratio * 1000) / 10 << "%</text>\n";
@@ -43,7 +58,7 @@ std::string render_svg(const Schedule& s, const SimResult& sim, const SvgOptions
       const double w = (t.end - t.start) * opt.px_per_unit;
       o << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << row
         << "\" fill=\"" << fill_of(t.action.type) << "\" stroke=\"white\"><title>"
-        << to_string(t.action) << " [" << t.start << ", " << t.end << ")</title></rect>\n";
+        << escape(to_string(t.action)) << " [" << t.start << ", " << t.end << ")</title></rect>\n";
       if (opt.labels)
         o << "<text x=\"" << x + w / 2 << "\" y=\"" << y + row * 0.65
           << "\" text-anchor=\"middle\" fill=\"white\">" << to_string(t.action.type)
