@@ -1,0 +1,55 @@
+// Timing a schedule: start and end of every action, makespan, bubble, memory.
+#pragma once
+
+#include <vector>
+
+#include "hp/schedule/action.h"
+
+namespace hp::schedule {
+
+// Sends are eager: a SEND posts its message and the rank moves on (isend) as
+// long as fewer than `send_capacity` earlier messages to the same peer are still
+// unreceived; otherwise it blocks until enough are. 0 is rendezvous (every send
+// waits for its receive). A RECV blocks until its matching SEND has posted.
+constexpr int kUnboundedSends = -1;
+
+struct StageCost {
+  double f = 1;  // forward
+  double b = 2;  // full backward
+  double i = 1;  // input-grad part of a split backward
+  double w = 1;  // weight-grad part of a split backward
+};
+
+struct CostModel {
+  StageCost uniform;
+  std::vector<StageCost> per_stage;  // empty: `uniform` for every stage
+  double latency = 0;                // from a send's post to its receive completing at the earliest
+  int send_capacity = kUnboundedSends;
+
+  const StageCost& stage(int s) const;
+  double cost(const Action& a) const;  // SEND/RECV/UNSHARD/RESHARD take no rank time
+};
+
+struct TimedAction {
+  Action action;
+  double start = 0;  // when the rank reached it
+  double end = 0;    // when the rank moved on (for a RECV: when the data was there)
+};
+
+struct SimResult {
+  std::vector<std::vector<TimedAction>> timeline;  // per rank, in list order
+  double makespan = 0;
+  double bubble_ratio = 0;           // 1 - compute time / (ranks * makespan)
+  std::vector<double> busy;          // compute time per rank
+  std::vector<int> peak_in_flight;   // per rank: most stage forwards whose backward is unfinished
+};
+
+// Validates `s` (see validate.h; throws hp::Error naming the problem), then times
+// it with blocking receives and sends as `costs.send_capacity` says.
+SimResult simulate(const Schedule& s, const CostModel& costs = {});
+
+// The most (stage, microbatch) pairs on each rank whose F has run and whose B
+// (or, when split, W) has not, following list order. Needs no timing.
+std::vector<int> peak_in_flight(const Schedule& s);
+
+}  // namespace hp::schedule

@@ -1,0 +1,165 @@
+#include "hp/schedule/validate.h"
+
+#include <map>
+#include <tuple>
+
+#include "hp/base/error.h"
+#include "hp/schedule/execution.h"
+
+namespace hp::schedule {
+
+namespace {
+
+// "rank 1 position 4 (F2.0)": where a message points.
+std::string where(int rank, int pos, const Action& a) {
+  return "rank " + std::to_string(rank) + " position " + std::to_string(pos) + " (" +
+         to_string(a) + ")";
+}
+
+void check_shape(const Schedule& s) {
+  HP_CHECK(s.num_ranks >= 1) << "schedule '" << s.name << "': num_ranks=" << s.num_ranks;
+  HP_CHECK(s.num_microbatches >= 1)
+      << "schedule '" << s.name << "': num_microbatches=" << s.num_microbatches;
+  HP_CHECK(static_cast<int>(s.stage_to_rank.size()) == s.num_stages)
+      << "schedule '" << s.name << "': stage_to_rank has " << s.stage_to_rank.size()
+      << " entries for " << s.num_stages << " stages";
+  HP_CHECK(static_cast<int>(s.actions.size()) == s.num_ranks)
+      << "schedule '" << s.name << "': " << s.actions.size() << " action lists for "
+      << s.num_ranks << " ranks";
+  for (int st = 0; st < s.num_stages; ++st)
+    HP_CHECK(s.stage_to_rank[st] >= 0 && s.stage_to_rank[st] < s.num_ranks)
+        << "schedule '" << s.name << "': stage " << st << " mapped to rank "
+        << s.stage_to_rank[st] << ", outside [0, " << s.num_ranks << ")";
+}
+
+// Stage and microbatch in range, on its own rank; SEND/RECV between the right ranks.
+void check_action(const Schedule& s, int r, int pos, const Action& a) {
+  HP_CHECK(a.stage >= 0 && a.stage < s.num_stages)
+      << where(r, pos, a) << ": stage outside [0, " << s.num_stages << ")";
+  HP_CHECK(a.microbatch >= 0 && a.microbatch < s.num_microbatches)
+      << where(r, pos, a) << ": microbatch outside [0, " << s.num_microbatches << ")";
+  HP_CHECK(s.rank_of(a.stage) == r)
+      << where(r, pos, a) << ": stage " << a.stage << " lives on rank " << s.rank_of(a.stage);
+  if (!is_comm(a.type)) return;
+  const bool to_next = a.type == ActionType::SEND_F || a.type == ActionType::RECV_B;
+  const int other = to_next ? a.stage + 1 : a.stage - 1;
+  HP_CHECK(other >= 0 && other < s.num_stages)
+      << where(r, pos, a) << ": there is no stage " << other << " to exchange with";
+  HP_CHECK(a.peer == s.rank_of(other))
+      << where(r, pos, a) << ": stage " << other << " lives on rank " << s.rank_of(other)
+      << ", not on peer " << a.peer;
+  HP_CHECK(a.peer != r) << where(r, pos, a)
+                        << ": stages on the same rank exchange nothing; drop the action";
+}
+
+}  // namespace
+
+void validate(const Schedule& s, int send_capacity) {
+  check_shape(s);
+  // Where each action sits: (rank, type, stage, mb) -> position on that rank.
+  using Key = std::tuple<int, int, int, int>;
+  std::map<Key, int> at;
+  auto key = [](int r, ActionType t, int st, int mb) {
+    return Key{r, static_cast<int>(t), st, mb};
+  };
+  for (int r = 0; r < s.num_ranks; ++r) {
+    for (int pos = 0; pos < static_cast<int>(s.actions[r].size()); ++pos) {
+      const Action& a = s.actions[r][pos];
+      check_action(s, r, pos, a);
+      auto [it, fresh] = at.emplace(key(r, a.type, a.stage, a.microbatch), pos);
+      HP_CHECK(fresh) << where(r, pos, a) << ": duplicate of position " << it->second;
+    }
+  }
+
+  // Each (stage, mb): one F, and one B or one I + W.
+  for (int st = 0; st < s.num_stages; ++st) {
+    const int r = s.rank_of(st);
+    for (int mb = 0; mb < s.num_microbatches; ++mb) {
+      auto has = [&](ActionType t) { return at.count(key(r, t, st, mb)) > 0; };
+      const std::string what = "stage " + std::to_string(st) + " microbatch " +
+                               std::to_string(mb) + " on rank " + std::to_string(r);
+      HP_CHECK(has(ActionType::F)) << what << ": no F";
+      HP_CHECK(has(ActionType::B) != has(ActionType::I))
+          << what << (has(ActionType::B) ? ": both B and I" : ": no B (or I + W)");
+      HP_CHECK(has(ActionType::I) == has(ActionType::W))
+          << what << (has(ActionType::I) ? ": I without W" : ": W without I");
+    }
+  }
+
+  // Every transfer has its partner, and every local order holds.
+  const int last = s.num_stages - 1;
+  for (int r = 0; r < s.num_ranks; ++r) {
+    auto pos_of = [&](ActionType t, int st, int mb) {
+      auto it = at.find(key(r, t, st, mb));
+      return it == at.end() ? -1 : it->second;
+    };
+    // Whichever of B or I this stage and microbatch uses.
+    auto backward_pos = [&](int st, int mb) {
+      const int b = pos_of(ActionType::B, st, mb);
+      return b >= 0 ? b : pos_of(ActionType::I, st, mb);
+    };
+    for (int pos = 0; pos < static_cast<int>(s.actions[r].size()); ++pos) {
+      const Action& a = s.actions[r][pos];
+      const int st = a.stage, mb = a.microbatch;
+      auto before = [&](int p, const std::string& need) {
+        HP_CHECK(p >= 0 && p < pos) << where(r, pos, a) << ": needs " << need << " on rank " << r
+                                    << (p < 0 ? " before it, found none" : " before it, found it at position " + std::to_string(p));
+      };
+      if (is_comm(a.type)) {
+        const Action partner = matching_comm(a, r);
+        HP_CHECK(at.count(key(a.peer, partner.type, partner.stage, partner.microbatch)))
+            << where(r, pos, a) << ": no matching " << to_string(partner) << " on rank " << a.peer;
+      }
+      switch (a.type) {
+        case ActionType::F:
+          if (st > 0) {
+            if (s.rank_of(st - 1) == r)
+              before(pos_of(ActionType::F, st - 1, mb), to_string(compute(ActionType::F, st - 1, mb)));
+            else
+              before(pos_of(ActionType::RECV_F, st, mb),
+                     to_string(Action{ActionType::RECV_F, st, mb, s.rank_of(st - 1)}));
+          }
+          break;
+        case ActionType::B:
+        case ActionType::I:
+          before(pos_of(ActionType::F, st, mb), to_string(compute(ActionType::F, st, mb)));
+          if (st < last) {
+            if (s.rank_of(st + 1) == r)
+              before(backward_pos(st + 1, mb), "the backward (B or I) of stage " +
+                                                   std::to_string(st + 1) + " microbatch " +
+                                                   std::to_string(mb));
+            else
+              before(pos_of(ActionType::RECV_B, st, mb),
+                     to_string(Action{ActionType::RECV_B, st, mb, s.rank_of(st + 1)}));
+          }
+          break;
+        case ActionType::W:
+          before(pos_of(ActionType::I, st, mb), to_string(compute(ActionType::I, st, mb)));
+          break;
+        case ActionType::SEND_F:
+          before(pos_of(ActionType::F, st, mb), to_string(compute(ActionType::F, st, mb)));
+          break;
+        case ActionType::SEND_B:
+          before(backward_pos(st, mb), "the backward (B or I) of stage " + std::to_string(st) +
+                                           " microbatch " + std::to_string(mb));
+          break;
+        default:
+          break;
+      }
+    }
+  }
+
+  CostModel zero;
+  zero.uniform = StageCost{0, 0, 0, 0};
+  zero.send_capacity = send_capacity;
+  const detail::Execution ex = detail::execute(s, zero);
+  HP_CHECK(!ex.deadlocked) << "schedule '" << s.name << "' deadlocks ("
+                           << (send_capacity < 0    ? std::string("non-blocking sends")
+                               : send_capacity == 0 ? std::string("rendezvous sends")
+                                                 : "sends block beyond " +
+                                                       std::to_string(send_capacity) +
+                                                       " unreceived messages")
+                           << "):" << ex.blocked;
+}
+
+}  // namespace hp::schedule

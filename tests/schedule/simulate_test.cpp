@@ -1,0 +1,62 @@
+#include <gtest/gtest.h>
+
+#include "hp/base/error.h"
+#include "hp/schedule/generators.h"
+#include "hp/schedule/simulate.h"
+
+using namespace hp::schedule;
+
+TEST(ScheduleSimulate, LatencyAddsToEachHop) {
+  // One microbatch over two ranks: F, hop, F, B, hop, B.
+  CostModel c;
+  c.uniform = {1, 2, 1, 1};
+  c.latency = 0.5;
+  const SimResult r = simulate(make_schedule("1f1b", 2, 1), c);
+  EXPECT_DOUBLE_EQ(r.makespan, 1 + 0.5 + 1 + 2 + 0.5 + 2);
+  EXPECT_DOUBLE_EQ(r.busy[0], 3);
+  EXPECT_DOUBLE_EQ(r.bubble_ratio, 1 - 6.0 / (2 * 7));
+}
+
+TEST(ScheduleSimulate, TimelineFollowsListOrder) {
+  const Schedule s = make_schedule("gpipe", 3, 4);
+  const SimResult r = simulate(s);
+  for (int rank = 0; rank < 3; ++rank) {
+    ASSERT_EQ(r.timeline[rank].size(), s.actions[rank].size());
+    double t = 0;
+    for (size_t k = 0; k < r.timeline[rank].size(); ++k) {
+      EXPECT_EQ(r.timeline[rank][k].action, s.actions[rank][k]);
+      EXPECT_GE(r.timeline[rank][k].start, t);
+      EXPECT_GE(r.timeline[rank][k].end, r.timeline[rank][k].start);
+      t = r.timeline[rank][k].end;
+    }
+  }
+  // Rank 2's first forward waits for two forwards upstream.
+  EXPECT_DOUBLE_EQ(r.timeline[2][1].start, 2);
+}
+
+TEST(ScheduleSimulate, PerStageCostsAndSlowestStage) {
+  CostModel c;
+  c.per_stage = {{1, 2, 1, 1}, {3, 6, 3, 3}};  // stage 1 three times slower
+  const SimResult r = simulate(make_schedule("gpipe", 2, 4), c);
+  // Stage 1 is the bottleneck: it runs 4 F and 4 B back to back after the first F.
+  EXPECT_DOUBLE_EQ(r.makespan, 1 + 4 * 3 + 4 * 6 + 2);
+  c.per_stage.pop_back();
+  EXPECT_THROW(simulate(make_schedule("gpipe", 2, 4), c), hp::Error);
+}
+
+TEST(ScheduleSimulate, RendezvousSendsWaitForTheReceiver) {
+  CostModel c;
+  c.send_capacity = 0;
+  const SimResult r = simulate(make_schedule("gpipe", 2, 2), c);
+  // Rank 0's second send cannot finish before rank 1 finishes F1.0 and receives.
+  const TimedAction& send1 = r.timeline[0][3];
+  EXPECT_EQ(to_string(send1.action), "SEND_F0.1>1");
+  EXPECT_DOUBLE_EQ(send1.end, 2);
+  EXPECT_THROW(simulate(make_schedule("1f1b", 2, 3), c), hp::Error);  // deadlocks
+}
+
+TEST(ScheduleSimulate, PeakInFlightNeedsNoTiming) {
+  EXPECT_EQ(peak_in_flight(one_f_one_b(4, 8)), (std::vector<int>{4, 3, 2, 1}));
+  EXPECT_EQ(peak_in_flight(gpipe(2, 5)), (std::vector<int>{5, 5}));
+  EXPECT_EQ(peak_in_flight(zb_h1(4, 8)), (std::vector<int>{4, 4, 4, 4}));
+}
