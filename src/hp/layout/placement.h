@@ -8,7 +8,7 @@
 #include <iosfwd>
 #include <string>
 
-#include "hp/layout/reduce_op.h"
+#include "hp/base/reduce_op.h"
 
 namespace hp {
 
