@@ -8,5 +8,6 @@ class App;
 namespace hp::cli {
 
 void add_version_command(CLI::App& app);
+void add_plan_commands(CLI::App& app);  // dryrun, plan
 
 }  // namespace hp::cli

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   CLI::App app{"HyperParallel: distributed training made simple"};
   app.require_subcommand(1);
   hp::cli::add_version_command(app);
+  hp::cli::add_plan_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
