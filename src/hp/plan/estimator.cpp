@@ -66,6 +66,7 @@ double forward_flops_per_token(const ModelDesc& m) {
 Estimator::Estimator(ModelDesc model, ClusterSpec cluster, EstimatorOptions options)
     : model_(std::move(model)), cluster_(std::move(cluster)), options_(options) {
   model_.validate();
+  costs_ = std::make_unique<CostCache>(cluster_.topology);
 }
 
 Estimator::~Estimator() = default;
@@ -77,7 +78,7 @@ double Estimator::usable_memory() const {
 RankGroups& Estimator::groups_for(const Strategy& s) {
   std::vector<int64_t> dims = {s.pp, s.dp, s.ep, s.cp, s.tp};
   if (!groups_ || dims != groups_dims_) {
-    groups_ = std::make_unique<RankGroups>(cluster_.topology, s);
+    groups_ = std::make_unique<RankGroups>(*costs_, s);
     groups_dims_ = dims;
   }
   return *groups_;

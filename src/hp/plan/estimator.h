@@ -69,6 +69,7 @@ struct Estimate {
 };
 
 class RankGroups;
+class CostCache;
 
 // Reuses rank groups and collective costs while consecutive strategies keep the same
 // mesh dims, which is what makes a search over many strategies cheap.
@@ -91,6 +92,7 @@ class Estimator {
   ModelDesc model_;
   ClusterSpec cluster_;
   EstimatorOptions options_;
+  std::unique_ptr<CostCache> costs_;
   std::unique_ptr<RankGroups> groups_;
   std::vector<int64_t> groups_dims_;
 };

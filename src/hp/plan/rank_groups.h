@@ -4,8 +4,10 @@
 // Collective costs come only from ClusterTopology::cost over these groups, memoized.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "hp/plan/strategy.h"
@@ -14,13 +16,32 @@
 
 namespace hp::plan {
 
+// Costs of collectives on concrete rank lists, shared by every mesh a search visits: the
+// same group (e.g. ranks 0..7 as tp) recurs across many meshes.
+class CostCache {
+ public:
+  explicit CostCache(const ClusterTopology& topo) : topo_(topo) {}
+  const ClusterTopology& topology() const { return topo_; }
+  const CollectiveCost& cost(Collective kind, double bytes, const std::vector<int>& ranks);
+
+ private:
+  struct Entry {
+    Collective kind;
+    double bytes;
+    std::vector<int> ranks;
+    CollectiveCost cost;
+  };
+  const ClusterTopology& topo_;
+  std::unordered_multimap<uint64_t, Entry> entries_;
+};
+
 enum class GroupKind { TP, CP, EP, DP, PP, DenseGrad, ExpertGrad };
 const char* to_string(GroupKind g);
 
 class RankGroups {
  public:
   // dims of `s` must be resolved (dp > 0).
-  RankGroups(const ClusterTopology& topo, const Strategy& s);
+  RankGroups(CostCache& cache, const Strategy& s);
 
   int64_t size(GroupKind g) const;
   // Some groups of that kind (rank 0's and a few spread over the mesh: with uneven link
@@ -31,7 +52,7 @@ class RankGroups {
   const CollectiveCost& cost(GroupKind g, Collective kind, double bytes);
 
  private:
-  const ClusterTopology& topo_;
+  CostCache& cache_;
   MeshShape mesh_;
   std::vector<std::vector<std::vector<int>>> samples_;  // by GroupKind
   std::map<std::tuple<int, int, double>, CollectiveCost> memo_;
