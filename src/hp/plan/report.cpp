@@ -17,11 +17,18 @@ std::string human_bytes(double b) {
   return fmt::format("{:.0f} KiB", b / 1024);
 }
 
+std::string human_count(double n) {
+  if (n >= 1e9) return fmt::format("{:.2f}B", n / 1e9);
+  if (n >= 1e6) return fmt::format("{:.2f}M", n / 1e6);
+  if (n >= 1e3) return fmt::format("{:.1f}K", n / 1e3);
+  return fmt::format("{:.0f}", n);
+}
+
 std::string header(const ModelDesc& m, const ClusterSpec& c, int64_t devices) {
   const ParamCounts pc = count_params(m);
-  return fmt::format("model {}: {:.2f}B params ({:.2f}B active), {} layers, seq {}\n"
+  return fmt::format("model {}: {} params ({} active), {} layers, seq {}\n"
                      "cluster {}: {} of {} devices, {:.0f} GiB and {:.0f} TFLOP/s each\n",
-                     m.name, pc.total / 1e9, pc.active / 1e9, m.layers, m.seq_len, c.name, devices,
+                     m.name, human_count(double(pc.total)), human_count(double(pc.active)), m.layers, m.seq_len, c.name, devices,
                      c.num_devices(), c.device.memory_GiB, c.device.tflops);
 }
 
@@ -124,9 +131,9 @@ std::string format_dryrun(const Estimate& e, const ModelDesc& m, const ClusterSp
   const TimeBreakdown& t = e.time;
   out += "step time\n";
   auto trow = [&](const std::string& what, double sec) {
-    out += fmt::format("  {:<28} {:>9.4f} s {:>6.1f}%\n", what, sec, 100 * sec / t.total);
+    out += fmt::format("  {:<28} {:>10.4g} s {:>6.1f}%\n", what, sec, 100 * sec / t.total);
   };
-  trow("compute", t.compute - t.recompute);
+  trow("compute", t.compute - t.recompute);  // recompute is listed on its own
   trow(fmt::format("recompute ({})", to_string(s.recompute)), t.recompute);
   trow("tp exposed", t.tp);
   trow("cp exposed", t.cp);
@@ -135,7 +142,7 @@ std::string format_dryrun(const Estimate& e, const ModelDesc& m, const ClusterSp
   trow(fmt::format("pipeline bubble ({:.1f}%)", 100 * e.bubble_fraction), t.bubble);
   trow("pp send/recv exposed", t.pp);
   trow("dp exposed", t.dp);
-  out += fmt::format("  {:<28} {:>9.4f} s\n", "total", t.total);
+  out += fmt::format("  {:<28} {:>10.4g} s\n", "total", t.total);
   out += fmt::format("throughput {:.4g} tokens/s ({:.4g} per device), MFU {:.1f}%\n", e.tokens_per_second,
                      e.tokens_per_second / double(s.devices()), 100 * e.mfu);
   return out;
@@ -162,7 +169,7 @@ std::string format_plan(const SearchResult& r, const ModelDesc& m, const Cluster
     std::string sched = s.pp == 1 ? "-" : s.virtual_stages > 1 && s.schedule != "zbv"
                                              ? fmt::format("{} v{}", s.schedule, s.virtual_stages)
                                              : s.schedule;
-    out += fmt::format("{:>3}  {:<4} {:<4} {:<4} {:<4} {:<4} {:<4} {:>5} {:>4} {:<16} {:<9} {:>9.3f} {:>9.1f} "
+    out += fmt::format("{:>3}  {:<4} {:<4} {:<4} {:<4} {:<4} {:<4} {:>5} {:>4} {:<16} {:<9} {:>9.4g} {:>9.1f} "
                        "{:>11.4g} {:>5.1f}% {:>5.1f}%\n",
                        i++, s.dp, s.tp, s.pp, s.cp, s.ep, s.fsdp ? "on" : "off", s.microbatches, s.micro_batch,
                        sched, to_string(s.recompute), e.time.total, e.memory.total() / GiB, e.tokens_per_second,
