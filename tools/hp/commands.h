@@ -9,5 +9,6 @@ namespace hp::cli {
 
 void add_version_command(CLI::App& app);
 void add_schedule_command(CLI::App& app);
+void add_plan_commands(CLI::App& app);  // dryrun, plan
 
 }  // namespace hp::cli

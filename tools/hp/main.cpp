@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   hp::cli::add_version_command(app);
   hp::cli::add_schedule_command(app);
+  hp::cli::add_plan_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

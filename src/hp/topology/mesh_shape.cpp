@@ -29,6 +29,7 @@ MeshShape::MeshShape(std::vector<int64_t> dims, std::vector<std::string> names,
   if (ranks_.empty()) {
     ranks_.resize(n);
     std::iota(ranks_.begin(), ranks_.end(), 0);
+    return;  // 0..n-1 cannot repeat; the planner builds meshes of 10^4+ ranks by the thousand
   }
   HP_CHECK(static_cast<int64_t>(ranks_.size()) == n)
       << "mesh shape " << to_string_list(dims_) << " holds " << n << " ranks, but "

@@ -1,0 +1,13 @@
+// The plan layer: model, cluster and strategy descriptions, the memory/time estimator,
+// reports and the strategy search. Plain C++17, no LibTorch.
+#pragma once
+
+#include "hp/plan/cluster_spec.h"
+#include "hp/plan/estimator.h"
+#include "hp/plan/memory.h"
+#include "hp/plan/model_desc.h"
+#include "hp/plan/pipeline_bubble.h"
+#include "hp/plan/pipeline_stages.h"
+#include "hp/plan/report.h"
+#include "hp/plan/search.h"
+#include "hp/plan/strategy.h"

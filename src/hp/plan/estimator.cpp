@@ -1,0 +1,264 @@
+#include "hp/plan/estimator.h"
+
+#include <algorithm>
+
+#include "hp/base/error.h"
+#include "hp/plan/pipeline_bubble.h"
+#include "hp/plan/pipeline_stages.h"
+#include "hp/plan/rank_groups.h"
+
+namespace hp::plan {
+
+namespace {
+
+double layer_matmul_params(const ModelDesc& m, bool moe) {
+  const double h = m.hidden;
+  double attn = 2 * h * m.q_dim() + 2 * h * m.kv_dim();
+  if (!moe) return attn + 3 * h * m.ffn;
+  return attn + h * m.experts + double(m.top_k + m.shared_experts) * 3 * h * m.moe_ffn;
+}
+
+// Causal attention: QK^T and AV over on average seq/2 keys, 2 FLOPs per multiply-add.
+double attention_flops_per_token(const ModelDesc& m) { return 2.0 * m.seq_len * m.q_dim(); }
+
+double layer_forward_flops_per_token(const ModelDesc& m, bool moe) {
+  return 2 * layer_matmul_params(m, moe) + attention_flops_per_token(m);
+}
+
+double head_forward_flops_per_token(const ModelDesc& m) { return 2.0 * m.hidden * m.vocab; }
+
+// What one pipeline rank costs per microbatch and per step.
+struct StageTime {
+  double compute = 0, recompute = 0, tp = 0, cp = 0, ep = 0, fsdp = 0;  // per microbatch
+  double dp = 0;                                                        // per step, exposed
+  double per_microbatch() const { return compute + tp + cp + ep + fsdp; }
+};
+
+void add_item(std::vector<CommItem>& items, const char* name, Collective kind, GroupKind g, RankGroups& groups,
+              double bytes, double calls, double exposed_share, size_t levels) {
+  if (groups.size(g) <= 1 || bytes <= 0 || calls <= 0) return;
+  const CollectiveCost& c = groups.cost(g, kind, bytes);
+  CommItem it;
+  it.name = name;
+  it.kind = kind;
+  it.group = to_string(g);
+  it.group_size = groups.size(g);
+  it.bytes = bytes;
+  it.calls = calls;
+  it.seconds = c.seconds * calls;
+  it.exposed = it.seconds * exposed_share;
+  it.bytes_per_level.assign(levels, 0.0);
+  // cost() sums over the group's ranks, except a send/recv that is a single transfer.
+  const double per_rank = kind == Collective::SendRecv ? 1.0 : 1.0 / double(it.group_size);
+  for (size_t l = 0; l < c.bytes_per_level.size() && l < levels; ++l)
+    it.bytes_per_level[l] = c.bytes_per_level[l] * per_rank * calls;
+  items.push_back(std::move(it));
+}
+
+}  // namespace
+
+double forward_flops_per_token(const ModelDesc& m) {
+  const double dense = double(m.layers - m.moe_layers());
+  return dense * layer_forward_flops_per_token(m, false) + m.moe_layers() * layer_forward_flops_per_token(m, true) +
+         head_forward_flops_per_token(m);
+}
+
+Estimator::Estimator(ModelDesc model, ClusterSpec cluster, EstimatorOptions options)
+    : model_(std::move(model)), cluster_(std::move(cluster)), options_(options) {
+  model_.validate();
+  costs_ = std::make_unique<CostCache>(cluster_.topology);
+}
+
+Estimator::~Estimator() = default;
+
+double Estimator::usable_memory() const {
+  return cluster_.device.memory_GiB * double(1ull << 30) * options_.usable_memory_fraction;
+}
+
+RankGroups& Estimator::groups_for(const Strategy& s) {
+  std::vector<int64_t> dims = {s.pp, s.dp, s.ep, s.cp, s.tp};
+  if (!groups_ || dims != groups_dims_) {
+    groups_ = std::make_unique<RankGroups>(*costs_, s);
+    groups_dims_ = dims;
+  }
+  return *groups_;
+}
+
+MemoryBreakdown Estimator::memory(const Strategy& s) const {
+  HP_CHECK(s.dp > 0 && s.micro_batch > 0 && s.microbatches > 0)
+      << "Estimator: strategy " << to_string(s) << " is not resolved; call resolve_strategy first";
+  auto stages = split_stages(model_, s.pp, s.virtual_stages, s.schedule);
+  MemoryBreakdown worst;
+  for (int64_t i = 0; i < s.pp; ++i) {
+    MemoryBreakdown mem = stage_memory(model_, s, stages[i], i);
+    if (i == 0 || mem.total() > worst.total()) worst = mem;
+  }
+  return worst;
+}
+
+Estimate Estimator::estimate(const Strategy& s) {
+  const ModelDesc& m = model_;
+  Estimate e;
+  e.strategy = s;
+  e.memory = memory(s);
+  e.usable_memory = usable_memory();
+  e.fits = e.memory.total() <= e.usable_memory;
+  for (const auto& l : cluster_.topology.levels()) e.level_names.push_back(l.name);
+  const size_t levels = e.level_names.size();
+
+  RankGroups& groups = groups_for(s);
+  const double rate = cluster_.device.tflops * 1e12 * options_.compute_efficiency;
+  const double t = s.tp, mb = s.microbatches;
+  const double tokens = double(s.micro_batch) * m.seq_len / s.cp;  // per rank per microbatch, before SP
+  const bool full = s.recompute == Recompute::Full;
+
+  // Per-layer, per-microbatch communication, the same on every stage.
+  const double tp_bytes = tokens * m.hidden * kActivationBytes;
+  const double tp_calls = full ? 6 : 4;  // each of all-gather and reduce-scatter: 2 fwd, 2 bwd, 2 recompute
+  double tp_layer = 0;
+  if (s.tp > 1)
+    tp_layer = tp_calls * (groups.cost(GroupKind::TP, Collective::AllGather, tp_bytes).seconds +
+                           groups.cost(GroupKind::TP, Collective::ReduceScatter, tp_bytes).seconds);
+  const double kv_local = double(m.kv_dim()) / std::min<double>(t, m.kv_heads);
+  const double cp_bytes = double(s.micro_batch) * m.seq_len * 2 * kv_local * kActivationBytes;
+  const double cp_ag_calls = full ? 3 : 2, cp_rs_calls = 1;  // k,v gathered fwd and bwd; dk,dv scattered
+  double cp_layer = 0;
+  if (s.cp > 1)
+    cp_layer = cp_ag_calls * groups.cost(GroupKind::CP, Collective::AllGather, cp_bytes).seconds +
+               cp_rs_calls * groups.cost(GroupKind::CP, Collective::ReduceScatter, cp_bytes).seconds;
+  const double attn_layer = tokens / t * attention_flops_per_token(m) / s.cp * (full ? 4 : 3) / rate;
+  const double cp_layer_exposed = std::max(0.0, cp_layer - attn_layer);
+  const double ep_bytes = tokens / t * m.top_k * m.hidden * kActivationBytes;
+  const double ep_calls = full ? 6 : 4;  // dispatch + combine: fwd, bwd, recompute
+  double ep_layer = 0;
+  if (s.ep > 1) ep_layer = ep_calls * groups.cost(GroupKind::EP, Collective::AllToAll, ep_bytes).seconds;
+  const double pp_bytes = tokens / t * m.hidden * kActivationBytes;
+
+  auto stages = split_stages(m, s.pp, s.virtual_stages, s.schedule);
+  auto stage_time = [&](const StageContents& st) {
+    StageTime r;
+    double fwd = st.dense_layers * layer_forward_flops_per_token(m, false) +
+                 st.moe_layers * layer_forward_flops_per_token(m, true);
+    double extra = full ? fwd : s.recompute == Recompute::Selective ? fwd * options_.selective_recompute_cost : 0;
+    if (st.head) fwd += head_forward_flops_per_token(m);
+    const double scale = tokens / t / rate;
+    r.compute = (3 * fwd + extra) * scale;
+    r.recompute = extra * scale;
+    r.tp = st.layers() * tp_layer;
+    r.cp = st.layers() * cp_layer_exposed;
+    r.ep = st.moe_layers * ep_layer;
+    const StageParams p = stage_params(m, s, st);
+    if (s.fsdp) {
+      double c = 0;
+      if (groups.size(GroupKind::DenseGrad) > 1 && p.dense > 0)
+        c += 2 * groups.cost(GroupKind::DenseGrad, Collective::AllGather, p.dense * kParamBytes).seconds +
+             groups.cost(GroupKind::DenseGrad, Collective::ReduceScatter, p.dense * kGradBytes).seconds;
+      if (groups.size(GroupKind::ExpertGrad) > 1 && p.expert > 0)
+        c += 2 * groups.cost(GroupKind::ExpertGrad, Collective::AllGather, p.expert * kParamBytes).seconds +
+             groups.cost(GroupKind::ExpertGrad, Collective::ReduceScatter, p.expert * kGradBytes).seconds;
+      r.fsdp = std::max(0.0, c - r.compute);
+    } else {
+      double c = groups.cost(GroupKind::DenseGrad, Collective::AllReduce, p.dense * kGradBytes).seconds +
+                 groups.cost(GroupKind::ExpertGrad, Collective::AllReduce, p.expert * kGradBytes).seconds;
+      r.dp = std::max(0.0, c - r.compute * 2.0 / 3.0);  // hidden behind the last backward
+    }
+    return r;
+  };
+
+  // Stages with the same contents cost the same; most pipelines have few kinds.
+  std::vector<StageTime> times(stages.size());
+  for (size_t i = 0; i < stages.size(); ++i) {
+    size_t j = 0;
+    for (; j < i; ++j) {
+      const auto &a = stages[i], &b = stages[j];
+      if (a.dense_layers == b.dense_layers && a.moe_layers == b.moe_layers && a.embedding == b.embedding &&
+          a.head == b.head)
+        break;
+    }
+    times[i] = j < i ? times[j] : stage_time(stages[i]);
+  }
+  size_t slow = 0;
+  double dp_exposed = 0;
+  for (size_t i = 0; i < times.size(); ++i) {
+    if (times[i].per_microbatch() > times[slow].per_microbatch()) slow = i;
+    dp_exposed = std::max(dp_exposed, times[i].dp);
+  }
+  const StageTime& st = times[slow];
+  e.slowest_stage = static_cast<int64_t>(slow);
+  e.bubble_fraction = pipeline_bubble_fraction(s.schedule, int(s.pp), int(s.microbatches), int(s.virtual_stages));
+  const double busy = mb * st.per_microbatch();
+  const double pipeline = busy / (1 - e.bubble_fraction);
+  double pp_send = 0;
+  if (s.pp > 1) pp_send = groups.cost(GroupKind::PP, Collective::SendRecv, pp_bytes).seconds;
+  TimeBreakdown& tb = e.time;
+  tb.compute = mb * st.compute;
+  tb.recompute = mb * st.recompute;
+  tb.tp = mb * st.tp;
+  tb.cp = mb * st.cp;
+  tb.ep = mb * st.ep;
+  tb.fsdp = mb * st.fsdp;
+  tb.bubble = pipeline - busy;
+  tb.pp = 2 * double(s.pp - 1) * pp_send;  // fill and drain; steady-state sends overlap compute
+  tb.dp = dp_exposed;
+  tb.total = pipeline + tb.pp + tb.dp;
+
+  // Itemized communication of the slowest rank.
+  const StageContents& ss = stages[slow];
+  const double L = double(ss.layers());
+  const StageParams p = stage_params(m, s, ss);
+  auto& items = e.comm;
+  add_item(items, "tp all_gather (SP)", Collective::AllGather, GroupKind::TP, groups, tp_bytes, tp_calls * L * mb, 1,
+           levels);
+  add_item(items, "tp reduce_scatter (SP)", Collective::ReduceScatter, GroupKind::TP, groups, tp_bytes,
+           tp_calls * L * mb, 1, levels);
+  const double cp_share = cp_layer > 0 ? cp_layer_exposed / cp_layer : 0;
+  add_item(items, "cp all_gather k,v", Collective::AllGather, GroupKind::CP, groups, cp_bytes, cp_ag_calls * L * mb,
+           cp_share, levels);
+  add_item(items, "cp reduce_scatter dk,dv", Collective::ReduceScatter, GroupKind::CP, groups, cp_bytes,
+           cp_rs_calls * L * mb, cp_share, levels);
+  add_item(items, "ep all_to_all", Collective::AllToAll, GroupKind::EP, groups, ep_bytes,
+           ep_calls * double(ss.moe_layers) * mb, 1, levels);
+  const double sends = 2 * mb * double(s.virtual_stages);
+  add_item(items, "pp send/recv", Collective::SendRecv, GroupKind::PP, groups, pp_bytes, sends,
+           sends > 0 ? tb.pp / (sends * std::max(pp_send, 1e-30)) : 0, levels);
+  const size_t first_data_item = items.size();
+  if (s.fsdp) {
+    add_item(items, "fsdp all_gather params", Collective::AllGather, GroupKind::DenseGrad, groups,
+             p.dense * kParamBytes, 2 * mb, 0, levels);
+    add_item(items, "fsdp reduce_scatter grads", Collective::ReduceScatter, GroupKind::DenseGrad, groups,
+             p.dense * kGradBytes, mb, 0, levels);
+    add_item(items, "fsdp all_gather experts", Collective::AllGather, GroupKind::ExpertGrad, groups,
+             p.expert * kParamBytes, 2 * mb, 0, levels);
+    add_item(items, "fsdp reduce_scatter expert grads", Collective::ReduceScatter, GroupKind::ExpertGrad, groups,
+             p.expert * kGradBytes, mb, 0, levels);
+  } else {
+    add_item(items, "dp grad all_reduce", Collective::AllReduce, GroupKind::DenseGrad, groups, p.dense * kGradBytes,
+             1, 0, levels);
+    add_item(items, "dp expert grad all_reduce", Collective::AllReduce, GroupKind::ExpertGrad, groups,
+             p.expert * kGradBytes, 1, 0, levels);
+  }
+  // Share this rank's exposed data-parallel time over its items by their length.
+  double data_seconds = 0;
+  for (size_t i = first_data_item; i < items.size(); ++i) data_seconds += items[i].seconds;
+  const double data_exposed = s.fsdp ? mb * st.fsdp : st.dp;
+  for (size_t i = first_data_item; i < items.size(); ++i)
+    items[i].exposed = data_seconds > 0 ? items[i].seconds * data_exposed / data_seconds : 0;
+  e.comm_bytes_per_level.assign(levels, 0.0);
+  for (const auto& it : items)
+    for (size_t l = 0; l < levels; ++l) e.comm_bytes_per_level[l] += it.bytes_per_level[l];
+
+  const double step_tokens = double(s.global_batch) * m.seq_len;
+  e.tokens_per_second = step_tokens / tb.total;
+  e.model_flops = 3 * forward_flops_per_token(m) * step_tokens;
+  e.mfu = e.model_flops / (tb.total * double(s.devices()) * cluster_.device.tflops * 1e12);
+  return e;
+}
+
+Estimate estimate(const ModelDesc& m, const ClusterSpec& c, const Strategy& s, int64_t devices,
+                  const EstimatorOptions& o) {
+  Strategy r = resolve_strategy(s, m, devices > 0 ? devices : c.num_devices());
+  Estimator est(m, c, o);
+  return est.estimate(r);
+}
+
+}  // namespace hp::plan

@@ -1,0 +1,107 @@
+// Estimates one training step of a model under a strategy on a cluster: per-rank
+// memory, communication per collective and link level, and step time.
+//
+// Step time = m * (slowest stage's per-microbatch time) / (1 - bubble fraction)
+//           + exposed pipeline sends + exposed data-parallel communication, where a
+// stage's per-microbatch time = compute + tp + ep + exposed cp communication.
+// Compute = FLOPs / (device peak * compute_efficiency); FLOPs = 3 forward passes
+// (6 * active matmul params per token + causal attention 6 * seq * q_dim per layer),
+// one more forward of the layers under full recompute (the 4/3), a small share more
+// under selective recompute. Which communication hides behind compute:
+//   tp all-gather/reduce-scatter, ep all-to-all     exposed
+//   cp ring (all-gather of k,v; reduce-scatter dkv)  hidden behind attention compute
+//   pp send/recv                                     exposed on the fill and drain path only
+//   dp gradient all-reduce                           hidden behind the last backward
+//   fsdp all-gather / reduce-scatter                 hidden behind each microbatch's compute
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hp/plan/cluster_spec.h"
+#include "hp/plan/memory.h"
+#include "hp/plan/model_desc.h"
+#include "hp/plan/strategy.h"
+
+namespace hp::plan {
+
+struct EstimatorOptions {
+  double compute_efficiency = 0.55;       // achieved / peak FLOP/s of the matmuls (a guess)
+  double usable_memory_fraction = 0.9;    // the rest: allocator slack, runtime, comm buffers (a guess)
+  double selective_recompute_cost = 0.03;  // extra forward share for re-running norms/activations (a guess)
+};
+
+struct CommItem {
+  std::string name;          // "tp all_gather", "dp grad all_reduce", ...
+  Collective kind;
+  std::string group;         // group kind, e.g. "tp" or "dp*ep*cp"
+  int64_t group_size = 1;
+  double bytes = 0;          // logical buffer per call (see ClusterTopology::cost)
+  double calls = 0;          // per step
+  double seconds = 0;        // per step, before overlap
+  double exposed = 0;        // per step, on the critical path
+  std::vector<double> bytes_per_level;  // sent per rank per step, by link level
+};
+
+struct TimeBreakdown {
+  double compute = 0;    // incl. recompute
+  double recompute = 0;  // share of compute
+  double tp = 0, cp = 0, ep = 0, pp = 0, dp = 0, fsdp = 0;  // exposed communication
+  double bubble = 0;
+  double total = 0;
+};
+
+struct Estimate {
+  Strategy strategy;
+  MemoryBreakdown memory;  // the pipeline rank with the most memory
+  double usable_memory = 0;  // bytes
+  bool fits = false;
+  std::vector<CommItem> comm;  // for the slowest pipeline rank
+  std::vector<double> comm_bytes_per_level;  // per rank per step, all items
+  std::vector<std::string> level_names;
+  TimeBreakdown time;
+  int64_t slowest_stage = 0;
+  double bubble_fraction = 0;
+  double tokens_per_second = 0;
+  double model_flops = 0;  // per step, without recompute
+  double mfu = 0;
+};
+
+class RankGroups;
+class CostCache;
+
+// Reuses rank groups and collective costs while consecutive strategies keep the same
+// mesh dims, which is what makes a search over many strategies cheap.
+class Estimator {
+ public:
+  Estimator(ModelDesc model, ClusterSpec cluster, EstimatorOptions options = {});
+  ~Estimator();
+
+  // `s` must be resolved (resolve_strategy) for this model and some device count.
+  MemoryBreakdown memory(const Strategy& s) const;  // the worst pipeline rank
+  Estimate estimate(const Strategy& s);
+  double usable_memory() const;
+
+  const ModelDesc& model() const { return model_; }
+  const ClusterSpec& cluster() const { return cluster_; }
+  const EstimatorOptions& options() const { return options_; }
+
+ private:
+  RankGroups& groups_for(const Strategy& s);
+  ModelDesc model_;
+  ClusterSpec cluster_;
+  EstimatorOptions options_;
+  std::unique_ptr<CostCache> costs_;
+  std::unique_ptr<RankGroups> groups_;
+  std::vector<int64_t> groups_dims_;
+};
+
+// Forward FLOPs of one token through the whole model (causal attention over seq_len).
+double forward_flops_per_token(const ModelDesc& m);
+
+// Resolves `s` for the cluster's devices (or `devices` when > 0) and estimates it.
+Estimate estimate(const ModelDesc& m, const ClusterSpec& c, const Strategy& s, int64_t devices = 0,
+                  const EstimatorOptions& o = {});
+
+}  // namespace hp::plan

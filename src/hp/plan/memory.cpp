@@ -1,0 +1,84 @@
+#include "hp/plan/memory.h"
+
+#include <algorithm>
+
+namespace hp::plan {
+
+double layer_activation_bytes_per_token(const ModelDesc& m, bool moe_layer, Recompute r) {
+  const double h = m.hidden, q = m.q_dim(), kv = m.kv_dim();
+  if (r == Recompute::Full) return 2 * h;
+  double attn = 2 * h + 2 * h + 2 * (q + 2 * kv) + 2 * q + 4.0 * m.heads;
+  double ffn_in = 2 * h + 2 * h;
+  double ffn = 0, cheap_ffn = 0;
+  if (moe_layer) {
+    const double k = m.top_k, act = m.moe_ffn * double(m.top_k + m.shared_experts);
+    ffn = 4.0 * m.experts + 2 * h * k + 6 * act + 2 * h * k;
+    cheap_ffn = 2 * act;
+  } else {
+    ffn = 6.0 * m.ffn;
+    cheap_ffn = 2.0 * m.ffn;
+  }
+  double all = attn + ffn_in + ffn;
+  if (r == Recompute::Selective) all -= 4 * h + cheap_ffn;
+  return all;
+}
+
+StageParams stage_params(const ModelDesc& m, const Strategy& s, const StageContents& st) {
+  const ParamCounts pc = count_params(m);
+  const double h = m.hidden, t = s.tp;
+  // q and o split over tp; k and v too, until tp exceeds kv_heads and heads get replicated.
+  const double kv_split = std::min<double>(t, m.kv_heads);
+  const double attn = 2 * h * m.q_dim() / t + 2 * h * m.kv_dim() / kv_split + 2 * h;
+  const double dense_mlp = pc.dense_mlp / t;
+  const double moe_shared = h * m.experts + m.shared_experts * 3 * h * m.moe_ffn / t;  // router replicated
+  const double experts = double(m.experts) / s.ep * pc.moe_expert / t;
+  const double emb = double(pc.embedding) / t;                // vocab-parallel
+  const double head = double(m.vocab) * h / t + h;            // a tied head still needs its own copy
+  const bool head_shares_embedding = m.tied_embeddings && st.embedding;
+
+  StageParams p;
+  p.dense = st.layers() * attn + st.dense_layers * dense_mlp + st.moe_layers * moe_shared;
+  p.expert = st.moe_layers * experts;
+  if (st.embedding) p.dense += emb;
+  if (st.head) p.dense += head_shares_embedding ? h : head;
+  if (st.dense_layers) p.largest_unit = std::max(p.largest_unit, attn + dense_mlp);
+  if (st.moe_layers) p.largest_unit = std::max(p.largest_unit, attn + moe_shared + experts);
+  if (st.embedding) p.largest_unit = std::max(p.largest_unit, emb);
+  if (st.head) p.largest_unit = std::max(p.largest_unit, head);
+  return p;
+}
+
+MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageContents& st, int64_t index) {
+  MemoryBreakdown mem;
+  mem.stage = index;
+  const StageParams p = stage_params(m, s, st);
+  double held = p.dense + p.expert;
+  if (s.fsdp) {
+    held = p.dense / double(s.dp * s.ep * s.cp) + p.expert / double(s.dp * s.cp);
+    // Two units gathered (the one running, the one prefetched) and one unsharded gradient.
+    mem.fsdp_buffers = p.largest_unit * (2 * kParamBytes + kGradBytes);
+  }
+  mem.params = held * kParamBytes;
+  mem.grads = held * kGradBytes;
+  mem.optimizer = held * kOptimizerBytes;
+
+  // Tokens of one microbatch on this rank, before the sequence-parallel split over tp.
+  const double tokens = double(s.micro_batch) * m.seq_len / s.cp;
+  const double t = s.tp;
+  double per_mb = 0;
+  if (st.dense_layers) per_mb += st.dense_layers * layer_activation_bytes_per_token(m, false, s.recompute);
+  if (st.moe_layers) per_mb += st.moe_layers * layer_activation_bytes_per_token(m, true, s.recompute);
+  per_mb *= tokens / t;
+  const double inflight = inflight_microbatches(s.schedule, s.pp, s.microbatches, s.virtual_stages, index);
+  mem.activations = inflight * per_mb;
+  if (s.recompute == Recompute::Full && st.layers() > 0) {
+    // The backward of one layer rematerializes all of it.
+    const bool moe = st.moe_layers > 0;
+    mem.activations += tokens / t * layer_activation_bytes_per_token(m, moe, Recompute::None);
+  }
+  // bf16 logits kept for the loss's backward plus their fp32 copy, one microbatch.
+  if (st.head) mem.logits = tokens * double(m.vocab) / t * (2 + 4);
+  return mem;
+}
+
+}  // namespace hp::plan

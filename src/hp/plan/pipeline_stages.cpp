@@ -1,0 +1,43 @@
+#include "hp/plan/pipeline_stages.h"
+
+#include <algorithm>
+
+#include "hp/base/error.h"
+
+namespace hp::plan {
+
+std::vector<StageContents> split_stages(const ModelDesc& m, int64_t pp, int64_t vpp, const std::string& schedule) {
+  const int64_t chunks = pp * vpp;
+  HP_CHECK(pp >= 1 && vpp >= 1 && chunks <= m.layers)
+      << "split_stages: expected 1 <= pp*vpp <= layers, found pp " << pp << ", vpp " << vpp << ", layers "
+      << m.layers;
+  std::vector<StageContents> stages(pp);
+  const int64_t base = m.layers / chunks, extra = m.layers % chunks;
+  int64_t first = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t n = base + (c < extra ? 1 : 0);
+    int64_t rank = c % pp;
+    if (schedule == "zbv" && vpp == 2) rank = c < pp ? c : 2 * pp - 1 - c;
+    StageContents& s = stages[rank];
+    for (int64_t l = first; l < first + n; ++l) (m.layer_is_moe(l) ? s.moe_layers : s.dense_layers)++;
+    s.chunks++;
+    s.max_chunk_layers = std::max(s.max_chunk_layers, n);
+    if (c == 0) s.embedding = true;
+    if (c == chunks - 1) s.head = true;
+    first += n;
+  }
+  return stages;
+}
+
+double inflight_microbatches(const std::string& schedule, int64_t pp, int64_t m, int64_t v, int64_t stage) {
+  if (pp <= 1) return 1;
+  if (schedule == "gpipe") return static_cast<double>(m);
+  if (schedule == "1f1b" || schedule == "zb-h1") return static_cast<double>(std::min(m, pp - stage));
+  if (schedule == "interleaved-1f1b")
+    return static_cast<double>(std::min(m * v, 2 * (pp - stage - 1) + (v - 1) * pp + 1)) / static_cast<double>(v);
+  if (schedule == "zbv") return static_cast<double>(std::min(m, pp));
+  HP_FAIL() << "inflight_microbatches: unknown schedule '" << schedule << "'";
+  return 0;
+}
+
+}  // namespace hp::plan

@@ -1,0 +1,39 @@
+// Which layers each pipeline rank holds, and how many microbatches of activations it
+// keeps alive at its peak under a schedule. Like the bubble, the in-flight count is a
+// closed form that a schedule simulator can replace.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hp/plan/model_desc.h"
+
+namespace hp::plan {
+
+struct StageContents {
+  int64_t dense_layers = 0;
+  int64_t moe_layers = 0;
+  int64_t chunks = 0;          // model chunks (virtual stages) on this rank
+  int64_t max_chunk_layers = 0;
+  bool embedding = false;      // holds the input embedding
+  bool head = false;           // holds the output projection and the loss
+  int64_t layers() const { return dense_layers + moe_layers; }
+};
+
+// Splits the layers into pp*vpp chunks as evenly as possible (earlier chunks take the
+// remainder). Chunk c goes to rank c % pp, except zbv whose V places chunks c and
+// 2p-1-c on rank c.
+std::vector<StageContents> split_stages(const ModelDesc& m, int64_t pp, int64_t vpp, const std::string& schedule);
+
+// Peak live activations on pipeline rank `stage`, in units of "one microbatch through
+// all of this rank's layers":
+//   pp == 1            1
+//   gpipe              m
+//   1f1b, zb-h1        min(m, p - stage)
+//   interleaved-1f1b   min(m*v, 2(p-stage-1) + (v-1)p + 1) / v  (warm-up chunks + 1)
+//   zbv                min(m, p)          (the V keeps every rank at 1F1B's first-rank peak)
+double inflight_microbatches(const std::string& schedule, int64_t pp, int64_t microbatches, int64_t vpp,
+                             int64_t stage);
+
+}  // namespace hp::plan

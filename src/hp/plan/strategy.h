@@ -1,0 +1,49 @@
+// A parallel strategy: how a model is split over devices and how a step is run.
+// Written as "dp=8,tp=8,pp=6,mb=16,fsdp=1,recompute=full,schedule=1f1b".
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hp/plan/model_desc.h"
+
+namespace hp::plan {
+
+enum class Recompute { None, Selective, Full };
+const char* to_string(Recompute r);
+
+struct Strategy {
+  // Mesh dims. Rank order, outermost to innermost: pp, dp, ep, cp, tp — tp innermost so
+  // that its group lands on the fastest links, pp outermost since it sends the least.
+  // ep is its own dim: dense weights are replicated over dp·ep and experts split over ep,
+  // so dp·ep ranks consume distinct data.
+  int64_t dp = 0;  // 0: whatever the device count leaves
+  int64_t tp = 1;
+  int64_t pp = 1;
+  int64_t cp = 1;
+  int64_t ep = 1;
+  bool fsdp = false;        // shard params, grads and optimizer states over the data ranks
+  int64_t microbatches = 0;  // per step per pipeline; 0: derived
+  int64_t micro_batch = 0;   // sequences per microbatch; 0: derived
+  int64_t global_batch = 0;  // sequences per step; 0: derived
+  std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv
+  int64_t virtual_stages = 1;     // model chunks per pipeline rank
+  Recompute recompute = Recompute::None;
+
+  int64_t devices() const { return dp * tp * pp * cp * ep; }
+  int64_t data_replicas() const { return dp * ep; }  // ranks that see different sequences
+};
+
+std::vector<std::string> schedule_names();
+
+// Parses "key=value,..."; keys: dp tp pp cp ep fsdp mb mbs gbs schedule vpp recompute.
+// Errors name the bad key or value.
+Strategy parse_strategy(const std::string& text);
+// Fills derived fields (dp, batch sizes) and checks the strategy against the model and
+// the device count; throws saying what was expected and what was found.
+Strategy resolve_strategy(Strategy s, const ModelDesc& model, int64_t devices);
+// Canonical text form; parse_strategy(to_string(s)) gives s back.
+std::string to_string(const Strategy& s);
+
+}  // namespace hp::plan

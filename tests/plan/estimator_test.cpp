@@ -1,0 +1,87 @@
+#include <gtest/gtest.h>
+
+#include "hp/plan/estimator.h"
+#include "hp/plan/pipeline_bubble.h"
+
+using namespace hp::plan;
+
+namespace {
+
+Estimate run(const std::string& model, const std::string& topo, const std::string& strategy, int64_t devices = 0) {
+  return estimate(model_preset(model), load_cluster(topo), parse_strategy(strategy), devices);
+}
+
+}  // namespace
+
+TEST(Estimator, MoreTpLessParameterMemory) {
+  double last = 1e30;
+  for (int tp : {1, 2, 4, 8}) {
+    Estimate e = run("llama3-8b", "server-8", "tp=" + std::to_string(tp));
+    EXPECT_LT(e.memory.params, last) << "tp=" << tp;
+    last = e.memory.params;
+  }
+}
+
+TEST(Estimator, RecomputeTradesMemoryForTime) {
+  Estimate none = run("llama3-8b", "server-8", "tp=4,mbs=2,recompute=none");
+  Estimate sel = run("llama3-8b", "server-8", "tp=4,mbs=2,recompute=selective");
+  Estimate full = run("llama3-8b", "server-8", "tp=4,mbs=2,recompute=full");
+  EXPECT_GT(none.memory.activations, sel.memory.activations);
+  EXPECT_GT(sel.memory.activations, full.memory.activations);
+  EXPECT_LT(none.time.total, sel.time.total);
+  EXPECT_LT(sel.time.total, full.time.total);
+  // Full recompute runs the layers' forward again: about 4/3 of the compute.
+  EXPECT_NEAR(full.time.compute / none.time.compute, 4.0 / 3.0, 0.05);
+}
+
+TEST(Estimator, ComputeMatchesSixNDWithoutParallelOverheads) {
+  ModelDesc m = model_preset("llama3-8b");
+  ClusterSpec c = load_cluster("server-8");
+  Estimate e = estimate(m, c, parse_strategy("dp=1,mbs=1,mb=1"), 1);
+  const double tokens = double(m.seq_len);
+  // 6 * params * tokens is the dense part; attention and the embedding lookup differ a little.
+  const double six_nd = 6.0 * double(count_params(m).total) * tokens;
+  const double rate = c.device.tflops * 1e12 * EstimatorOptions{}.compute_efficiency;
+  EXPECT_NEAR(e.time.compute * rate / six_nd, 1.0, 0.1);
+  EXPECT_DOUBLE_EQ(e.time.total, e.time.compute);  // one device: nothing to communicate
+  EXPECT_NEAR(e.mfu, EstimatorOptions{}.compute_efficiency, 1e-9);
+}
+
+TEST(Estimator, TpGroupStaysInTheServer) {
+  Estimate e = run("llama3-70b", "cluster-16k", "tp=8,pp=8,mb=32", 1024);
+  ASSERT_EQ(e.level_names.size(), 3u);
+  for (const auto& it : e.comm) {
+    if (it.group == "tp") {
+      EXPECT_GT(it.bytes_per_level[0], 0) << it.name;
+      EXPECT_EQ(it.bytes_per_level[1], 0) << it.name;
+      EXPECT_EQ(it.bytes_per_level[2], 0) << it.name;
+    }
+  }
+  // The data-parallel reduce crosses servers; pp stage neighbours are 128 ranks apart.
+  EXPECT_GT(e.comm_bytes_per_level[1], 0);
+}
+
+TEST(Estimator, BubbleComesFromTheOneFunction) {
+  Estimate e = run("llama3-8b", "server-8", "dp=1,pp=8,mb=16,schedule=1f1b");
+  EXPECT_DOUBLE_EQ(e.bubble_fraction, pipeline_bubble_fraction("1f1b", 8, 16, 1));
+  EXPECT_GT(e.time.bubble, 0);
+  Estimate zb = run("llama3-8b", "server-8", "dp=1,pp=8,mb=16,schedule=zb-h1");
+  EXPECT_LT(zb.time.bubble, e.time.bubble);
+  Estimate gp = run("llama3-8b", "server-8", "dp=1,pp=8,mb=16,schedule=gpipe");
+  EXPECT_GT(gp.memory.activations, e.memory.activations);  // all 16 microbatches alive
+}
+
+TEST(Estimator, MoeUsesAllToAllOnEp) {
+  Estimate e = run("deepseek-v3-like", "cluster-16k", "tp=8,pp=16,ep=8,mb=32", 2048);
+  bool a2a = false;
+  for (const auto& it : e.comm) a2a |= (it.kind == hp::Collective::AllToAll && it.group_size == 8);
+  EXPECT_TRUE(a2a);
+  EXPECT_GT(e.time.ep, 0);
+}
+
+TEST(Estimator, FsdpFitsWhatReplicationCannot) {
+  Estimate dp = run("llama3-8b", "server-8", "dp=8,recompute=full");
+  Estimate fsdp = run("llama3-8b", "server-8", "dp=8,fsdp=1,recompute=full");
+  EXPECT_FALSE(dp.fits);  // 16 bytes per parameter on every rank: 128 GB
+  EXPECT_TRUE(fsdp.fits);
+}

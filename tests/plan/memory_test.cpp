@@ -1,0 +1,64 @@
+#include <gtest/gtest.h>
+
+#include "hp/plan/memory.h"
+
+using namespace hp::plan;
+
+// The tiny model: h = 128, q = 128, kv = 64, 4 heads, ffn 384, vocab 256, seq 128.
+TEST(Memory, ActivationBytesPerTokenByHand) {
+  ModelDesc m = model_preset("tiny");
+  // none: attention 2h + 2h + 2(q + 2kv) + 2q + 4*heads = 256 + 256 + 512 + 256 + 16 = 1296,
+  // norm2 in/out 512, SwiGLU 6f = 2304.
+  EXPECT_DOUBLE_EQ(layer_activation_bytes_per_token(m, false, Recompute::None), 4112);
+  // selective drops both norm outputs (4h = 512) and act*up (2f = 768).
+  EXPECT_DOUBLE_EQ(layer_activation_bytes_per_token(m, false, Recompute::Selective), 2832);
+  EXPECT_DOUBLE_EQ(layer_activation_bytes_per_token(m, false, Recompute::Full), 256);
+}
+
+TEST(Memory, StageMemoryByHand) {
+  ModelDesc m = model_preset("tiny");
+  Strategy s = resolve_strategy(parse_strategy("dp=1,tp=2,pp=2,mbs=2,mb=4"), m, 4);
+  auto stages = split_stages(m, 2, 1, "1f1b");
+
+  // Rank of stage 0: 2 layers + embedding, split over tp = 2.
+  //   attention: 2*128*128/2 (q, o) + 2*128*64/2 (k, v) + 256 (norms) = 24832
+  //   mlp: 3*128*384/2 = 73728; embedding 256*128/2 = 16384
+  const double p0 = 2 * (24832 + 73728) + 16384;
+  MemoryBreakdown m0 = stage_memory(m, s, stages[0], 0);
+  EXPECT_DOUBLE_EQ(m0.params, 2 * p0);
+  EXPECT_DOUBLE_EQ(m0.grads, 4 * p0);
+  EXPECT_DOUBLE_EQ(m0.optimizer, 12 * p0);
+  // 2 sequences * 128 tokens, 2 layers * 4112 B/token, / tp 2, times 2 microbatches in flight (1F1B, p=2).
+  EXPECT_DOUBLE_EQ(m0.activations, 2 * (256 * 2 * 4112 / 2.0));
+  EXPECT_DOUBLE_EQ(m0.logits, 0);
+  EXPECT_DOUBLE_EQ(m0.fsdp_buffers, 0);
+
+  // Last stage: one microbatch in flight, head 256*128/2 + final norm 128, logits 6 B per entry.
+  MemoryBreakdown m1 = stage_memory(m, s, stages[1], 1);
+  const double p1 = 2 * (24832 + 73728) + 16384 + 128;
+  EXPECT_DOUBLE_EQ(m1.params, 2 * p1);
+  EXPECT_DOUBLE_EQ(m1.activations, 256 * 2 * 4112 / 2.0);
+  EXPECT_DOUBLE_EQ(m1.logits, 256 * 256 / 2.0 * 6);
+}
+
+TEST(Memory, FsdpShardsStatesAndAddsUnitBuffers) {
+  ModelDesc m = model_preset("tiny");
+  Strategy plain = resolve_strategy(parse_strategy("dp=4"), m, 4);
+  Strategy sharded = resolve_strategy(parse_strategy("dp=4,fsdp=1"), m, 4);
+  auto st = split_stages(m, 1, 1, "1f1b");
+  MemoryBreakdown a = stage_memory(m, plain, st[0], 0), b = stage_memory(m, sharded, st[0], 0);
+  EXPECT_DOUBLE_EQ(b.params * 4, a.params);
+  EXPECT_DOUBLE_EQ(b.optimizer * 4, a.optimizer);
+  // Largest unit is a layer (196864 params): two gathered bf16 copies and one fp32 gradient.
+  EXPECT_DOUBLE_EQ(b.fsdp_buffers, 196864.0 * (2 * 2 + 4));
+}
+
+TEST(Memory, ExpertsSplitOverEp) {
+  ModelDesc m = model_preset("deepseek-v3-like");
+  auto st = split_stages(m, 1, 1, "1f1b");
+  Strategy e1 = resolve_strategy(parse_strategy("dp=8,ep=1"), m, 8);
+  Strategy e8 = resolve_strategy(parse_strategy("dp=1,ep=8"), m, 8);
+  StageParams a = stage_params(m, e1, st[0]), b = stage_params(m, e8, st[0]);
+  EXPECT_DOUBLE_EQ(a.expert, 8 * b.expert);
+  EXPECT_DOUBLE_EQ(a.dense, b.dense);
+}

@@ -1,0 +1,63 @@
+// `hp dryrun` and `hp plan`: estimate one strategy, or search for the best ones.
+#include <CLI/CLI.hpp>
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "hp/plan.h"
+
+namespace hp::cli {
+
+namespace {
+
+struct PlanArgs {
+  std::string model, topology, strategy;
+  int64_t devices = 0;
+  int64_t global_batch = 2048;
+  int top = 10;
+  bool json = false;
+};
+
+}  // namespace
+
+void add_plan_commands(CLI::App& app) {
+  auto args = std::make_shared<PlanArgs>();
+
+  auto* dry = app.add_subcommand("dryrun", "estimate memory, communication and step time of one strategy");
+  dry->add_option("--model", args->model, "model preset or TOML file")->required();
+  dry->add_option("--topology", args->topology, "topology preset or TOML file")->required();
+  dry->add_option("--strategy", args->strategy, "e.g. \"dp=8,tp=8,pp=6,mb=16,fsdp=1,recompute=full,schedule=1f1b\"")
+      ->required();
+  dry->add_option("--devices", args->devices, "devices to use (default: all of the topology)");
+  dry->add_flag("--json", args->json, "print JSON");
+  dry->callback([args] {
+    plan::ModelDesc m = plan::load_model(args->model);
+    plan::ClusterSpec c = plan::load_cluster(args->topology);
+    const int64_t n = args->devices > 0 ? args->devices : c.num_devices();
+    plan::Strategy s = plan::resolve_strategy(plan::parse_strategy(args->strategy), m, n);
+    plan::Estimator est(m, c);
+    plan::Estimate e = est.estimate(s);
+    std::cout << (args->json ? plan::dryrun_json(e, m, c) : plan::format_dryrun(e, m, c));
+  });
+
+  auto* pl = app.add_subcommand("plan", "search dp/tp/pp/cp/ep, fsdp, schedule and recompute for the fastest fit");
+  pl->add_option("--model", args->model, "model preset or TOML file")->required();
+  pl->add_option("--topology", args->topology, "topology preset or TOML file")->required();
+  pl->add_option("--devices", args->devices, "devices to use (default: all of the topology)");
+  pl->add_option("--global-batch", args->global_batch, "sequences per step")->capture_default_str();
+  pl->add_option("--top", args->top, "how many strategies to show")->capture_default_str();
+  pl->add_flag("--json", args->json, "print JSON");
+  pl->callback([args] {
+    plan::ModelDesc m = plan::load_model(args->model);
+    plan::ClusterSpec c = plan::load_cluster(args->topology);
+    plan::SearchOptions o;
+    o.devices = args->devices > 0 ? args->devices : c.num_devices();
+    o.global_batch = args->global_batch;
+    o.top = args->top;
+    plan::Estimator est(m, c);
+    plan::SearchResult r = plan::search(est, o);
+    std::cout << (args->json ? plan::plan_json(r, m, c, o.devices) : plan::format_plan(r, m, c, o.devices));
+  });
+}
+
+}  // namespace hp::cli
