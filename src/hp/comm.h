@@ -1,6 +1,7 @@
 // hp/comm.h: the public header of the comm layer.
 #pragma once
 
+#include "hp/base/error.h"
 #include "hp/comm/autograd.h"
 #include "hp/comm/collectives.h"
 #include "hp/comm/device_mesh.h"

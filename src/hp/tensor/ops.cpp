@@ -1,0 +1,188 @@
+#include "hp/tensor/ops.h"
+
+#include <ATen/ATen.h>
+
+#include "hp/base/error.h"
+#include "hp/base/strings.h"
+#include "hp/comm/autograd.h"
+#include "hp/comm/collectives.h"
+#include "hp/layout/sharding_propagation.h"
+#include "hp/tensor/redistribute.h"
+
+namespace hp {
+namespace {
+
+void check_same_mesh(const Op& op, const std::vector<DTensor>& inputs) {
+  for (size_t i = 1; i < inputs.size(); ++i)
+    HP_CHECK(inputs[i].device_mesh() == inputs[0].device_mesh())
+        << op.to_string() << ": input 0 lives on " << inputs[0].device_mesh().to_string() << " but input " << i
+        << " on " << inputs[i].device_mesh().to_string();
+}
+
+void check_same_dtype(const Op& op, const DTensor& a, const DTensor& b) {
+  HP_CHECK(a.scalar_type() == b.scalar_type())
+      << op.to_string() << ": dtypes differ, " << a.scalar_type() << " " << to_string_list(a.sizes()) << " vs "
+      << b.scalar_type() << " " << to_string_list(b.sizes());
+}
+
+DTensor binary_same_dtype(const Op& op, const DTensor& a, const DTensor& b, const LocalKernel& k) {
+  check_same_dtype(op, a, b);
+  return dispatch(op, {a, b}, k);
+}
+
+// The first mesh dim sharding tensor dim 0 of `spec`'s table, with its row range.
+std::pair<int64_t, int64_t> local_rows(const ShardSpec& spec, const std::vector<int64_t>& coord) {
+  return {spec.global_offset(coord)[0], spec.local_shape(coord)[0]};
+}
+
+}  // namespace
+
+DTensor dispatch(const Op& op, const std::vector<DTensor>& inputs, const LocalKernel& kernel) {
+  HP_CHECK(!inputs.empty()) << op.to_string() << " needs inputs";
+  check_same_mesh(op, inputs);
+  const DeviceMesh& mesh = inputs[0].device_mesh();
+  std::vector<ShardSpec> specs;
+  for (const auto& t : inputs) specs.push_back(t.spec());
+  auto decision = propagate(op, specs);
+  const std::vector<int64_t> coord = mesh.coordinate();
+
+  std::vector<at::Tensor> locals;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    at::Tensor x = redistribute_local(inputs[i].to_local(), specs[i], decision->inputs[i], mesh);
+    for (int k = 0; k < mesh.ndim(); ++k) {
+      const bool replicated_in = decision->inputs[i].placement(k).is_replicate();
+      if (replicated_in && !decision->output.placement(k).is_replicate() && x.requires_grad())
+        x = comm::autograd::all_reduce_sum_backward(x, mesh.group(k));
+    }
+    locals.push_back(x);
+  }
+  at::Tensor out = kernel(locals, LocalContext{decision->inputs, decision->output, coord});
+  return DTensor(out, mesh, decision->output);
+}
+
+DTensor add(const DTensor& a, const DTensor& b) {
+  return binary_same_dtype(Op::add(), a, b, [](const auto& x, const auto&) { return x[0] + x[1]; });
+}
+
+DTensor sub(const DTensor& a, const DTensor& b) {
+  return binary_same_dtype(Op::add(), a, b, [](const auto& x, const auto&) { return x[0] - x[1]; });
+}
+
+DTensor mul(const DTensor& a, const DTensor& b) {
+  return binary_same_dtype(Op::mul(), a, b, [](const auto& x, const auto&) { return x[0] * x[1]; });
+}
+
+DTensor matmul(const DTensor& a, const DTensor& b) {
+  return binary_same_dtype(Op::matmul(), a, b, [](const auto& x, const auto&) { return at::matmul(x[0], x[1]); });
+}
+
+DTensor linear(const DTensor& x, const DTensor& weight) {
+  return binary_same_dtype(Op::linear(), x, weight,
+                           [](const auto& t, const auto&) { return at::linear(t[0], t[1]); });
+}
+
+DTensor sum(const DTensor& x, std::vector<int64_t> dims, bool keepdim) {
+  return dispatch(Op::sum(dims, keepdim), {x},
+                  [dims, keepdim](const auto& t, const auto&) { return t[0].sum(dims, keepdim); });
+}
+
+DTensor mean(const DTensor& x, std::vector<int64_t> dims, bool keepdim) {
+  // A mean over a sharded dim is a local mean of an even shard, pending an average.
+  return dispatch(Op::mean(dims, keepdim), {x},
+                  [dims, keepdim](const auto& t, const auto&) { return t[0].mean(dims, keepdim); });
+}
+
+DTensor softmax(const DTensor& x, int64_t dim) {
+  return dispatch(Op::softmax(dim), {x}, [dim](const auto& t, const auto&) { return t[0].softmax(dim); });
+}
+
+DTensor log_softmax(const DTensor& x, int64_t dim) {
+  return dispatch(Op::softmax(dim), {x}, [dim](const auto& t, const auto&) { return t[0].log_softmax(dim); });
+}
+
+DTensor embedding(const DTensor& table, const DTensor& ids) {
+  HP_CHECK(at::isIntegralType(ids.scalar_type(), false))
+      << "embedding ids must be integers, got " << ids.scalar_type();
+  return dispatch(Op::embedding(), {table, ids}, [](const auto& t, const LocalContext& ctx) {
+    auto [first, rows] = local_rows(ctx.inputs[0], ctx.coord);
+    if (rows == ctx.inputs[0].shape()[0]) return at::embedding(t[0], t[1]);
+    // Vocab-sharded: look up the ids this shard holds, zeros for the rest (a partial sum).
+    at::Tensor here = (t[1] >= first).logical_and(t[1] < first + rows);
+    at::Tensor local_ids = (t[1] - first) * here;
+    return at::embedding(t[0], local_ids) * here.unsqueeze(-1).to(t[0].scalar_type());
+  });
+}
+
+DTensor view(const DTensor& x, std::vector<int64_t> shape) {
+  return dispatch(Op::view(shape), {x}, [](const auto& t, const LocalContext& ctx) {
+    return t[0].reshape(ctx.output.local_shape(ctx.coord));
+  });
+}
+
+DTensor transpose(const DTensor& x, int64_t a, int64_t b) {
+  return dispatch(Op::transpose(a, b), {x}, [a, b](const auto& t, const auto&) { return t[0].transpose(a, b); });
+}
+
+DTensor map(const DTensor& x, const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  return dispatch(Op::elementwise(1), {x}, [&fn](const auto& t, const auto&) { return fn(t[0]); });
+}
+
+DTensor rms_norm(const DTensor& x, const DTensor& weight, double eps) {
+  DTensor mean_square = mean(mul(x, x), {-1}, /*keepdim=*/true);
+  DTensor inv = map(mean_square, [eps](const at::Tensor& t) { return at::rsqrt(t + eps); });
+  return mul(mul(x, inv), weight);
+}
+
+DTensor layer_norm(const DTensor& x, const DTensor& weight, const DTensor& bias, double eps) {
+  DTensor centered = sub(x, mean(x, {-1}, /*keepdim=*/true));
+  DTensor var = mean(mul(centered, centered), {-1}, /*keepdim=*/true);
+  DTensor inv = map(var, [eps](const at::Tensor& t) { return at::rsqrt(t + eps); });
+  return add(mul(mul(centered, inv), weight), bias);
+}
+
+DTensor cross_entropy(const DTensor& logits_in, const DTensor& targets_in) {
+  HP_CHECK(logits_in.dim() == 2 && targets_in.dim() == 1 && logits_in.size(0) == targets_in.size(0))
+      << "cross_entropy expects logits [N, V] and targets [N], got " << to_string_list(logits_in.sizes())
+      << " and " << to_string_list(targets_in.sizes());
+  const DeviceMesh& mesh = logits_in.device_mesh();
+  HP_CHECK(targets_in.device_mesh() == mesh) << "cross_entropy: logits on " << mesh.to_string()
+                                             << " but targets on " << targets_in.device_mesh().to_string();
+  // Keep row and vocabulary shards; anything else (Partial) is settled first.
+  std::vector<Placement> lp, tp;
+  std::vector<int> vocab_dims, row_dims;
+  for (int k = 0; k < mesh.ndim(); ++k) {
+    const Placement& p = logits_in.placements()[k];
+    if (p.is_shard(1)) {
+      lp.push_back(p), tp.push_back(Replicate()), vocab_dims.push_back(k);
+    } else if (p.is_shard(0)) {
+      lp.push_back(p), tp.push_back(p), row_dims.push_back(k);
+    } else {
+      lp.push_back(Replicate()), tp.push_back(Replicate());
+    }
+  }
+  DTensor logits = logits_in.redistribute(lp);
+  DTensor targets = targets_in.redistribute(tp);
+  const std::vector<int64_t> coord = mesh.coordinate();
+  const at::Tensor& z = logits.to_local();
+  const at::Tensor& t = targets.to_local();
+  const int64_t first = logits.spec().global_offset(coord)[1];
+  const int64_t cols = z.size(1);
+
+  // Stable log-sum-exp across vocabulary shards: the max needs no gradient.
+  at::Tensor m = std::get<0>(z.detach().max(1, /*keepdim=*/true));
+  for (int k : vocab_dims) m = comm::all_reduce(m, mesh.group(k), ReduceOp::Max);
+  at::Tensor sum_exp = (z - m).exp().sum(1);
+  at::Tensor here = (t >= first).logical_and(t < first + cols);
+  at::Tensor target_logit = z.gather(1, ((t - first) * here).unsqueeze(1)).squeeze(1) * here.to(z.scalar_type());
+  for (int k : vocab_dims) {
+    // Partial sums over the shards; the gradient of each term is the whole gradient.
+    sum_exp = comm::autograd::all_reduce_sum(sum_exp, mesh.group(k));
+    target_logit = comm::autograd::all_reduce_sum(target_logit, mesh.group(k));
+  }
+  at::Tensor total = (sum_exp.log() + m.squeeze(1) - target_logit).sum();
+  for (int k : row_dims) total = comm::autograd::all_reduce_sum(total, mesh.group(k));
+  at::Tensor loss = total / static_cast<double>(logits.size(0));
+  return DTensor(loss, mesh, make_spec({}, loss.scalar_type(), mesh, std::vector<Placement>(mesh.ndim(), Replicate())));
+}
+
+}  // namespace hp

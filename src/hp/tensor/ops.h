@@ -1,0 +1,52 @@
+// DTensor ops. Each looks up its sharding rule (cached by input specs), redistributes the
+// inputs to the cheapest accepted layouts, runs the local ATen op and wraps the result.
+//
+// Gradients keep one convention: the local gradient of a piece is that piece of the whole
+// gradient, and for Replicate or Partial pieces it is the whole gradient. When a
+// replicated input meets work split over a mesh dim, its local gradient is only a partial
+// sum, so the op all-reduces it in backward over that mesh dim.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "hp/layout/sharding_rules.h"
+#include "hp/tensor/dtensor.h"
+
+namespace hp {
+
+struct LocalContext {
+  const std::vector<ShardSpec>& inputs;  // the layouts the inputs were given
+  const ShardSpec& output;
+  const std::vector<int64_t>& coord;     // this rank's mesh coordinate
+};
+using LocalKernel = std::function<at::Tensor(const std::vector<at::Tensor>&, const LocalContext&)>;
+
+// The general form every op below is made of.
+DTensor dispatch(const Op& op, const std::vector<DTensor>& inputs, const LocalKernel& kernel);
+
+DTensor add(const DTensor& a, const DTensor& b);
+DTensor sub(const DTensor& a, const DTensor& b);
+DTensor mul(const DTensor& a, const DTensor& b);
+DTensor matmul(const DTensor& a, const DTensor& b);
+DTensor linear(const DTensor& x, const DTensor& weight);  // x @ weight^T
+DTensor sum(const DTensor& x, std::vector<int64_t> dims, bool keepdim = false);
+DTensor mean(const DTensor& x, std::vector<int64_t> dims, bool keepdim = false);
+DTensor softmax(const DTensor& x, int64_t dim);
+DTensor log_softmax(const DTensor& x, int64_t dim);
+// table [V, D] (vocab-sharded or not) looked up by integer ids [...] -> [..., D].
+DTensor embedding(const DTensor& table, const DTensor& ids);
+DTensor view(const DTensor& x, std::vector<int64_t> shape);
+DTensor transpose(const DTensor& x, int64_t a, int64_t b);
+// An elementwise function of one tensor (relu, silu, x * 2, ...).
+DTensor map(const DTensor& x, const std::function<at::Tensor(const at::Tensor&)>& fn);
+
+DTensor rms_norm(const DTensor& x, const DTensor& weight, double eps = 1e-6);
+DTensor layer_norm(const DTensor& x, const DTensor& weight, const DTensor& bias, double eps = 1e-5);
+
+// Mean cross-entropy of logits [N, V] against integer targets [N]. Logits sharded over the
+// vocabulary (Shard(1)) stay sharded: a max, a sum of exponentials and the target logit
+// are reduced across the shards instead of gathering the logits (loss parallel).
+DTensor cross_entropy(const DTensor& logits, const DTensor& targets);
+
+}  // namespace hp

@@ -1,0 +1,127 @@
+#include "hp/tensor/random.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "hp/base/error.h"
+#include "hp/tensor/ops.h"
+
+namespace hp {
+namespace {
+
+thread_local RngState t_state;
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [0, 1) with 53 random bits, from the counter.
+double uniform_at(uint64_t seed, uint64_t counter) {
+  return (splitmix64(splitmix64(counter) ^ seed) >> 11) * 0x1.0p-53;
+}
+
+enum class Dist { Uniform, Normal };
+
+// Draws the block [offset, offset + shape) of a tensor of `global` shape.
+at::Tensor draw(Dist dist, const std::vector<int64_t>& global, const std::vector<int64_t>& offset,
+                const std::vector<int64_t>& shape, RngState s) {
+  const int nd = static_cast<int>(global.size());
+  std::vector<int64_t> stride(nd, 1);
+  for (int d = nd - 2; d >= 0; --d) stride[d] = stride[d + 1] * global[d + 1];
+  int64_t n = 1;
+  for (int64_t e : shape) n *= e;
+  at::Tensor out = at::empty(shape, at::kDouble);
+  double* p = out.data_ptr<double>();
+  std::vector<int64_t> idx(nd, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t g = 0;
+    for (int d = 0; d < nd; ++d) g += static_cast<uint64_t>((offset[d] + idx[d]) * stride[d]);
+    const uint64_t c = s.offset + g;
+    if (dist == Dist::Uniform) {
+      p[i] = uniform_at(s.seed, c);
+    } else {  // Box-Muller on two streams of the same counter
+      double u1 = 1.0 - uniform_at(s.seed, 2 * c), u2 = uniform_at(s.seed, 2 * c + 1);
+      p[i] = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+    }
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++idx[d] < shape[d]) break;
+      idx[d] = 0;
+    }
+  }
+  return out;
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t e : shape) n *= e;
+  return n;
+}
+
+// The state for one draw of `numel` values; advances the thread's offset past it.
+RngState take(int64_t numel) {
+  RngState s = t_state;
+  t_state.offset += static_cast<uint64_t>(numel);
+  return s;
+}
+
+DTensor draw_dtensor(Dist dist, const std::vector<int64_t>& shape, const DeviceMesh& mesh,
+                     std::vector<Placement> placements, at::ScalarType dtype) {
+  ShardSpec spec = make_spec(shape, dtype, mesh, std::move(placements));
+  HP_CHECK(!spec.has_partial()) << "random tensors cannot be Partial: " << spec.to_string();
+  RngState s = take(numel_of(shape));
+  auto coord = mesh.coordinate();
+  at::Tensor local = draw(dist, shape, spec.global_offset(coord), spec.local_shape(coord), s).to(dtype);
+  return DTensor(local, mesh, spec);
+}
+
+at::Tensor dropout_mask(const std::vector<int64_t>& global, const std::vector<int64_t>& offset,
+                        const std::vector<int64_t>& shape, RngState s, double p, at::ScalarType dtype) {
+  return (draw(Dist::Uniform, global, offset, shape, s) >= p).to(dtype) / (1.0 - p);
+}
+
+}  // namespace
+
+void manual_seed(uint64_t seed) { t_state = RngState{seed, 0}; }
+RngState get_rng_state() { return t_state; }
+void set_rng_state(RngState state) { t_state = state; }
+
+at::Tensor rand(const std::vector<int64_t>& shape, at::ScalarType dtype) {
+  return draw(Dist::Uniform, shape, std::vector<int64_t>(shape.size(), 0), shape, take(numel_of(shape))).to(dtype);
+}
+
+at::Tensor randn(const std::vector<int64_t>& shape, at::ScalarType dtype) {
+  return draw(Dist::Normal, shape, std::vector<int64_t>(shape.size(), 0), shape, take(numel_of(shape))).to(dtype);
+}
+
+at::Tensor dropout(const at::Tensor& x, double p) {
+  HP_CHECK(p >= 0 && p < 1) << "dropout probability must be in [0, 1), got " << p;
+  auto shape = x.sizes().vec();
+  RngState s = take(numel_of(shape));
+  return x * dropout_mask(shape, std::vector<int64_t>(shape.size(), 0), shape, s, p, x.scalar_type());
+}
+
+DTensor rand(const std::vector<int64_t>& shape, const DeviceMesh& mesh, std::vector<Placement> placements,
+             at::ScalarType dtype) {
+  return draw_dtensor(Dist::Uniform, shape, mesh, std::move(placements), dtype);
+}
+
+DTensor randn(const std::vector<int64_t>& shape, const DeviceMesh& mesh, std::vector<Placement> placements,
+              at::ScalarType dtype) {
+  return draw_dtensor(Dist::Normal, shape, mesh, std::move(placements), dtype);
+}
+
+DTensor dropout(const DTensor& x, double p) {
+  HP_CHECK(p >= 0 && p < 1) << "dropout probability must be in [0, 1), got " << p;
+  RngState s = take(numel_of(x.sizes()));
+  const std::vector<int64_t> global = x.sizes();
+  return dispatch(Op::elementwise(1), {x}, [&](const auto& t, const LocalContext& ctx) {
+    return t[0] * dropout_mask(global, ctx.output.global_offset(ctx.coord), ctx.output.local_shape(ctx.coord), s, p,
+                               t[0].scalar_type());
+  });
+}
+
+}  // namespace hp

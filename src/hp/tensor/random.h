@@ -1,0 +1,38 @@
+// A counter-based random generator: element i of a tensor drawn at state (seed, offset)
+// is a pure function of (seed, offset + i), i its row-major index in the global tensor.
+// A shard draws exactly its piece of what one device draws for the whole tensor, on any
+// layout, with no communication. Each draw advances the offset by the global numel, so
+// ranks that make the same calls stay in step. State is per thread (ranks as threads).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "hp/tensor/dtensor.h"
+
+namespace hp {
+
+struct RngState {
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+void manual_seed(uint64_t seed);
+RngState get_rng_state();
+void set_rng_state(RngState state);
+
+// One device: the whole tensor.
+at::Tensor rand(const std::vector<int64_t>& shape, at::ScalarType dtype = at::kFloat);   // U[0, 1)
+at::Tensor randn(const std::vector<int64_t>& shape, at::ScalarType dtype = at::kFloat);  // N(0, 1)
+at::Tensor dropout(const at::Tensor& x, double p);  // zeroes with probability p, scales by 1/(1-p)
+
+// On a mesh: each rank draws its own piece.
+DTensor rand(const std::vector<int64_t>& shape, const DeviceMesh& mesh, std::vector<Placement> placements,
+             at::ScalarType dtype = at::kFloat);
+DTensor randn(const std::vector<int64_t>& shape, const DeviceMesh& mesh, std::vector<Placement> placements,
+              at::ScalarType dtype = at::kFloat);
+DTensor dropout(const DTensor& x, double p);
+
+}  // namespace hp

@@ -1,0 +1,164 @@
+// Every DTensor op's result and gradient against the single-device op on the full
+// tensors (float64, relative 1e-10), over random layouts on 1-D and 2-D meshes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "check.h"
+
+using namespace hp;
+using namespace hp::testing;
+
+namespace {
+
+using DOp = std::function<DTensor(const std::vector<DTensor>&)>;
+using ROp = std::function<at::Tensor(const std::vector<at::Tensor>&)>;
+
+struct OpCase {
+  std::string name;
+  std::vector<std::vector<int64_t>> shapes;
+  DOp dop;
+  ROp ref;
+  std::vector<bool> integer_input;  // ids: integer inputs, never Partial
+};
+
+std::vector<OpCase> op_cases() {
+  std::vector<OpCase> c;
+  c.push_back({"add broadcast", {{4, 6}, {6}}, [](auto& x) { return add(x[0], x[1]); },
+               [](auto& x) { return x[0] + x[1]; }});
+  c.push_back({"sub", {{4, 6}, {4, 6}}, [](auto& x) { return sub(x[0], x[1]); },
+               [](auto& x) { return x[0] - x[1]; }});
+  c.push_back({"mul", {{5, 4}, {5, 4}}, [](auto& x) { return mul(x[0], x[1]); },
+               [](auto& x) { return x[0] * x[1]; }});
+  c.push_back({"matmul", {{6, 4}, {4, 5}}, [](auto& x) { return matmul(x[0], x[1]); },
+               [](auto& x) { return at::matmul(x[0], x[1]); }});
+  c.push_back({"bmm", {{2, 4, 6}, {2, 6, 3}}, [](auto& x) { return matmul(x[0], x[1]); },
+               [](auto& x) { return at::matmul(x[0], x[1]); }});
+  c.push_back({"linear", {{3, 5, 4}, {6, 4}}, [](auto& x) { return linear(x[0], x[1]); },
+               [](auto& x) { return at::linear(x[0], x[1]); }});
+  c.push_back({"sum", {{4, 6, 2}}, [](auto& x) { return sum(x[0], {1}); },
+               [](auto& x) { return x[0].sum({1}); }});
+  c.push_back({"mean keepdim", {{4, 6}}, [](auto& x) { return mean(x[0], {1}, true); },
+               [](auto& x) { return x[0].mean({1}, true); }});
+  c.push_back({"softmax", {{4, 6}}, [](auto& x) { return softmax(x[0], 1); },
+               [](auto& x) { return x[0].softmax(1); }});
+  c.push_back({"log_softmax", {{4, 6}}, [](auto& x) { return log_softmax(x[0], 0); },
+               [](auto& x) { return x[0].log_softmax(0); }});
+  c.push_back({"view", {{4, 6}}, [](auto& x) { return view(x[0], {4, 2, 3}); },
+               [](auto& x) { return x[0].reshape({4, 2, 3}); }});
+  c.push_back({"transpose", {{4, 6, 2}}, [](auto& x) { return transpose(x[0], 0, 2); },
+               [](auto& x) { return x[0].transpose(0, 2); }});
+  c.push_back({"tanh", {{5, 3}}, [](auto& x) { return map(x[0], [](const at::Tensor& t) { return t.tanh(); }); },
+               [](auto& x) { return x[0].tanh(); }});
+  c.push_back({"rms_norm", {{4, 6}, {6}}, [](auto& x) { return rms_norm(x[0], x[1]); },
+               [](auto& x) { return x[0] * at::rsqrt(x[0].pow(2).mean({-1}, true) + 1e-6) * x[1]; }});
+  c.push_back({"layer_norm", {{4, 6}, {6}, {6}}, [](auto& x) { return layer_norm(x[0], x[1], x[2]); },
+               [](auto& x) { return at::layer_norm(x[0], {6}, x[1], x[2], 1e-5); }});
+  c.push_back({"center", {{4, 6}}, [](auto& x) { return sub(x[0], mean(x[0], {-1}, true)); },
+               [](auto& x) { return x[0] - x[0].mean({-1}, true); }});
+  c.push_back({"sub mean", {{4, 6}, {4, 1}}, [](auto& x) { return sub(x[0], x[1]); },
+               [](auto& x) { return x[0] - x[1]; }});
+  c.push_back({"embedding", {{8, 3}, {5}}, [](auto& x) { return embedding(x[0], x[1]); },
+               [](auto& x) { return at::embedding(x[0], x[1]); }, {false, true}});
+  c.push_back({"cross_entropy", {{6, 8}, {6}}, [](auto& x) { return cross_entropy(x[0], x[1]); },
+               [](auto& x) { return at::cross_entropy_loss(x[0], x[1]); }, {false, true}});
+  return c;
+}
+
+at::Tensor make_input(const std::vector<int64_t>& shape, bool integer, int64_t bound) {
+  if (integer) return (hp::rand(shape, at::kDouble) * bound).floor().to(at::kLong);
+  return hp::randn(shape, at::kDouble);
+}
+
+void check_ops(const std::vector<int64_t>& mesh_shape, int layouts_per_op, uint32_t seed) {
+  int64_t n = 1;
+  for (int64_t d : mesh_shape) n *= d;
+  comm::run_local_ranks(static_cast<int>(n), [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", mesh_shape);
+    std::mt19937 rng(seed);
+    for (const OpCase& oc : op_cases()) {
+      for (int l = 0; l < layouts_per_op; ++l) {
+        manual_seed(l);
+        std::vector<at::Tensor> fulls;
+        std::vector<std::vector<Placement>> placements;
+        for (size_t i = 0; i < oc.shapes.size(); ++i) {
+          bool integer = i < oc.integer_input.size() && oc.integer_input[i];
+          // ids index the 8 table rows / the 8 classes
+          fulls.push_back(make_input(oc.shapes[i], integer, 8));
+          placements.push_back(random_placements(rng, mesh.ndim(), oc.shapes[i].size(), !integer));
+        }
+        expect_op_matches(mesh, fulls, placements, oc.dop, oc.ref, oc.name);
+        if (::testing::Test::HasFatalFailure()) return;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+TEST(DTensorOps, MatchSingleDeviceOnMesh2) { check_ops({2}, 8, 11); }
+TEST(DTensorOps, MatchSingleDeviceOnMesh3Uneven) { check_ops({3}, 8, 12); }
+TEST(DTensorOps, MatchSingleDeviceOnMesh2x2) { check_ops({2, 2}, 8, 13); }
+
+TEST(DTensorOps, LossParallelKeepsLogitsSharded) {
+  comm::run_local_ranks(2, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {2}, {"tp"});
+    manual_seed(5);
+    at::Tensor logits = hp::randn({4, 10}, at::kDouble);
+    at::Tensor targets = (hp::rand({4}, at::kDouble) * 10).floor().to(at::kLong);
+    DTensor z = distribute_tensor(logits, mesh, {Shard(1)});
+    z.requires_grad_(true);
+    DTensor loss = cross_entropy(z, distribute_tensor(targets, mesh, {Replicate()}));
+    loss.to_local().backward();
+    // The gradient stays vocabulary-sharded: each rank holds only its 5 columns.
+    EXPECT_EQ(z.to_local().grad().sizes(), (at::IntArrayRef{4, 5}));
+    at::Tensor ref = logits.clone().requires_grad_(true);
+    at::cross_entropy_loss(ref, targets).backward();
+    EXPECT_TRUE(close(z.grad()->full_tensor(), ref.grad()));
+  });
+}
+
+TEST(DTensorOps, AttentionWithShardedHeads) {
+  comm::run_local_ranks(2, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {2}, {"tp"});
+    manual_seed(7);
+    std::vector<at::Tensor> qkv = {hp::randn({2, 4, 5, 3}, at::kDouble), hp::randn({2, 4, 5, 3}, at::kDouble),
+                                   hp::randn({2, 4, 5, 3}, at::kDouble)};
+    const double scale = 1.0 / std::sqrt(3.0);
+    auto attend = [scale](const std::vector<DTensor>& x) {
+      DTensor s = map(matmul(x[0], transpose(x[1], -2, -1)), [scale](const at::Tensor& t) { return t * scale; });
+      return matmul(softmax(s, -1), x[2]);
+    };
+    auto ref = [scale](const std::vector<at::Tensor>& x) {
+      return at::matmul((at::matmul(x[0], x[1].transpose(-2, -1)) * scale).softmax(-1), x[2]);
+    };
+    expect_op_matches(mesh, qkv, {{Shard(1)}, {Shard(1)}, {Shard(1)}}, attend, ref, "attention, heads sharded");
+  });
+}
+
+TEST(DistributedRng, ShardsDrawTheirPieceOfTheFullTensor) {
+  comm::run_local_ranks(4, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {2, 2});
+    for (auto placements : std::vector<std::vector<Placement>>{
+             {Shard(0), Shard(1)}, {Shard(1), Shard(0)}, {Replicate(), Shard(0)}, {Shard(0), Shard(0)}}) {
+      manual_seed(42);
+      at::Tensor full_u = hp::rand({7, 5});
+      at::Tensor full_n = hp::randn({7, 5}, at::kDouble);
+      at::Tensor full_d = hp::dropout(at::ones({7, 5}), 0.3);
+      manual_seed(42);
+      DTensor u = hp::rand({7, 5}, mesh, placements);
+      DTensor g = hp::randn({7, 5}, mesh, placements, at::kDouble);
+      DTensor d = hp::dropout(distribute_tensor(at::ones({7, 5}), mesh, placements), 0.3);
+      EXPECT_TRUE(at::equal(u.full_tensor(), full_u)) << to_string_list(placements);
+      EXPECT_TRUE(at::equal(g.full_tensor(), full_n)) << to_string_list(placements);
+      EXPECT_TRUE(at::equal(d.full_tensor(), full_d)) << to_string_list(placements);
+    }
+    // Draws are distinct and the distribution is sane.
+    manual_seed(1);
+    at::Tensor big = hp::randn({20000}, at::kDouble);
+    EXPECT_NEAR(big.mean().item<double>(), 0.0, 0.03);
+    EXPECT_NEAR(big.std().item<double>(), 1.0, 0.03);
+    at::Tensor kept = hp::dropout(at::ones({20000}), 0.25);
+    EXPECT_NEAR((kept > 0).to(at::kDouble).mean().item<double>(), 0.75, 0.02);
+  });
+}
