@@ -10,7 +10,9 @@
 //   bench_pipeline [ranks=4] [microbatches=8] [dim=512] [rows per microbatch=128]
 //
 // With fewer cores than ranks the ranks share cores and the measured times exceed
-// the prediction by up to ranks/cores: the table prints the core count.
+// the prediction by up to ranks/cores: the table prints the core count, and a
+// second prediction from the unit costs as measured inside the steps (same
+// contention), which isolates the cost of the runtime and the transfers.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -115,6 +117,8 @@ struct Row {
   int stages = 0;
   schedule::StageCost unit;
   double predicted = 0, sim_bubble = 0, measured = 0;
+  schedule::StageCost in_step;  // unit costs as measured inside the steps (all ranks)
+  double predicted_in_step = 0;
   std::vector<double> idle;
 };
 
@@ -125,6 +129,7 @@ Row run_kind(const Config& c, const std::string& kind) {
   row.stages = sched.num_stages;
   row.idle.assign(c.ranks, 0);
   std::vector<double> wall(c.ranks, 0);
+  pipeline::PhaseTime f, b, i, w;  // summed over ranks and steps
   std::mutex mu;
   const int steps = 3;
   comm::run_local_ranks(c.ranks, [&](int rank) {
@@ -137,16 +142,24 @@ Row run_kind(const Config& c, const std::string& kind) {
     pipeline::PipelineRuntime rt(stages, sched);
     at::Tensor x = at::randn({c.rows * c.microbatches, c.dim}), y = at::randn({c.rows * c.microbatches, c.dim});
     rt.step(x, y);  // warm-up
-    double w = 0, busy = 0;
-    for (int i = 0; i < steps; ++i) {
+    double total = 0, busy = 0;
+    std::vector<pipeline::StepStats> stats;
+    for (int k = 0; k < steps; ++k) {
       comm::barrier(*group);
       rt.step(x, y);
-      w += rt.last_stats().wall;
+      stats.push_back(rt.last_stats());
+      total += rt.last_stats().wall;
       busy += rt.last_stats().compute;
     }
     std::lock_guard<std::mutex> lock(mu);
-    wall[rank] = w / steps;
-    row.idle[rank] = 1 - busy / w;
+    wall[rank] = total / steps;
+    row.idle[rank] = 1 - busy / total;
+    for (const auto& st : stats) {
+      for (auto [sum, part] : {std::pair{&f, st.f}, {&b, st.b}, {&i, st.i}, {&w, st.w}}) {
+        sum->seconds += part.seconds;
+        sum->count += part.count;
+      }
+    }
   });
   row.measured = *std::max_element(wall.begin(), wall.end());
   schedule::CostModel cm;
@@ -154,6 +167,9 @@ Row run_kind(const Config& c, const std::string& kind) {
   auto sim = schedule::simulate(sched, cm);
   row.predicted = sim.makespan;
   row.sim_bubble = sim.bubble_ratio;
+  row.in_step = {f.mean(), b.mean(), i.mean(), w.mean()};
+  cm.uniform = row.in_step;
+  row.predicted_in_step = schedule::simulate(sched, cm).makespan;
   return row;
 }
 
@@ -169,15 +185,18 @@ int main(int argc, char** argv) {
   std::printf("pipeline bench: %d ranks as threads, %d microbatches, MLP %d blocks of %dx%d, %d rows per "
               "microbatch, float32, %u cores\n",
               c.ranks, c.microbatches, kBlocks, c.dim, c.dim, c.rows, std::thread::hardware_concurrency());
-  std::printf("%-17s %6s %26s %10s %10s %7s %8s  %s\n", "schedule", "stages", "unit ms F/B/I/W", "sim ms",
-              "meas ms", "meas/sim", "sim idle", "measured idle per rank");
+  std::printf("%-17s %6s %22s %8s %8s %8s %8s %22s %8s  %s\n", "schedule", "stages", "alone: unit ms F/B/I/W",
+              "sim ms", "meas ms", "meas/sim", "sim idle", "in step: unit ms", "sim ms", "measured idle per rank");
   for (const auto& kind : schedule::schedule_kinds()) {
     Row r = run_kind(c, kind);
-    char unit[64];
-    std::snprintf(unit, sizeof unit, "%.2f/%.2f/%.2f/%.2f", r.unit.f * 1e3, r.unit.b * 1e3, r.unit.i * 1e3,
-                  r.unit.w * 1e3);
-    std::printf("%-17s %6d %26s %10.1f %10.1f %8.2f %8.2f ", r.kind.c_str(), r.stages, unit, r.predicted * 1e3,
-                r.measured * 1e3, r.measured / r.predicted, r.sim_bubble);
+    auto units = [](const schedule::StageCost& u) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.2f/%.2f/%.2f/%.2f", u.f * 1e3, u.b * 1e3, u.i * 1e3, u.w * 1e3);
+      return std::string(buf);
+    };
+    std::printf("%-17s %6d %22s %8.1f %8.1f %8.2f %8.2f %22s %8.1f ", r.kind.c_str(), r.stages, units(r.unit).c_str(),
+                r.predicted * 1e3, r.measured * 1e3, r.measured / r.predicted, r.sim_bubble,
+                units(r.in_step).c_str(), r.predicted_in_step * 1e3);
     for (double i : r.idle) std::printf(" %.2f", i);
     std::printf("\n");
   }

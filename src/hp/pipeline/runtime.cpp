@@ -113,7 +113,14 @@ class StepRun {
       case ActionType::RESHARD:
         return;  // parameters are whole here
     }
-    stats.compute += now_s() - t0;
+    double dt = now_s() - t0;
+    stats.compute += dt;
+    PhaseTime& ph = a.type == ActionType::F   ? stats.f
+                    : a.type == ActionType::B ? stats.b
+                    : a.type == ActionType::I ? stats.i
+                                              : stats.w;
+    ph.seconds += dt;
+    ph.count += 1;
   }
 
   void forward(const Key& k) {

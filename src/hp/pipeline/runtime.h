@@ -20,10 +20,18 @@
 
 namespace hp::pipeline {
 
+// Time spent in one kind of compute action during a step (seconds).
+struct PhaseTime {
+  double seconds = 0;
+  int count = 0;
+  double mean() const { return count ? seconds / count : 0.0; }
+};
+
 // Where the time of one step went on this rank (seconds).
 struct StepStats {
   double wall = 0;      // step() from entry to return
   double compute = 0;   // inside F, B, I, W
+  PhaseTime f, b, i, w; // per kind: the unit costs as they were in the step
   double idle_fraction() const { return wall > 0 ? 1.0 - compute / wall : 0.0; }
 };
 
