@@ -54,4 +54,21 @@ TEST(PipelineErrors, RuntimeRejectsWhatDoesNotFit) {
   });
 }
 
+// An error inside a step names the rank, the action, the stage and the microbatch.
+TEST(PipelineErrors, FailureInsideStepSaysWhere) {
+  Mlp model(2, 4, 3);
+  comm::run_local_ranks(1, [&](int rank) {
+    auto s = schedule::make_schedule("gpipe", 1, 2);
+    auto st = mlp_stage(model, 0, 1, comm::current_world()->world_group());
+    st.forward = [](const at::Tensor& x) -> at::Tensor {
+      if (x.size(0) == 1) throw hp::Error("boom");  // the second microbatch is smaller
+      return x;
+    };
+    pipeline::PipelineRuntime rt({st}, s);
+    at::Tensor x = at::zeros({4, 4}, at::kDouble);
+    std::vector<at::Tensor> xs{x.narrow(0, 0, 3), x.narrow(0, 3, 1)};
+    expect_error([&] { rt.step(xs, xs); }, "pipeline rank 0, action #1 F0.1 (stage 0, microbatch 1): boom");
+  });
+}
+
 }  // namespace
