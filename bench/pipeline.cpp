@@ -1,0 +1,204 @@
+// Measured step time of every schedule kind against the schedule simulator's
+// prediction, and the measured idle fraction per rank.
+//
+// Ranks are threads of this process (run_local_ranks, real Gloo over loopback),
+// each with one intra-op thread. The model is an MLP of 8 Linear+tanh blocks
+// (float32), split evenly over the schedule's stages. Unit costs F, B, I, W are
+// calibrated by timing one middle stage alone through the runtime's own stage code,
+// then fed to simulate() as a uniform cost model.
+//
+//   bench_pipeline [ranks=4] [microbatches=8] [dim=512] [rows per microbatch=128]
+//
+// With fewer cores than ranks the ranks share cores and the measured times exceed
+// the prediction by up to ranks/cores: the table prints the core count, and a
+// second prediction from the unit costs as measured inside the steps (same
+// contention), which isolates the cost of the runtime and the transfers.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "hp/comm.h"
+#include "hp/pipeline.h"
+#include "hp/schedule.h"
+
+using namespace hp;
+
+namespace {
+
+constexpr int kBlocks = 8;
+
+struct Config {
+  int ranks = 4, microbatches = 8, dim = 512, rows = 128;
+};
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Stage `s` of `num_stages` with `blocks` Linear+tanh blocks.
+pipeline::PipelineStage make_stage(const Config& c, int s, int num_stages, int blocks,
+                                   std::shared_ptr<const comm::Group> group) {
+  pipeline::PipelineStage st;
+  st.stage_index = s;
+  st.num_stages = num_stages;
+  for (int k = 0; k < blocks; ++k) {
+    st.parameters.push_back((at::randn({c.dim, c.dim}) / std::sqrt(double(c.dim))).requires_grad_(true));
+    st.parameters.push_back(at::zeros({c.dim}).requires_grad_(true));
+  }
+  st.forward = [p = st.parameters](const at::Tensor& x) {
+    at::Tensor y = x;
+    for (size_t i = 0; i < p.size(); i += 2) y = at::tanh(at::linear(y, p[i], p[i + 1]));
+    return y;
+  };
+  st.loss = [](const at::Tensor& out, const at::Tensor& t) { return (out - t).pow(2).mean(); };
+  st.group = std::move(group);
+  return st;
+}
+
+// Median seconds of the timed part of `fn` (it returns the seconds it timed).
+template <typename Fn>
+double median_time(int reps, Fn fn) {
+  fn();  // warm-up: allocator
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) t.push_back(fn());
+  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
+  return t[reps / 2];
+}
+
+// F, B, I, W of one middle stage of a `num_stages` split, each phase timed alone.
+schedule::StageCost calibrate(const Config& c, int num_stages, std::shared_ptr<const comm::Group> g) {
+  // Stage 1 of 3: neither first (it has an input grad) nor last (no loss).
+  auto st = make_stage(c, 1, 3, kBlocks / num_stages, g);
+  at::Tensor x = at::randn({c.rows, c.dim}), gy = at::ones({c.rows, c.dim});
+  auto fwd = [&] {
+    auto w = pipeline::detail::run_forward(st, x, {}, 1.0);
+    w.grad_output = gy;
+    return w;
+  };
+  const int reps = 15;
+  schedule::StageCost cost;
+  cost.f = median_time(reps, [&] {
+    double t0 = now_s();
+    fwd();
+    return now_s() - t0;
+  });
+  cost.b = median_time(reps, [&] {
+    auto w = fwd();
+    double t0 = now_s();
+    pipeline::detail::run_backward(st, w);
+    return now_s() - t0;
+  });
+  cost.i = median_time(reps, [&] {
+    auto w = fwd();
+    double t0 = now_s();
+    pipeline::detail::run_backward_input(st, w);
+    return now_s() - t0;
+  });
+  cost.w = median_time(reps, [&] {
+    auto w = fwd();
+    pipeline::detail::run_backward_input(st, w);
+    double t0 = now_s();
+    pipeline::detail::run_backward_weight(st, w);
+    return now_s() - t0;
+  });
+  return cost;
+}
+
+struct Row {
+  std::string kind;
+  int stages = 0;
+  schedule::StageCost unit;
+  double predicted = 0, sim_bubble = 0, measured = 0;
+  schedule::StageCost in_step;  // unit costs as measured inside the steps (all ranks)
+  double predicted_in_step = 0;
+  std::vector<double> idle;
+};
+
+Row run_kind(const Config& c, const std::string& kind) {
+  auto sched = schedule::make_schedule(kind, c.ranks, c.microbatches);
+  Row row;
+  row.kind = kind;
+  row.stages = sched.num_stages;
+  row.idle.assign(c.ranks, 0);
+  std::vector<double> wall(c.ranks, 0);
+  pipeline::PhaseTime f, b, i, w;  // summed over ranks and steps
+  std::mutex mu;
+  const int steps = 3;
+  comm::run_local_ranks(c.ranks, [&](int rank) {
+    at::set_num_threads(1);
+    auto group = comm::current_world()->world_group();
+    if (rank == 0) row.unit = calibrate(c, sched.num_stages, group);
+    comm::barrier(*group);  // calibration alone on the machine
+    std::vector<pipeline::PipelineStage> stages;
+    for (int s : sched.stages_of(rank)) stages.push_back(make_stage(c, s, sched.num_stages, kBlocks / sched.num_stages, group));
+    pipeline::PipelineRuntime rt(stages, sched);
+    at::Tensor x = at::randn({c.rows * c.microbatches, c.dim}), y = at::randn({c.rows * c.microbatches, c.dim});
+    rt.step(x, y);  // warm-up
+    double total = 0, busy = 0;
+    std::vector<pipeline::StepStats> stats;
+    for (int k = 0; k < steps; ++k) {
+      comm::barrier(*group);
+      rt.step(x, y);
+      stats.push_back(rt.last_stats());
+      total += rt.last_stats().wall;
+      busy += rt.last_stats().compute;
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    wall[rank] = total / steps;
+    row.idle[rank] = 1 - busy / total;
+    for (const auto& st : stats) {
+      for (auto [sum, part] : {std::pair{&f, st.f}, {&b, st.b}, {&i, st.i}, {&w, st.w}}) {
+        sum->seconds += part.seconds;
+        sum->count += part.count;
+      }
+    }
+  });
+  row.measured = *std::max_element(wall.begin(), wall.end());
+  schedule::CostModel cm;
+  cm.uniform = row.unit;
+  auto sim = schedule::simulate(sched, cm);
+  row.predicted = sim.makespan;
+  row.sim_bubble = sim.bubble_ratio;
+  row.in_step = {f.mean(), b.mean(), i.mean(), w.mean()};
+  cm.uniform = row.in_step;
+  row.predicted_in_step = schedule::simulate(sched, cm).makespan;
+  return row;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  if (argc > 1) c.ranks = std::atoi(argv[1]);
+  if (argc > 2) c.microbatches = std::atoi(argv[2]);
+  if (argc > 3) c.dim = std::atoi(argv[3]);
+  if (argc > 4) c.rows = std::atoi(argv[4]);
+  at::manual_seed(0);
+  std::printf("pipeline bench: %d ranks as threads, %d microbatches, MLP %d blocks of %dx%d, %d rows per "
+              "microbatch, float32, %u cores\n",
+              c.ranks, c.microbatches, kBlocks, c.dim, c.dim, c.rows, std::thread::hardware_concurrency());
+  std::printf("%-17s %6s %22s %8s %8s %8s %8s %22s %8s  %s\n", "schedule", "stages", "alone: unit ms F/B/I/W",
+              "sim ms", "meas ms", "meas/sim", "sim idle", "in step: unit ms", "sim ms", "measured idle per rank");
+  for (const auto& kind : schedule::schedule_kinds()) {
+    Row r = run_kind(c, kind);
+    auto units = [](const schedule::StageCost& u) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.2f/%.2f/%.2f/%.2f", u.f * 1e3, u.b * 1e3, u.i * 1e3, u.w * 1e3);
+      return std::string(buf);
+    };
+    std::printf("%-17s %6d %22s %8.1f %8.1f %8.2f %8.2f %22s %8.1f ", r.kind.c_str(), r.stages, units(r.unit).c_str(),
+                r.predicted * 1e3, r.measured * 1e3, r.measured / r.predicted, r.sim_bubble,
+                units(r.in_step).c_str(), r.predicted_in_step * 1e3);
+    for (double i : r.idle) std::printf(" %.2f", i);
+    std::printf("\n");
+  }
+  return 0;
+}

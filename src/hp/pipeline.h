@@ -1,0 +1,5 @@
+// The pipeline layer: stages of a model on different ranks, driven by a schedule.
+#pragma once
+
+#include "hp/pipeline/runtime.h"
+#include "hp/pipeline/stage.h"

@@ -1,0 +1,269 @@
+#include "hp/pipeline/runtime.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <sstream>
+
+#include "hp/base/error.h"
+#include "hp/comm/collectives.h"
+#include "hp/pipeline/wire.h"
+#include "hp/schedule/lower.h"
+#include "hp/schedule/validate.h"
+
+namespace hp::pipeline {
+namespace {
+
+using schedule::Action;
+using schedule::ActionType;
+using detail::Message;
+using Key = std::pair<int, int>;  // (stage, microbatch)
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+std::string list_str(const std::vector<int>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+template <typename Map>
+typename Map::mapped_type take(Map& m, const Key& k) {
+  auto it = m.find(k);
+  auto v = std::move(it->second);
+  m.erase(it);
+  return v;
+}
+
+// The state of one step on one rank: what each (stage, microbatch) holds between
+// actions, what is in flight, and where tensors go next.
+class StepRun {
+ public:
+  StepRun(const std::map<int, const PipelineStage*>& stages, const schedule::Schedule& s,
+          const comm::Group& g, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets)
+      : stages_(stages), s_(s), g_(g), rank_(g.rank()), inputs_(inputs), targets_(targets) {}
+
+  // Returns the sum of this rank's scaled microbatch losses (0 without the last stage).
+  double run(StepStats& stats) {
+    const auto& list = s_.actions.at(rank_);
+    // Activation headers are tiny and their order is known: post them all now.
+    for (const Action& a : list)
+      if (a.type == ActionType::RECV_F)
+        act_recv_.emplace(Key{a.stage, a.microbatch},
+                          detail::ActivationRecv(g_, a.peer, tag(Message::kActHeader, a.stage - 1, a.microbatch),
+                                                 tag(Message::kAct, a.stage - 1, a.microbatch)));
+    for (size_t i = 0; i < list.size(); ++i) {
+      try {
+        for (auto& [k, r] : act_recv_) r.progress(/*wait=*/false);
+        execute(list[i], stats);
+      } catch (const std::exception& e) {
+        HP_FAIL() << "pipeline rank " << rank_ << ", action #" << i << " " << schedule::to_string(list[i])
+                  << " (stage " << list[i].stage << ", microbatch " << list[i].microbatch << "): " << e.what();
+      }
+    }
+    for (auto& p : sends_) p.wait();
+    HP_CHECK(work_.empty() && local_act_.empty() && act_recv_.empty() && local_grad_.empty() &&
+             grad_recv_.empty() && grad_to_send_.empty())
+        << "pipeline rank " << rank_ << ": step ended with work left (" << work_.size() << " stage states, "
+        << act_recv_.size() + grad_recv_.size() << " receives, " << grad_to_send_.size()
+        << " grads unsent): the schedule does not consume what it produces";
+    return loss_sum_;
+  }
+
+ private:
+  int tag(Message kind, int stage, int mb) const { return detail::message_tag(kind, stage, mb, s_.num_microbatches); }
+  bool local(int stage) const { return s_.rank_of(stage) == rank_; }
+
+  void execute(const Action& a, StepStats& stats) {
+    Key k{a.stage, a.microbatch};
+    double t0 = now_s();
+    switch (a.type) {
+      case ActionType::F: forward(k); break;
+      case ActionType::B:
+      case ActionType::I: backward(k, a.type == ActionType::B); break;
+      case ActionType::W:
+        HP_CHECK(work_.count(k)) << "W before I";
+        detail::run_backward_weight(*stages_.at(a.stage), work_.at(k));
+        work_.erase(k);
+        break;
+      case ActionType::SEND_F: {
+        HP_CHECK(work_.count(k)) << "SEND_F before its F";
+        for (auto& p : detail::send_activation(work_.at(k).output, g_, a.peer, tag(Message::kActHeader, a.stage, a.microbatch),
+                                               tag(Message::kAct, a.stage, a.microbatch)))
+          sends_.push_back(std::move(p));
+        return;
+      }
+      case ActionType::SEND_B:
+        HP_CHECK(grad_to_send_.count(k)) << "SEND_B before its B or I";
+        sends_.push_back(comm::send_async(take(grad_to_send_, k), g_, a.peer, tag(Message::kGrad, a.stage - 1, a.microbatch)));
+        return;
+      case ActionType::RECV_F:
+        act_recv_.at(k).progress(/*wait=*/true);  // the data itself is waited for by F
+        return;
+      case ActionType::RECV_B:
+        HP_CHECK(grad_recv_.count(k)) << "RECV_B before the F whose output it is the grad of";
+        return;
+      case ActionType::UNSHARD:
+      case ActionType::RESHARD:
+        return;  // parameters are whole here
+    }
+    double dt = now_s() - t0;
+    stats.compute += dt;
+    PhaseTime& ph = a.type == ActionType::F   ? stats.f
+                    : a.type == ActionType::B ? stats.b
+                    : a.type == ActionType::I ? stats.i
+                                              : stats.w;
+    ph.seconds += dt;
+    ph.count += 1;
+  }
+
+  void forward(const Key& k) {
+    auto [s, mb] = k;
+    const PipelineStage& st = *stages_.at(s);
+    at::Tensor in;
+    if (st.is_first()) {
+      in = inputs_.at(mb);
+    } else if (local_act_.count(k)) {
+      in = take(local_act_, k);
+    } else {
+      HP_CHECK(act_recv_.count(k)) << "F with no input: neither received nor handed over by stage " << s - 1;
+      in = take(act_recv_, k).wait();
+    }
+    at::Tensor target = st.is_last() ? targets_.at(mb) : at::Tensor();
+    detail::StageWork w = detail::run_forward(st, in, target, 1.0 / s_.num_microbatches);
+    if (st.is_last()) loss_sum_ += w.loss.detach().item<double>();
+    if (!st.is_last()) {
+      if (local(s + 1)) {
+        local_act_[{s + 1, mb}] = w.output.detach();
+      } else {  // the grad of this output will come back with the output's shape
+        at::Tensor buf = at::empty(w.output.sizes(), w.output.options().requires_grad(false));
+        grad_recv_.emplace(k, comm::recv_async(buf, g_, s_.rank_of(s + 1), tag(Message::kGrad, s, mb)));
+      }
+    }
+    work_[k] = std::move(w);
+  }
+
+  void backward(const Key& k, bool full) {
+    auto [s, mb] = k;
+    const PipelineStage& st = *stages_.at(s);
+    HP_CHECK(work_.count(k)) << (full ? "B" : "I") << " before its F";
+    detail::StageWork& w = work_.at(k);
+    if (!st.is_last()) {
+      if (local_grad_.count(k)) {
+        w.grad_output = take(local_grad_, k);
+      } else {
+        HP_CHECK(grad_recv_.count(k)) << "no output grad: neither received nor handed over by stage " << s + 1;
+        w.grad_output = take(grad_recv_, k).wait();
+      }
+    }
+    if (full) {
+      detail::run_backward(st, w);
+    } else {
+      detail::run_backward_input(st, w);
+    }
+    if (!st.is_first()) {
+      at::Tensor g = std::move(w.input_grad);
+      if (local(s - 1)) {
+        local_grad_[{s - 1, mb}] = g;
+      } else {
+        grad_to_send_[k] = g;
+      }
+    }
+    if (full) work_.erase(k);
+  }
+
+  const std::map<int, const PipelineStage*>& stages_;
+  const schedule::Schedule& s_;
+  const comm::Group& g_;
+  int rank_;
+  const std::vector<at::Tensor>& inputs_;
+  const std::vector<at::Tensor>& targets_;
+
+  std::map<Key, detail::StageWork> work_;         // between F and B (or W)
+  std::map<Key, at::Tensor> local_act_;           // F(s) -> F(s+1) on this rank
+  std::map<Key, detail::ActivationRecv> act_recv_;
+  std::map<Key, at::Tensor> local_grad_;          // B|I(s+1) -> B|I(s) on this rank
+  std::map<Key, comm::Pending> grad_recv_;
+  std::map<Key, at::Tensor> grad_to_send_;
+  std::vector<comm::Pending> sends_;
+  double loss_sum_ = 0;
+};
+
+}  // namespace
+
+PipelineRuntime::PipelineRuntime(std::vector<PipelineStage> stages, schedule::Schedule sched)
+    : stages_(std::move(stages)), schedule_(std::move(sched)) {
+  HP_CHECK(!stages_.empty()) << "pipeline runtime: no stages given";
+  group_ = stages_[0].group;
+  for (const auto& st : stages_) {
+    st.check();
+    HP_CHECK(st.group == group_ || (st.group->ranks() == group_->ranks()))
+        << "pipeline stages " << stages_[0].stage_index << " and " << st.stage_index
+        << " use different process groups: " << group_->describe() << " vs " << st.group->describe();
+    HP_CHECK(st.num_stages == schedule_.num_stages)
+        << "pipeline stage " << st.stage_index << " says " << st.num_stages << " stages but schedule '"
+        << schedule_.name << "' has " << schedule_.num_stages;
+  }
+  rank_ = group_->rank();
+  HP_CHECK(schedule_.num_ranks == group_->size())
+      << "schedule '" << schedule_.name << "' is for " << schedule_.num_ranks << " ranks but the pipeline "
+      << group_->describe() << " has " << group_->size();
+  if (!schedule_.has_comm()) schedule_ = schedule::lower_communication(schedule_);
+  schedule::validate(schedule_);
+
+  std::vector<int> mine;
+  for (const auto& st : stages_) mine.push_back(st.stage_index);
+  std::sort(mine.begin(), mine.end());
+  std::vector<int> want = schedule_.stages_of(rank_);
+  HP_CHECK(mine == want) << "pipeline rank " << rank_ << " was given stages " << list_str(mine) << " but schedule '"
+                         << schedule_.name << "' puts stages " << list_str(want) << " on it";
+}
+
+at::Tensor PipelineRuntime::step(const at::Tensor& inputs, const at::Tensor& targets) {
+  const int m = num_microbatches();
+  auto split = [&](const at::Tensor& t, const char* what) {
+    HP_CHECK(t.defined() && t.dim() >= 1) << "pipeline rank " << rank_ << ": step needs " << what
+                                          << " with a batch dim";
+    HP_CHECK(t.size(0) % m == 0) << "pipeline rank " << rank_ << ": " << what << " batch of " << t.size(0)
+                                 << " does not split into " << m << " equal microbatches";
+    return t.split(t.size(0) / m);
+  };
+  std::vector<at::Tensor> in, tg;
+  for (const auto& st : stages_) {
+    if (st.is_first()) in = split(inputs, "inputs");
+    if (st.is_last()) tg = split(targets, "targets");
+  }
+  return step(in, tg);
+}
+
+at::Tensor PipelineRuntime::step(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets) {
+  const int m = num_microbatches();
+  std::map<int, const PipelineStage*> by_index;
+  for (const auto& st : stages_) {
+    by_index[st.stage_index] = &st;
+    if (st.is_first()) {
+      HP_CHECK(static_cast<int>(inputs.size()) == m) << "pipeline rank " << rank_ << " (first stage): "
+                                                     << inputs.size() << " input microbatches, schedule has " << m;
+    }
+    if (st.is_last()) {
+      HP_CHECK(static_cast<int>(targets.size()) == m) << "pipeline rank " << rank_ << " (last stage): "
+                                                      << targets.size() << " target microbatches, schedule has " << m;
+    }
+  }
+  stats_ = StepStats{};
+  double t0 = now_s();
+  double loss = StepRun(by_index, schedule_, *group_, inputs, targets).run(stats_);
+  // Every pipeline rank gets the loss, so that each can log it.
+  at::Tensor l = at::full({1}, loss, at::kDouble);
+  if (group_->size() > 1) comm::broadcast_(l, *group_, schedule_.rank_of(schedule_.num_stages - 1));
+  stats_.wall = now_s() - t0;
+  return l.reshape({});
+}
+
+}  // namespace hp::pipeline

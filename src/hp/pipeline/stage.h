@@ -1,0 +1,59 @@
+// One pipeline stage of a model: a forward function and the parameters it uses.
+// Model-agnostic on purpose: any callable that maps the stage input to its output.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "hp/comm/group.h"
+
+namespace hp::pipeline {
+
+using ForwardFn = std::function<at::Tensor(const at::Tensor& input)>;
+// (output of the last stage, target microbatch) -> scalar loss of that microbatch.
+using LossFn = std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)>;
+
+struct PipelineStage {
+  int stage_index = 0;
+  int num_stages = 1;
+  ForwardFn forward;
+  std::vector<at::Tensor> parameters;  // leaves with requires_grad; grads accumulate in .grad
+  LossFn loss;                         // the last stage only
+  std::shared_ptr<const comm::Group> group;  // every pipeline rank, in schedule rank order
+
+  bool is_first() const { return stage_index == 0; }
+  bool is_last() const { return stage_index == num_stages - 1; }
+  // Throws hp::Error naming the stage unless the fields are consistent.
+  void check() const;
+};
+
+// Sets every parameter's .grad to undefined (the next backward starts from zero).
+void zero_grad(const PipelineStage& stage);
+
+namespace detail {
+
+// The autograd work of one (stage, microbatch), kept between its F and its B or I + W.
+struct StageWork {
+  at::Tensor input;        // a leaf; requires grad unless this is the first stage
+  at::Tensor output;       // what F produced (the next stage's input)
+  at::Tensor loss;         // last stage: the scaled microbatch loss
+  at::Tensor grad_output;  // from the next stage (not for the last stage)
+  at::Tensor input_grad;   // what B or I produced, for the previous stage
+};
+
+// F: runs the stage on `input` (detached into a fresh leaf so each stage has its own
+// graph); on the last stage also the loss, times `loss_scale`.
+StageWork run_forward(const PipelineStage& st, const at::Tensor& input, const at::Tensor& target,
+                      double loss_scale);
+// B: full backward; grads accumulate into the parameters, w.input_grad is set (not stage 0).
+void run_backward(const PipelineStage& st, StageWork& w);
+// I: the input grad only, keeping the graph for W. No-op on stage 0 (no input grad).
+void run_backward_input(const PipelineStage& st, StageWork& w);
+// W: the parameter grads, accumulated into .grad; frees the graph.
+void run_backward_weight(const PipelineStage& st, StageWork& w);
+
+}  // namespace detail
+}  // namespace hp::pipeline
