@@ -111,6 +111,8 @@ pid_t spawn(const Options& opt, int rank, int local_rank, int port, int restart_
   const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN) / opt.nproc_per_node);
   for (const char* k : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
     if (!::getenv(k)) set(k, std::to_string(cores));
+  // Large short-lived tensors: back malloc'd memory with huge pages (512x fewer faults).
+  if (!::getenv("GLIBC_TUNABLES")) set("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1");
   std::vector<char*> argv;
   for (const auto& a : opt.command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);

@@ -154,10 +154,11 @@ Pending all_gather_async(const at::Tensor& t, const Group& g, int64_t dim, std::
   rep_shape.insert(rep_shape.begin(), n);
   std::vector<int64_t> flat_shape = rows.sizes().vec();
   flat_shape[0] *= n;
-  at::Tensor send = rows.unsqueeze(0).expand(rep_shape).contiguous().view(flat_shape);
+  at::Tensor send = g.buffer(t.numel() * n, t.options()).view(flat_shape);
+  send.view(rep_shape).copy_(rows.unsqueeze(0).expand(rep_shape));
   std::vector<int64_t> out_shape = rows.sizes().vec();
   out_shape[0] = sum(sizes);
-  at::Tensor out = at::empty(out_shape, t.options());
+  at::Tensor out = g.buffer(c10::multiply_integers(out_shape), t.options()).view(out_shape);
   return all_to_all_single_async(out, send, g, splits_or_empty(sizes), std::vector<int64_t>{})
       .then([dim](at::Tensor got) { return dim == 0 ? got : got.movedim(0, dim).contiguous(); },
             what("all_gather", g));
@@ -182,7 +183,7 @@ Pending reduce_scatter_async(const at::Tensor& t, const Group& g, int64_t dim, R
   std::vector<int64_t> out_shape = rows.sizes().vec();
   const int64_t mine = sizes[g.rank()];
   out_shape[0] = mine * n;
-  at::Tensor out = at::empty(out_shape, t.options());
+  at::Tensor out = g.buffer(c10::multiply_integers(out_shape), t.options()).view(out_shape);
   return all_to_all_single_async(out, rows, g, std::vector<int64_t>{}, splits_or_empty(sizes))
       .then(
           [n, mine, dim, op](at::Tensor got) {
@@ -224,7 +225,7 @@ Pending all_to_all_async(const at::Tensor& t, const Group& g, int64_t split_dim,
   if (split_dim == 0 && t.is_contiguous()) {
     send = t.reshape({-1});
   } else {
-    send = at::empty({t.numel()}, t.options());
+    send = g.buffer(t.numel(), t.options());
     int64_t off = 0;
     for (auto& p : pieces) {
       send.narrow(0, off, p.numel()).view(p.sizes()).copy_(p);
@@ -241,11 +242,17 @@ Pending all_to_all_async(const at::Tensor& t, const Group& g, int64_t split_dim,
     out_splits[r] = std::accumulate(in_shapes[r].begin(), in_shapes[r].end(), int64_t{1},
                                     std::multiplies<int64_t>());
   }
-  at::Tensor out = at::empty({sum(out_splits)}, t.options());
+  at::Tensor out = g.buffer(sum(out_splits), t.options());
   // Gloo's all-to-all with explicit splits is ~2x slower than with equal pieces.
   return all_to_all_single_async(out, send, g, splits_or_empty(out_splits), splits_or_empty(in_splits))
       .then(
           [in_shapes, out_splits, concat_dim](at::Tensor flat) {
+        if (concat_dim == 0) {  // the pieces arrived back to back: already concatenated
+          std::vector<int64_t> shape = in_shapes[0];
+          shape[0] = 0;
+          for (const auto& s : in_shapes) shape[0] += s[0];
+          return flat.view(shape);
+        }
         std::vector<at::Tensor> parts;
         int64_t off = 0;
         for (size_t r = 0; r < in_shapes.size(); ++r) {

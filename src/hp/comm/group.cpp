@@ -1,5 +1,7 @@
 #include "hp/comm/group.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 
 #include "hp/base/error.h"
@@ -16,6 +18,20 @@ int Group::group_rank_of(int global_rank) const {
   auto it = std::find(ranks_.begin(), ranks_.end(), global_rank);
   HP_CHECK(it != ranks_.end()) << "rank " << global_rank << " is not in group " << to_string_list(ranks_);
   return static_cast<int>(it - ranks_.begin());
+}
+
+at::Tensor Group::buffer(int64_t numel, const at::TensorOptions& options) const {
+  constexpr size_t kMaxPooled = 8;
+  std::lock_guard<std::mutex> lock(pool_mu_);
+  for (const at::Tensor& b : pool_) {
+    // Free when the pool holds the only reference to the storage.
+    if (b.storage().use_count() == 1 && b.numel() >= numel && b.dtype() == options.dtype() &&
+        b.device() == options.device())
+      return b.narrow(0, 0, numel);
+  }
+  at::Tensor fresh = at::empty({numel}, options);
+  if (pool_.size() < kMaxPooled) pool_.push_back(fresh);
+  return fresh.narrow(0, 0, numel);  // a tensor of its own, so the storage count tells
 }
 
 std::string Group::describe() const {

@@ -1,7 +1,10 @@
 // A process group: an ordered list of global ranks and the c10d backend that joins them.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -24,12 +27,19 @@ class Group {
   const std::string& device() const { return device_; }
   std::string describe() const;  // "group [0, 2] (rank 1 of 2)"
 
+  // A flat buffer of `numel` elements for a collective's output or staging. Buffers are
+  // pooled and handed out again once nobody else holds their storage, so steady-state
+  // training touches no fresh pages (first-touch page faults cost more than the copies).
+  at::Tensor buffer(int64_t numel, const at::TensorOptions& options) const;
+
  private:
   std::vector<int> ranks_;
   int rank_;
   BackendPtr backend_;
   std::chrono::milliseconds timeout_;
   std::string device_;
+  mutable std::mutex pool_mu_;
+  mutable std::vector<at::Tensor> pool_;
 };
 
 }  // namespace hp::comm
