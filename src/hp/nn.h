@@ -1,0 +1,7 @@
+// hp/nn.h: modules whose parameters are DTensors, building blocks, the Llama decoder.
+#pragma once
+
+#include "hp/nn/layers.h"
+#include "hp/nn/module.h"
+#include "hp/nn/transformer.h"
+#include "hp/tensor.h"

@@ -1,0 +1,46 @@
+// Building blocks. Their code holds no parallelism: parameters start Replicate on the
+// mesh they are built on, and styles applied from outside change their layouts.
+#pragma once
+
+#include "hp/nn/module.h"
+
+namespace hp::nn {
+
+// y = x W^T (+ b). W is [out, in], drawn N(0, 1/in) by the distributed RNG.
+class Linear : public Module {
+ public:
+  Linear(int64_t in, int64_t out, const DeviceMesh& mesh, bool bias = false);
+  DTensor forward(const DTensor& x) override;
+  DTensor& weight() { return *weight_; }
+  DTensor* bias() { return bias_; }
+
+ private:
+  DTensor* weight_;
+  DTensor* bias_ = nullptr;
+};
+
+// Rows of a [vocab, dim] table, looked up by integer ids.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t vocab, int64_t dim, const DeviceMesh& mesh);
+  DTensor forward(const DTensor& ids) override;
+  DTensor& weight() { return *weight_; }
+
+ private:
+  DTensor* weight_;
+};
+
+class RMSNorm : public Module {
+ public:
+  RMSNorm(int64_t dim, const DeviceMesh& mesh, double eps = 1e-6);
+  DTensor forward(const DTensor& x) override;
+
+ private:
+  DTensor* weight_;
+  double eps_;
+};
+
+// A parameter of `shape` drawn N(0, std^2) (std 0: all ones) on `mesh`, replicated.
+DTensor init_parameter(const std::vector<int64_t>& shape, const DeviceMesh& mesh, double std);
+
+}  // namespace hp::nn

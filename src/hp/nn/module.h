@@ -1,0 +1,55 @@
+// A module: named DTensor parameters, named child modules, and forward hooks through
+// which parallelism is injected from outside (a style redistributes inputs and outputs).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hp/tensor/dtensor.h"
+
+namespace hp::nn {
+
+class Module {
+ public:
+  virtual ~Module() = default;
+
+  // Runs the pre-hooks on the input, forward, then the post-hooks on the output.
+  DTensor operator()(const DTensor& x);
+  virtual DTensor forward(const DTensor& x) = 0;
+
+  // Recursive, in registration order: "layers.0.attn.q_proj.weight".
+  std::vector<std::pair<std::string, DTensor*>> named_parameters();
+  std::vector<DTensor*> parameters();
+  // This module (as "") and every descendant.
+  std::vector<std::pair<std::string, Module*>> named_modules();
+  DTensor& param(const std::string& name);  // one of this module's own parameters
+  void zero_grad();
+
+  using PreHook = std::function<DTensor(Module&, const DTensor& input)>;
+  using PostHook = std::function<DTensor(Module&, const DTensor& input, const DTensor& output)>;
+  void register_forward_pre_hook(PreHook hook) { pre_hooks_.push_back(std::move(hook)); }
+  void register_forward_hook(PostHook hook) { post_hooks_.push_back(std::move(hook)); }
+
+ protected:
+  // The returned reference stays valid; parallelization replaces the DTensor in place.
+  DTensor& register_parameter(std::string name, DTensor value);
+  template <typename M>
+  std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> m) {
+    children_.emplace_back(std::move(name), m);
+    return m;
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::unique_ptr<DTensor>>> params_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  std::vector<PreHook> pre_hooks_;
+  std::vector<PostHook> post_hooks_;
+};
+
+// A trainable leaf: detached from any graph, requiring grad.
+DTensor make_parameter(const DTensor& value);
+
+}  // namespace hp::nn

@@ -1,0 +1,42 @@
+// AdamW (decoupled weight decay) on DTensor parameters. Every update is elementwise, so
+// each rank updates its own shards and the result equals the single-device update.
+#pragma once
+
+#include <vector>
+
+#include "hp/tensor/dtensor.h"
+
+namespace hp::optim {
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+class AdamW {
+ public:
+  AdamW(std::vector<DTensor*> params, AdamWOptions options = {});
+  void step();
+  void zero_grad();
+  void set_lr(double lr) { options_.lr = lr; }
+  double lr() const { return options_.lr; }
+  int64_t steps() const { return step_; }
+
+ private:
+  std::vector<DTensor*> params_;
+  std::vector<at::Tensor> m_, v_;
+  AdamWOptions options_;
+  int64_t step_ = 0;
+};
+
+// Scales gradients so that their global norm (every element of every parameter counted
+// once, whatever the layout) is at most `max_norm`; returns the norm before clipping.
+double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm);
+
+// Linear warm-up to `base` over `warmup` steps, then cosine decay to base/10 at `total`.
+double warmup_cosine_lr(int64_t step, double base, int64_t warmup, int64_t total);
+
+}  // namespace hp::optim

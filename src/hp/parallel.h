@@ -1,0 +1,6 @@
+// hp/parallel.h: parallelism injected from outside the model.
+#pragma once
+
+#include "hp/nn.h"
+#include "hp/parallel/llama_recipe.h"
+#include "hp/parallel/tensor_parallel.h"

@@ -1,0 +1,189 @@
+#include "hp/parallel/tensor_parallel.h"
+
+#include "hp/base/error.h"
+#include "hp/base/strings.h"
+#include "hp/nn/layers.h"
+
+namespace hp {
+namespace {
+
+void reshard_parameter(DTensor& p, int dim, Placement placement) {
+  p = nn::make_parameter(p.redistribute(with_placement(p.placements(), dim, placement)));
+}
+
+nn::Module::PreHook input_to(int dim, Placement p) {
+  return [dim, p](nn::Module&, const DTensor& x) { return x.redistribute(with_placement(x.placements(), dim, p)); };
+}
+
+nn::Module::PostHook output_to(int dim, Placement p) {
+  return [dim, p](nn::Module&, const DTensor&, const DTensor& y) {
+    return y.redistribute(with_placement(y.placements(), dim, p));
+  };
+}
+
+// Shard(-1) means the last dim of whatever tensor it meets.
+Placement resolve(Placement p, int64_t ndim) {
+  return p.is_shard() && p.dim() < 0 ? Shard(static_cast<int>(p.dim() + ndim)) : p;
+}
+
+nn::Module::PreHook input_to_resolved(int dim, Placement p) {
+  return [dim, p](nn::Module&, const DTensor& x) {
+    return x.redistribute(with_placement(x.placements(), dim, resolve(p, x.dim())));
+  };
+}
+
+nn::Module::PostHook output_to_resolved(int dim, Placement p) {
+  return [dim, p](nn::Module&, const DTensor&, const DTensor& y) {
+    return y.redistribute(with_placement(y.placements(), dim, resolve(p, y.dim())));
+  };
+}
+
+class Colwise : public ParallelStyle {
+ public:
+  Colwise(Placement in, Placement out) : in_(in), out_(out) {}
+  void apply(nn::Module& m, const DeviceMesh&, int dim) const override {
+    if (auto* lin = dynamic_cast<nn::Linear*>(&m)) {
+      reshard_parameter(lin->weight(), dim, Shard(0));
+      if (lin->bias()) reshard_parameter(*lin->bias(), dim, Shard(0));
+    } else if (auto* emb = dynamic_cast<nn::Embedding*>(&m)) {
+      reshard_parameter(emb->weight(), dim, Shard(1));
+    } else {
+      HP_FAIL() << "ColwiseParallel applies to Linear and Embedding modules";
+    }
+    m.register_forward_pre_hook(input_to_resolved(dim, in_));
+    m.register_forward_hook(output_to_resolved(dim, out_));
+  }
+
+ private:
+  Placement in_, out_;
+};
+
+class Rowwise : public ParallelStyle {
+ public:
+  Rowwise(std::optional<Placement> in, Placement out) : in_(in), out_(out) {}
+  void apply(nn::Module& m, const DeviceMesh&, int dim) const override {
+    if (auto* lin = dynamic_cast<nn::Linear*>(&m)) {
+      reshard_parameter(lin->weight(), dim, Shard(1));
+      m.register_forward_pre_hook(input_to_resolved(dim, in_.value_or(Shard(-1))));
+    } else if (auto* emb = dynamic_cast<nn::Embedding*>(&m)) {
+      reshard_parameter(emb->weight(), dim, Shard(0));
+      m.register_forward_pre_hook(input_to_resolved(dim, in_.value_or(Replicate())));
+    } else {
+      HP_FAIL() << "RowwiseParallel applies to Linear and Embedding modules";
+    }
+    m.register_forward_hook(output_to_resolved(dim, out_));
+  }
+
+ private:
+  std::optional<Placement> in_;
+  Placement out_;
+};
+
+class SequenceSharded : public ParallelStyle {
+ public:
+  explicit SequenceSharded(int seq_dim) : seq_dim_(seq_dim) {}
+  void apply(nn::Module& m, const DeviceMesh&, int dim) const override {
+    m.register_forward_pre_hook(input_to(dim, Shard(seq_dim_)));
+    m.register_forward_hook(output_to(dim, Shard(seq_dim_)));
+  }
+
+ private:
+  int seq_dim_;
+};
+
+class PrepareInput : public ParallelStyle {
+ public:
+  explicit PrepareInput(Placement p) : p_(p) {}
+  void apply(nn::Module& m, const DeviceMesh&, int dim) const override {
+    m.register_forward_pre_hook(input_to_resolved(dim, p_));
+  }
+
+ private:
+  Placement p_;
+};
+
+class PrepareOutput : public ParallelStyle {
+ public:
+  explicit PrepareOutput(Placement p) : p_(p) {}
+  void apply(nn::Module& m, const DeviceMesh&, int dim) const override {
+    m.register_forward_hook(output_to_resolved(dim, p_));
+  }
+
+ private:
+  Placement p_;
+};
+
+// The mesh all parameters live on; they must agree.
+DeviceMesh params_mesh(nn::Module& module) {
+  auto params = module.parameters();
+  HP_CHECK(!params.empty()) << "the module has no parameters to parallelize";
+  const DeviceMesh& mesh = params.front()->device_mesh();
+  for (DTensor* p : params)
+    HP_CHECK(p->device_mesh() == mesh) << "parameters live on different meshes: " << mesh.to_string() << " and "
+                                       << p->device_mesh().to_string();
+  return mesh;
+}
+
+}  // namespace
+
+std::vector<Placement> with_placement(std::vector<Placement> placements, int dim, Placement p) {
+  placements.at(dim) = p;
+  return placements;
+}
+
+bool name_matches(const std::string& pattern, const std::string& name) {
+  auto ps = split(pattern, '.'), ns = split(name, '.');
+  if (ps.size() != ns.size()) return false;
+  for (size_t i = 0; i < ps.size(); ++i)
+    if (ps[i] != "*" && ps[i] != ns[i]) return false;
+  return true;
+}
+
+Style ColwiseParallel(Placement input, Placement output) { return std::make_shared<Colwise>(input, output); }
+Style RowwiseParallel(std::optional<Placement> input, Placement output) {
+  return std::make_shared<Rowwise>(input, output);
+}
+Style SequenceParallel(int seq_dim) { return std::make_shared<SequenceSharded>(seq_dim); }
+Style PrepareModuleInput(Placement layout) { return std::make_shared<PrepareInput>(layout); }
+Style PrepareModuleOutput(Placement layout) { return std::make_shared<PrepareOutput>(layout); }
+
+void parallelize_module(nn::Module& module, const DeviceMesh& tp_mesh, const ParallelPlan& plan) {
+  HP_CHECK(tp_mesh.ndim() == 1) << "parallelize_module needs a one-dim mesh, got " << tp_mesh.to_string();
+  DeviceMesh mesh = params_mesh(module);
+  const int dim = mesh.shape().dim_index(tp_mesh.dim_names()[0]);
+  HP_CHECK(mesh.size(dim) == tp_mesh.size())
+      << "mesh dim '" << tp_mesh.dim_names()[0] << "' has " << mesh.size(dim) << " ranks in the parameters' mesh but "
+      << tp_mesh.size() << " in " << tp_mesh.to_string();
+  auto modules = module.named_modules();
+  for (const auto& [pattern, style] : plan) {
+    int matched = 0;
+    for (auto& [name, m] : modules)
+      if (name_matches(pattern, name)) {
+        style->apply(*m, mesh, dim);
+        ++matched;
+      }
+    HP_CHECK(matched > 0) << "parallelize_module: pattern '" << pattern << "' matches no module";
+  }
+}
+
+void shard_module(nn::Module& module, const DeviceMesh& mesh, const ShardingPlan& plan) {
+  for (const auto& [pattern, placements] : plan.plan) {
+    int matched = 0;
+    for (auto& [name, p] : module.named_parameters())
+      if (name_matches(pattern, name)) {
+        HP_CHECK(p->device_mesh() == mesh) << "parameter " << name << " lives on " << p->device_mesh().to_string()
+                                           << ", not on " << mesh.to_string();
+        *p = nn::make_parameter(p->redistribute(placements));
+        ++matched;
+      }
+    HP_CHECK(matched > 0) << "shard_module: pattern '" << pattern << "' matches no parameter";
+  }
+  if (plan.input_plan)
+    module.register_forward_pre_hook(
+        [p = *plan.input_plan](nn::Module&, const DTensor& x) { return x.redistribute(p); });
+  if (plan.output_plan)
+    module.register_forward_hook(
+        [p = *plan.output_plan](nn::Module&, const DTensor&, const DTensor& y) { return y.redistribute(p); });
+}
+
+}  // namespace hp
