@@ -1,0 +1,8 @@
+// hp/train.h: the public header of the train layer (config, tokenizer, corpus, data loader).
+#pragma once
+
+#include "hp/base/error.h"
+#include "hp/train/config.h"
+#include "hp/train/corpus.h"
+#include "hp/train/data.h"
+#include "hp/train/tokenizer.h"

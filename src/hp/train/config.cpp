@@ -1,0 +1,343 @@
+#include "hp/train/config.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <toml.hpp>
+
+#include "hp/base/error.h"
+#include "hp/base/strings.h"
+
+namespace hp::train {
+
+namespace {
+
+// "demo.toml:12" when the value came from a file, so errors point at the line.
+std::string where(const std::string& source, const toml::value& v) {
+  auto line = v.location().line();
+  return line > 0 ? source + ":" + std::to_string(line) : source;
+}
+
+std::string shown(const toml::value& v) {
+  std::ostringstream os;
+  os << v.type() << " " << toml::format(v);
+  auto s = os.str();
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// Reads one [section]: each get() consumes a key; finish() rejects the rest.
+class SectionReader {
+ public:
+  SectionReader(const std::string& source, const std::string& name, const toml::value* table)
+      : source_(source), name_(name), table_(table) {}
+
+  void get(const char* key, int64_t& out) {
+    if (auto* v = find(key)) {
+      expect(*v, key, v->is_integer(), "an integer");
+      out = v->as_integer();
+    }
+  }
+  void get(const char* key, uint64_t& out) {
+    if (auto* v = find(key)) {
+      expect(*v, key, v->is_integer() && v->as_integer() >= 0, "a non-negative integer");
+      out = static_cast<uint64_t>(v->as_integer());
+    }
+  }
+  // Integers are accepted for floats: "rope_theta = 10000" should just work.
+  void get(const char* key, double& out) {
+    if (auto* v = find(key)) {
+      expect(*v, key, v->is_floating() || v->is_integer(), "a number");
+      out = v->is_floating() ? v->as_floating() : static_cast<double>(v->as_integer());
+    }
+  }
+  void get(const char* key, bool& out) {
+    if (auto* v = find(key)) {
+      expect(*v, key, v->is_boolean(), "a boolean");
+      out = v->as_boolean();
+    }
+  }
+  void get(const char* key, std::string& out) {
+    if (auto* v = find(key)) {
+      expect(*v, key, v->is_string(), "a string");
+      out = v->as_string().str;
+    }
+  }
+  void get(const char* key, std::vector<int64_t>& out) {
+    if (auto* v = find(key)) {
+      bool ok = v->is_array();
+      if (ok)
+        for (const auto& e : v->as_array()) ok = ok && e.is_integer();
+      expect(*v, key, ok, "an array of integers");
+      out.clear();
+      for (const auto& e : v->as_array()) out.push_back(e.as_integer());
+    }
+  }
+  void get(const char* key, std::vector<std::string>& out) {
+    if (auto* v = find(key)) {
+      bool ok = v->is_array();
+      if (ok)
+        for (const auto& e : v->as_array()) ok = ok && e.is_string();
+      expect(*v, key, ok, "an array of strings");
+      out.clear();
+      for (const auto& e : v->as_array()) out.push_back(e.as_string().str);
+    }
+  }
+
+  void finish() const {
+    if (!table_) return;
+    for (const auto& [key, v] : table_->as_table()) {
+      HP_CHECK(used_.count(key)) << where(source_, v) << ": unknown key " << name_ << "." << key
+                                 << " (known: " << to_string_list(used_, "", "") << ")";
+    }
+  }
+
+ private:
+  const toml::value* find(const char* key) {
+    used_.insert(key);
+    if (!table_) return nullptr;
+    const auto& t = table_->as_table();
+    auto it = t.find(key);
+    return it == t.end() ? nullptr : &it->second;
+  }
+  void expect(const toml::value& v, const char* key, bool ok, const char* what) const {
+    HP_CHECK(ok) << where(source_, v) << ": " << name_ << "." << key << " must be " << what
+                 << ", found " << shown(v);
+  }
+
+  const std::string& source_;
+  std::string name_;
+  const toml::value* table_;
+  std::set<std::string> used_;  // every key this section knows (asked for)
+};
+
+// TOML text for a double that reads back to the same bits.
+std::string toml_float(double x) {
+  if (std::isnan(x)) return "nan";
+  if (std::isinf(x)) return x > 0 ? "inf" : "-inf";
+  char buf[40];
+  for (int prec = 6; prec <= 17; ++prec) {
+    std::snprintf(buf, sizeof buf, "%.*g", prec, x);
+    if (std::strtod(buf, nullptr) == x) break;
+  }
+  std::string s = buf;
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
+
+std::string toml_string(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+template <typename T>
+std::string toml_list(const std::vector<T>& xs, std::string (*item)(const T&)) {
+  std::vector<std::string> parts;
+  for (const auto& x : xs) parts.push_back(item(x));
+  return to_string_list(parts);
+}
+
+}  // namespace
+
+int64_t TrainConfig::mesh_size(const std::string& name) const {
+  for (size_t i = 0; i < mesh.names.size() && i < mesh.shape.size(); ++i)
+    if (mesh.names[i] == name) return mesh.shape[i];
+  return 1;
+}
+
+int64_t TrainConfig::world_size() const {
+  int64_t n = 1;
+  for (auto s : mesh.shape) n *= s;
+  return n;
+}
+
+std::string TrainConfig::to_string() const {
+  std::ostringstream os;
+  auto b = [](bool x) { return x ? "true" : "false"; };
+  os << "# resolved from " << source << "\n"
+     << "[mesh]\n"
+     << "shape = " << to_string_list(mesh.shape) << "\n"
+     << "names = "
+     << toml_list<std::string>(mesh.names, [](const std::string& s) { return toml_string(s); })
+     << "\n"
+     << "sequence_parallel = " << b(mesh.sequence_parallel) << "\n\n"
+     << "[model]\n"
+     << "vocab = " << model.vocab << "\n"
+     << "dim = " << model.dim << "\n"
+     << "layers = " << model.layers << "\n"
+     << "heads = " << model.heads << "\n"
+     << "kv_heads = " << model.kv_heads << "\n"
+     << "ffn_dim = " << model.ffn_dim << "\n"
+     << "max_seq = " << model.max_seq << "\n"
+     << "rope_theta = " << toml_float(model.rope_theta) << "\n"
+     << "tied_embeddings = " << b(model.tied_embeddings) << "\n\n"
+     << "[train]\n"
+     << "steps = " << train.steps << "\n"
+     << "batch = " << train.batch << "\n"
+     << "seq = " << train.seq << "\n"
+     << "lr = " << toml_float(train.lr) << "\n"
+     << "warmup = " << train.warmup << "\n"
+     << "weight_decay = " << toml_float(train.weight_decay) << "\n"
+     << "grad_clip = " << toml_float(train.grad_clip) << "\n"
+     << "seed = " << train.seed << "\n"
+     << "log_every = " << train.log_every << "\n"
+     << "deterministic = " << b(train.deterministic) << "\n\n"
+     << "[data]\n"
+     << "path = " << toml_string(data.path) << "\n";
+  return os.str();
+}
+
+TrainConfig default_config() { return TrainConfig{}; }
+
+TrainConfig parse_config(const std::string& toml_text, const std::string& source) {
+  toml::value root;
+  try {
+    std::istringstream is(toml_text);
+    root = toml::parse(is, source);
+  } catch (const toml::exception& e) {
+    HP_FAIL() << "cannot parse config " << source << ": " << e.what();
+  }
+
+  TrainConfig c;
+  c.source = source;
+  static const std::set<std::string> kSections = {"mesh", "model", "train", "data"};
+  for (const auto& [key, v] : root.as_table()) {
+    HP_CHECK(kSections.count(key)) << where(source, v) << ": unknown key " << key
+                                   << " (known sections: [mesh], [model], [train], [data])";
+    HP_CHECK(v.is_table()) << where(source, v) << ": " << key << " must be a table ([" << key
+                           << "]), found " << shown(v);
+  }
+  auto section = [&](const char* name) -> const toml::value* {
+    const auto& t = root.as_table();
+    auto it = t.find(name);
+    return it == t.end() ? nullptr : &it->second;
+  };
+
+  SectionReader mesh(source, "mesh", section("mesh"));
+  mesh.get("shape", c.mesh.shape);
+  mesh.get("names", c.mesh.names);
+  mesh.get("sequence_parallel", c.mesh.sequence_parallel);
+  mesh.finish();
+
+  SectionReader model(source, "model", section("model"));
+  model.get("vocab", c.model.vocab);
+  model.get("dim", c.model.dim);
+  model.get("layers", c.model.layers);
+  model.get("heads", c.model.heads);
+  model.get("kv_heads", c.model.kv_heads);
+  model.get("ffn_dim", c.model.ffn_dim);
+  model.get("max_seq", c.model.max_seq);
+  model.get("rope_theta", c.model.rope_theta);
+  model.get("tied_embeddings", c.model.tied_embeddings);
+  model.finish();
+
+  SectionReader train(source, "train", section("train"));
+  train.get("steps", c.train.steps);
+  train.get("batch", c.train.batch);
+  train.get("seq", c.train.seq);
+  train.get("lr", c.train.lr);
+  train.get("warmup", c.train.warmup);
+  train.get("weight_decay", c.train.weight_decay);
+  train.get("grad_clip", c.train.grad_clip);
+  train.get("seed", c.train.seed);
+  train.get("log_every", c.train.log_every);
+  train.get("deterministic", c.train.deterministic);
+  train.finish();
+
+  SectionReader data(source, "data", section("data"));
+  data.get("path", c.data.path);
+  data.finish();
+
+  validate(c);
+  return c;
+}
+
+TrainConfig load_config(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  HP_CHECK(in) << "cannot open config file " << path;
+  std::ostringstream text;
+  text << in.rdbuf();
+  return parse_config(text.str(), path);
+}
+
+void validate(const TrainConfig& c) {
+  const auto& src = c.source;
+  const auto& m = c.mesh;
+  HP_CHECK(!m.shape.empty() && m.shape.size() == m.names.size())
+      << src << ": mesh.shape " << to_string_list(m.shape) << " and mesh.names "
+      << to_string_list(m.names) << " must be non-empty and of equal length";
+  std::set<std::string> seen;
+  for (size_t i = 0; i < m.shape.size(); ++i) {
+    HP_CHECK(m.shape[i] >= 1) << src << ": mesh.shape[" << i << "] = " << m.shape[i]
+                              << " must be >= 1";
+    HP_CHECK(!m.names[i].empty() && seen.insert(m.names[i]).second)
+        << src << ": mesh.names " << to_string_list(m.names) << " must be distinct and non-empty";
+  }
+
+  auto positive = [&](const char* key, int64_t v) {
+    HP_CHECK(v >= 1) << src << ": " << key << " = " << v << " must be >= 1";
+  };
+  auto non_negative = [&](const char* key, double v) {
+    HP_CHECK(v >= 0 && std::isfinite(v)) << src << ": " << key << " = " << v << " must be >= 0";
+  };
+  const auto& md = c.model;
+  positive("model.vocab", md.vocab);
+  positive("model.dim", md.dim);
+  positive("model.layers", md.layers);
+  positive("model.heads", md.heads);
+  positive("model.kv_heads", md.kv_heads);
+  positive("model.ffn_dim", md.ffn_dim);
+  positive("model.max_seq", md.max_seq);
+  HP_CHECK(md.vocab >= 256) << src << ": model.vocab = " << md.vocab
+                            << " must be >= 256 (the tokenizer is byte-level)";
+  HP_CHECK(md.dim % md.heads == 0) << src << ": model.dim = " << md.dim
+                                   << " must be divisible by model.heads = " << md.heads;
+  HP_CHECK((md.dim / md.heads) % 2 == 0)
+      << src << ": head dim model.dim / model.heads = " << md.dim / md.heads
+      << " must be even (rotary embeddings rotate pairs)";
+  HP_CHECK(md.heads % md.kv_heads == 0) << src << ": model.heads = " << md.heads
+                                        << " must be divisible by model.kv_heads = "
+                                        << md.kv_heads;
+  HP_CHECK(md.rope_theta > 0 && std::isfinite(md.rope_theta))
+      << src << ": model.rope_theta = " << md.rope_theta << " must be > 0";
+
+  const auto& t = c.train;
+  positive("train.steps", t.steps);
+  positive("train.batch", t.batch);
+  positive("train.seq", t.seq);
+  positive("train.log_every", t.log_every);
+  HP_CHECK(t.lr > 0 && std::isfinite(t.lr)) << src << ": train.lr = " << t.lr << " must be > 0";
+  HP_CHECK(t.warmup >= 0) << src << ": train.warmup = " << t.warmup << " must be >= 0";
+  non_negative("train.weight_decay", t.weight_decay);
+  non_negative("train.grad_clip", t.grad_clip);
+  HP_CHECK(t.seq <= md.max_seq) << src << ": train.seq = " << t.seq
+                                << " exceeds model.max_seq = " << md.max_seq;
+
+  // Shapes the parallel layers will split; failing here beats failing mid-setup.
+  int64_t dp = c.mesh_size("dp"), tp = c.mesh_size("tp");
+  HP_CHECK(t.batch % dp == 0) << src << ": train.batch = " << t.batch
+                              << " must be divisible by the dp mesh dim (" << dp << ")";
+  HP_CHECK(md.heads % tp == 0 && md.kv_heads % tp == 0 && md.ffn_dim % tp == 0)
+      << src << ": model.heads = " << md.heads << ", model.kv_heads = " << md.kv_heads
+      << " and model.ffn_dim = " << md.ffn_dim << " must be divisible by the tp mesh dim ("
+      << tp << ")";
+  HP_CHECK(!m.sequence_parallel || t.seq % tp == 0)
+      << src << ": with mesh.sequence_parallel, train.seq = " << t.seq
+      << " must be divisible by the tp mesh dim (" << tp << ")";
+}
+
+}  // namespace hp::train

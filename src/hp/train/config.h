@@ -1,0 +1,74 @@
+// The trainer's configuration: every field has a default, a TOML file overrides
+// any of them. Torch-free, so tools (dry-run, planner) can read it cheaply.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hp::train {
+
+struct MeshConfig {
+  std::vector<int64_t> shape{1};       // devices per mesh dim; product = world size
+  std::vector<std::string> names{"dp"};
+  bool sequence_parallel = false;      // shard norms/activations along seq inside tp
+};
+
+// A small Llama-style decoder; vocab >= 256 because the tokenizer is byte-level.
+struct ModelConfig {
+  int64_t vocab = 256;
+  int64_t dim = 128;
+  int64_t layers = 4;
+  int64_t heads = 4;
+  int64_t kv_heads = 2;
+  int64_t ffn_dim = 384;
+  int64_t max_seq = 128;
+  double rope_theta = 10000.0;
+  bool tied_embeddings = false;
+};
+
+struct LoopConfig {
+  int64_t steps = 200;
+  int64_t batch = 8;          // global: sequences per step over all dp ranks
+  int64_t seq = 64;
+  double lr = 3e-3;
+  int64_t warmup = 10;        // linear warmup steps
+  double weight_decay = 0.0;
+  double grad_clip = 1.0;     // max global grad norm; 0 = off
+  uint64_t seed = 0;
+  int64_t log_every = 10;
+  bool deterministic = false;
+};
+
+struct DataConfig {
+  std::string path;  // "" = the fortunes corpus
+};
+
+struct TrainConfig {
+  MeshConfig mesh;
+  ModelConfig model;
+  LoopConfig train;
+  DataConfig data;
+  std::string source = "<defaults>";  // file it was read from, for messages
+
+  // Size of the mesh dim called `name`, 1 if the mesh has none.
+  int64_t mesh_size(const std::string& name) const;
+  int64_t world_size() const;  // product of mesh.shape
+
+  // The resolved config as TOML that load_config reads back to the same values.
+  std::string to_string() const;
+};
+
+TrainConfig default_config();
+
+// Reads `path`; unknown keys, wrong types and inconsistent values are errors
+// naming the file, the key and the value.
+TrainConfig load_config(const std::string& path);
+
+// Parses TOML text; `source` names it in errors.
+TrainConfig parse_config(const std::string& toml_text, const std::string& source);
+
+// Cross-field checks (shapes divide, sizes positive); load_config calls it.
+void validate(const TrainConfig& c);
+
+}  // namespace hp::train

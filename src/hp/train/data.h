@@ -1,0 +1,58 @@
+// Batches of (inputs, targets) from a token stream, sliced for data parallelism.
+//
+// Step k's global batch is a pure function of (tokens, seq, global_batch, seed, k):
+// sample i of it starts at a position drawn by a counter-based hash of
+// (seed, k, i). A dp rank computes only its rows, and the rows of all ranks,
+// concatenated in rank order, are exactly what one process (dp_size = 1) gets —
+// so a distributed run can be compared with a single-process run, and a resumed
+// run (seek) sees the same data as an uninterrupted one.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "hp/train/corpus.h"
+#include "hp/train/tokenizer.h"
+
+namespace hp::train {
+
+struct Batch {
+  at::Tensor inputs;   // int64 [local_batch, seq]
+  at::Tensor targets;  // int64 [local_batch, seq]: inputs shifted left by one token
+  int64_t step = 0;    // which global step this is a slice of
+};
+
+class DataLoader {
+ public:
+  // Errors: global_batch not divisible by dp_size, dp_rank out of range, fewer
+  // than seq + 1 tokens.
+  DataLoader(std::vector<int64_t> tokens, int64_t seq, int64_t global_batch, int64_t dp_rank = 0,
+             int64_t dp_size = 1, uint64_t seed = 0);
+
+  // This rank's slice of the current step's global batch; advances one step.
+  Batch next();
+  // This rank's slice of step `step`'s batch; does not move the position.
+  Batch batch(int64_t step) const;
+
+  int64_t position() const { return step_; }  // the step next() returns
+  void seek(int64_t step);
+
+  int64_t seq() const { return seq_; }
+  int64_t global_batch() const { return global_batch_; }
+  int64_t local_batch() const { return global_batch_ / dp_size_; }
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens_->size()); }
+
+  // Start of sample `index` (0 <= index < global_batch) of step `step`'s global batch.
+  int64_t window_start(int64_t step, int64_t index) const;
+
+ private:
+  std::shared_ptr<const std::vector<int64_t>> tokens_;
+  int64_t seq_, global_batch_, dp_rank_, dp_size_;
+  uint64_t seed_;
+  int64_t step_ = 0;
+};
+
+}  // namespace hp::train

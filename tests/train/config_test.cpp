@@ -1,0 +1,209 @@
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <unistd.h>
+
+#include "hp/base/error.h"
+#include "hp/train/config.h"
+
+using hp::train::TrainConfig;
+
+namespace {
+
+// A file under the test temp dir that is removed when the test ends.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& text) {
+    const char* dir = std::getenv("TMPDIR");
+    path_ = std::string(dir ? dir : "/tmp") + "/hp_config_test_" + std::to_string(::getpid()) +
+            "_" + std::to_string(counter_++) + ".toml";
+    std::ofstream(path_) << text;
+  }
+  ~TempFile() { std::remove(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  static inline int counter_ = 0;
+  std::string path_;
+};
+
+std::string load_error(const std::string& text, std::string* path = nullptr) {
+  TempFile f(text);
+  if (path) *path = f.path();
+  try {
+    hp::train::load_config(f.path());
+  } catch (const hp::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_HAS(hay, needle) EXPECT_NE((hay).find(needle), std::string::npos) << (hay)
+
+}  // namespace
+
+TEST(TrainConfig, Defaults) {
+  auto c = hp::train::default_config();
+  EXPECT_EQ(c.mesh.shape, std::vector<int64_t>{1});
+  EXPECT_EQ(c.mesh.names, std::vector<std::string>{"dp"});
+  EXPECT_FALSE(c.mesh.sequence_parallel);
+  EXPECT_EQ(c.model.vocab, 256);
+  EXPECT_EQ(c.model.dim, 128);
+  EXPECT_EQ(c.model.layers, 4);
+  EXPECT_EQ(c.model.heads, 4);
+  EXPECT_EQ(c.model.kv_heads, 2);
+  EXPECT_EQ(c.model.ffn_dim, 384);
+  EXPECT_EQ(c.model.max_seq, 128);
+  EXPECT_DOUBLE_EQ(c.model.rope_theta, 10000.0);
+  EXPECT_FALSE(c.model.tied_embeddings);
+  EXPECT_EQ(c.train.steps, 200);
+  EXPECT_EQ(c.train.batch, 8);
+  EXPECT_EQ(c.train.seq, 64);
+  EXPECT_DOUBLE_EQ(c.train.lr, 3e-3);
+  EXPECT_EQ(c.train.warmup, 10);
+  EXPECT_DOUBLE_EQ(c.train.weight_decay, 0.0);
+  EXPECT_DOUBLE_EQ(c.train.grad_clip, 1.0);
+  EXPECT_EQ(c.train.seed, 0u);
+  EXPECT_EQ(c.train.log_every, 10);
+  EXPECT_FALSE(c.train.deterministic);
+  EXPECT_EQ(c.data.path, "");
+  EXPECT_EQ(c.world_size(), 1);
+  EXPECT_NO_THROW(hp::train::validate(c));
+}
+
+TEST(TrainConfig, EmptyFileGivesDefaults) {
+  TempFile f("# nothing set\n");
+  auto c = hp::train::load_config(f.path());
+  EXPECT_EQ(c.source, f.path());
+  c.source = "<defaults>";
+  EXPECT_EQ(c.to_string(), hp::train::default_config().to_string());
+}
+
+TEST(TrainConfig, FileOverridesAndRoundTrips) {
+  TempFile f(R"(
+[mesh]
+shape = [2, 2]
+names = ["dp", "tp"]
+sequence_parallel = true
+
+[model]
+dim = 64
+heads = 4
+kv_heads = 4
+rope_theta = 500000      # an integer is fine for a float
+tied_embeddings = true
+
+[train]
+steps = 7
+batch = 6
+seq = 32
+lr = 0.1
+weight_decay = 1e-2
+seed = 42
+deterministic = true
+
+[data]
+path = "some \"quoted\" dir/corpus.txt"
+)");
+  auto c = hp::train::load_config(f.path());
+  EXPECT_EQ(c.mesh.shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(c.mesh.names, (std::vector<std::string>{"dp", "tp"}));
+  EXPECT_TRUE(c.mesh.sequence_parallel);
+  EXPECT_EQ(c.mesh_size("dp"), 2);
+  EXPECT_EQ(c.mesh_size("tp"), 2);
+  EXPECT_EQ(c.mesh_size("pp"), 1);
+  EXPECT_EQ(c.world_size(), 4);
+  EXPECT_EQ(c.model.dim, 64);
+  EXPECT_EQ(c.model.kv_heads, 4);
+  EXPECT_EQ(c.model.layers, 4);  // untouched default
+  EXPECT_DOUBLE_EQ(c.model.rope_theta, 500000.0);
+  EXPECT_TRUE(c.model.tied_embeddings);
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_EQ(c.train.batch, 6);
+  EXPECT_DOUBLE_EQ(c.train.lr, 0.1);
+  EXPECT_DOUBLE_EQ(c.train.weight_decay, 0.01);
+  EXPECT_EQ(c.train.seed, 42u);
+  EXPECT_TRUE(c.train.deterministic);
+  EXPECT_EQ(c.data.path, "some \"quoted\" dir/corpus.txt");
+
+  // to_string is TOML that reads back to the same config.
+  TempFile again(c.to_string());
+  auto d = hp::train::load_config(again.path());
+  d.source = c.source;
+  EXPECT_EQ(d.to_string(), c.to_string());
+  EXPECT_EQ(d.train.lr, c.train.lr);  // bit-exact floats
+  EXPECT_EQ(d.train.weight_decay, c.train.weight_decay);
+}
+
+TEST(TrainConfig, ShippedConfigsLoad) {
+  auto demo = hp::train::load_config(std::string(HP_SOURCE_DIR) + "/configs/demo.toml");
+  EXPECT_EQ(demo.mesh_size("dp"), 2);
+  EXPECT_EQ(demo.mesh_size("tp"), 2);
+  EXPECT_FALSE(demo.mesh.sequence_parallel);
+  EXPECT_EQ(demo.train.steps, 200);
+  auto tp4 = hp::train::load_config(std::string(HP_SOURCE_DIR) + "/configs/tp4.toml");
+  EXPECT_EQ(tp4.mesh_size("tp"), 4);
+  EXPECT_EQ(tp4.world_size(), 4);
+}
+
+TEST(TrainConfig, UnknownKeyNamesKeyAndFile) {
+  std::string path;
+  auto m = load_error("[model]\ndim = 64\ndimm = 3\n", &path);
+  EXPECT_HAS(m, "unknown key model.dimm");
+  EXPECT_HAS(m, path + ":3");
+  EXPECT_HAS(m, "known:");
+}
+
+TEST(TrainConfig, UnknownSectionAndTopLevelKey) {
+  EXPECT_HAS(load_error("[optimizer]\nlr = 1.0\n"), "unknown key optimizer");
+  EXPECT_HAS(load_error("steps = 3\n"), "unknown key steps");
+  EXPECT_HAS(load_error("model = 3\n"), "model must be a table");
+}
+
+TEST(TrainConfig, WrongTypeNamesKeyValueAndFile) {
+  std::string path;
+  auto m = load_error("[train]\nsteps = \"many\"\n", &path);
+  EXPECT_HAS(m, "train.steps must be an integer");
+  EXPECT_HAS(m, "many");
+  EXPECT_HAS(m, path + ":2");
+  EXPECT_HAS(load_error("[train]\nsteps = 2.5\n"), "train.steps must be an integer");
+  EXPECT_HAS(load_error("[train]\nlr = \"fast\"\n"), "train.lr must be a number");
+  EXPECT_HAS(load_error("[train]\ndeterministic = 1\n"), "train.deterministic must be a boolean");
+  EXPECT_HAS(load_error("[train]\nseed = -1\n"), "train.seed must be a non-negative integer");
+  EXPECT_HAS(load_error("[mesh]\nshape = [2, \"x\"]\n"), "mesh.shape must be an array of integers");
+  EXPECT_HAS(load_error("[mesh]\nnames = \"dp\"\n"), "mesh.names must be an array of strings");
+  EXPECT_HAS(load_error("[data]\npath = 3\n"), "data.path must be a string");
+}
+
+TEST(TrainConfig, MissingFileNamesIt) {
+  try {
+    hp::train::load_config("/nonexistent/dir/run.toml");
+    FAIL() << "no throw";
+  } catch (const hp::Error& e) {
+    EXPECT_HAS(std::string(e.what()), "/nonexistent/dir/run.toml");
+  }
+}
+
+TEST(TrainConfig, SyntaxErrorNamesFile) {
+  std::string path;
+  auto m = load_error("[train\nsteps = 3\n", &path);
+  EXPECT_HAS(m, "cannot parse config");
+  EXPECT_HAS(m, path);
+}
+
+TEST(TrainConfig, InconsistentValuesAreErrors) {
+  EXPECT_HAS(load_error("[mesh]\nshape = [2, 2]\nnames = [\"dp\"]\n"), "equal length");
+  EXPECT_HAS(load_error("[mesh]\nshape = [2, 2]\nnames = [\"dp\", \"dp\"]\n"), "distinct");
+  EXPECT_HAS(load_error("[mesh]\nshape = [0]\n"), "mesh.shape[0] = 0");
+  EXPECT_HAS(load_error("[mesh]\nshape = [3]\n"), "train.batch = 8 must be divisible by the dp");
+  EXPECT_HAS(load_error("[mesh]\nshape = [1, 8]\nnames = [\"dp\", \"tp\"]\n"),
+             "divisible by the tp mesh dim (8)");
+  EXPECT_HAS(load_error("[model]\nheads = 3\nkv_heads = 3\n"), "model.dim = 128 must be divisible");
+  EXPECT_HAS(load_error("[model]\nkv_heads = 3\n"), "model.heads = 4 must be divisible");
+  EXPECT_HAS(load_error("[model]\nvocab = 100\n"), "byte-level");
+  EXPECT_HAS(load_error("[train]\nseq = 256\n"), "train.seq = 256 exceeds model.max_seq = 128");
+  EXPECT_HAS(load_error("[train]\nlr = 0\n"), "train.lr = 0 must be > 0");
+  EXPECT_HAS(load_error("[train]\nsteps = 0\n"), "train.steps = 0 must be >= 1");
+}
