@@ -6,3 +6,4 @@
 #include "hp/train/corpus.h"
 #include "hp/train/data.h"
 #include "hp/train/tokenizer.h"
+#include "hp/train/trainer.h"

@@ -20,11 +20,14 @@ int main(int argc, char** argv) {
   hp::cli::add_version_command(app);
   hp::cli::add_schedule_command(app);
   hp::cli::add_plan_commands(app);
+#ifdef HP_WITH_TRAIN
+  hp::cli::add_train_command(app);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
-  } catch (const hp::Error& e) {
+  } catch (const std::exception& e) {  // hp::Error, and c10::Error from LibTorch
     std::cerr << "hp: error: " << e.what() << "\n";
     return 1;
   }

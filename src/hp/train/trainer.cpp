@@ -1,0 +1,94 @@
+#include "hp/train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
+#include "hp/base/error.h"
+#include "hp/optim/adamw.h"
+#include "hp/parallel.h"
+#include "hp/train/data.h"
+
+namespace hp::train {
+namespace {
+
+double resident_mib() {
+  long pages = 0, resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return double(resident) * double(::sysconf(_SC_PAGESIZE)) / (1 << 20);
+}
+
+nn::LlamaConfig llama_config(const ModelConfig& m) {
+  nn::LlamaConfig c;
+  c.vocab = m.vocab, c.dim = m.dim, c.layers = m.layers, c.heads = m.heads, c.kv_heads = m.kv_heads;
+  c.ffn_dim = m.ffn_dim, c.max_seq = m.max_seq, c.rope_theta = m.rope_theta, c.tied_embeddings = m.tied_embeddings;
+  return c;
+}
+
+int find_dim(const std::vector<std::string>& names, const std::string& name) {
+  auto it = std::find(names.begin(), names.end(), name);
+  return it == names.end() ? -1 : static_cast<int>(it - names.begin());
+}
+
+}  // namespace
+
+TrainResult run_training(const TrainConfig& cfg, const std::function<void(const StepLog&)>& on_log) {
+  validate(cfg);
+  if (cfg.train.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
+  DeviceMesh mesh = init_device_mesh("cpu", cfg.mesh.shape, cfg.mesh.names);
+  const int dp_dim = find_dim(cfg.mesh.names, "dp"), tp_dim = find_dim(cfg.mesh.names, "tp");
+
+  manual_seed(cfg.train.seed);
+  nn::Llama model(llama_config(cfg.model), mesh);
+  if (tp_dim >= 0 && mesh.size(tp_dim) > 1)
+    parallelize_llama(model, mesh["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
+  auto params = model.parameters();
+  optim::AdamW opt(params, {.lr = cfg.train.lr, .weight_decay = cfg.train.weight_decay});
+
+  const int64_t dp_rank = dp_dim >= 0 ? mesh.local_rank(dp_dim) : 0;
+  const int64_t dp_size = dp_dim >= 0 ? mesh.size(dp_dim) : 1;
+  DataLoader loader(encode(read_text(cfg.data.path)), cfg.train.seq, cfg.train.batch, dp_rank, dp_size,
+                    cfg.train.seed);
+  // Batches: rows over data parallel, the same on every other mesh dim.
+  std::vector<Placement> rows(mesh.ndim(), Replicate());
+  if (dp_dim >= 0) rows[dp_dim] = Shard(0);
+  const std::vector<int64_t> global{cfg.train.batch, cfg.train.seq};
+
+  TrainResult result;
+  auto since = std::chrono::steady_clock::now();
+  int64_t steps_since = 0;
+  for (int64_t step = 0; step < cfg.train.steps; ++step) {
+    const double lr = optim::warmup_cosine_lr(step, cfg.train.lr, cfg.train.warmup, cfg.train.steps);
+    opt.set_lr(lr);
+    Batch b = loader.next();
+    DTensor ids = DTensor::from_local(b.inputs, mesh, rows, global);
+    DTensor targets = DTensor::from_local(b.targets, mesh, rows, global);
+    DTensor loss = model.loss(ids, targets);
+    loss.to_local().backward();
+    const double norm = cfg.train.grad_clip > 0 ? optim::clip_grad_norm_(params, cfg.train.grad_clip) : 0;
+    opt.step();
+    opt.zero_grad();
+    const double value = loss.to_local().item<double>();  // Replicate: the same on every rank
+    HP_CHECK(std::isfinite(value)) << "loss became " << value << " at step " << step;
+    result.losses.push_back(value);
+    ++steps_since;
+    const bool last = step + 1 == cfg.train.steps;
+    if (on_log && (step % cfg.train.log_every == 0 || last)) {
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count() / steps_since;
+      on_log(StepLog{step, value, norm, lr, ms, double(cfg.train.batch * cfg.train.seq) / (ms / 1000.0),
+                     resident_mib()});
+      since = std::chrono::steady_clock::now();
+      steps_since = 0;
+    }
+  }
+  return result;
+}
+
+}  // namespace hp::train

@@ -1,0 +1,38 @@
+// hp train --config FILE.toml: the training job (run it under hprun for several ranks).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "commands.h"
+#include "hp/base/strings.h"
+#include "hp/comm/world.h"
+#include "hp/train.h"
+
+namespace hp::cli {
+
+void add_train_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train", "train a Llama model (defaults for everything; see configs/)");
+  auto path = std::make_shared<std::string>();
+  cmd->add_option("--config", *path, "TOML file: [mesh], [model], [train], [data]");
+  cmd->callback([path] {
+    train::TrainConfig cfg = path->empty() ? train::default_config() : train::load_config(*path);
+    auto world = comm::init_distributed();
+    HP_CHECK(world->size() == cfg.world_size())
+        << "the mesh " << to_string_list(cfg.mesh.shape) << " needs " << cfg.world_size() << " ranks but "
+        << world->size() << " were started (hprun --nproc-per-node " << cfg.world_size() << ")";
+    const bool lead = world->rank() == 0;
+    if (lead) std::cout << "# " << cfg.source << "\n" << cfg.to_string() << std::flush;
+    auto result = train::run_training(cfg, [&](const train::StepLog& s) {
+      if (!lead) return;
+      std::printf("step %5lld  loss %7.4f  grad %6.3f  lr %.2e  %8.0f tok/s  %7.1f ms/step  %6.0f MiB\n",
+                  static_cast<long long>(s.step), s.loss, s.grad_norm, s.lr, s.tokens_per_s, s.ms_per_step,
+                  s.rss_mib);
+      std::fflush(stdout);
+    });
+    if (lead && !result.losses.empty())
+      std::printf("done: loss %.4f -> %.4f over %zu steps\n", result.losses.front(), result.losses.back(),
+                  result.losses.size());
+  });
+}
+
+}  // namespace hp::cli
