@@ -89,6 +89,35 @@ Arr run_op(const Op& op, const std::vector<Arr>& in, const std::vector<V>& offse
       });
       break;
     case OpKind::View: out.v = in[0].v; break;
+    case OpKind::Amax: {
+      // Empty local pieces leave -inf, which loses to any value in the max reduction.
+      std::fill(out.v.begin(), out.v.end(), -INFINITY);
+      sim::for_each_index(in[0].shape, [&](const V& i) {
+        V j;
+        for (size_t d = 0; d < i.size(); ++d) {
+          bool reduced = std::find(op.dims.begin(), op.dims.end(), static_cast<int64_t>(d)) != op.dims.end();
+          if (!reduced) j.push_back(i[d]);
+          else if (op.flag) j.push_back(0);
+        }
+        double& o = out.v[sim::flat(out_shape, j)];
+        o = std::max(o, in[0].v[sim::flat(in[0].shape, i)]);
+      });
+      break;
+    }
+    case OpKind::Permute:
+      sim::for_each_index(out_shape, [&](const V& i) {
+        V j(i.size());
+        for (size_t k = 0; k < i.size(); ++k) j[op.dims[k]] = i[k];
+        out.v[sim::flat(out_shape, i)] = in[0].v[sim::flat(in[0].shape, j)];
+      });
+      break;
+    case OpKind::Cat: out = sim::concat(in, static_cast<int>(op.dims[0])); break;
+    case OpKind::Narrow: {
+      V off(out_shape.size(), 0);
+      off[op.dims[0]] = op.dims[1];
+      out = sim::box(in[0], off, out_shape);
+      break;
+    }
     default: ADD_FAILURE() << "no reference kernel for " << op.to_string();
   }
   return out;
@@ -167,9 +196,47 @@ TEST(ShardingRules, EveryLayoutGivesTheRightData) {
   EXPECT_EQ(check_op(Op::view({24}), {data({4, 6})}), 16);
   EXPECT_EQ(check_op(Op::view({2, 2, 6}), {data({4, 6})}), 16);
   EXPECT_EQ(check_op(Op::view({18}), {data({3, 6})}), 16);  // uneven: may not stay sharded
+  // flatten and unflatten are views
+  EXPECT_EQ(check_op(Op::view({24, 2}), {data({4, 6, 2})}), 25);
+  EXPECT_EQ(check_op(Op::view({4, 6}), {data({24})}), 9);
   Arr ids = sim::zeros({2, 3});
   for (size_t i = 0; i < ids.v.size(); ++i) ids.v[i] = static_cast<double>((i * 5) % 10);
   EXPECT_EQ(check_op(Op::embedding(), {data({10, 4}), ids}, {true, false}), 16 * 9);
+}
+
+TEST(ShardingRules, NewOpsGiveTheRightData) {
+  EXPECT_EQ(check_op(Op::amax({1}), {data({4, 6})}), 16);
+  EXPECT_EQ(check_op(Op::amax({0, 1}), {data({4, 6})}), 16);
+  EXPECT_EQ(check_op(Op::amax({0}, true), {data({3, 6})}), 16);  // an empty piece on 2x2
+  EXPECT_EQ(check_op(Op::permute({2, 0, 1}), {data({4, 6, 2})}), 25);
+  EXPECT_EQ(check_op(Op::cat(0, 2), {data({4, 6}), data({2, 6})}), 16 * 16);
+  EXPECT_EQ(check_op(Op::cat(1, 2), {data({4, 6}), data({4, 2})}), 16 * 16);
+  EXPECT_EQ(check_op(Op::cat(1, 3), {data({4, 6}), data({4, 2}), data({4, 3})}), 16 * 16 * 16);
+  EXPECT_EQ(check_op(Op::narrow(1, 1, 4), {data({4, 6})}), 16);
+  EXPECT_EQ(check_op(Op::narrow(0, 3, 1), {data({4, 6})}), 16);
+}
+
+TEST(ShardingRules, NewOpsKeepShardsTheyCan) {
+  MeshShape m({2, 2});
+  ShardSpec x({4, 6}, 4, m, {Shard(0), Shard(1)});
+  // amax over a sharded dim: local maxima pending a max, no communication.
+  auto d = propagate(Op::amax({1}), {x});
+  EXPECT_EQ(d->output.placements(), (std::vector<Placement>{Shard(0), Partial(ReduceOp::Max)}));
+  EXPECT_EQ(d->cost.seconds, 0);
+  d = propagate(Op::permute({1, 0}), {x});
+  EXPECT_EQ(d->output.placements(), (std::vector<Placement>{Shard(1), Shard(0)}));
+  // cat keeps the shard of the other dim and gathers the one of the cat dim.
+  ShardSpec y({2, 6}, 4, m, {Shard(0), Shard(1)});
+  d = propagate(Op::cat(0, 2), {x, y});
+  EXPECT_EQ(d->output.placement(1), Shard(1));
+  EXPECT_FALSE(d->inputs[0].placement(0).is_shard(0));
+  EXPECT_EQ(d->output.shape(), (V{6, 6}));
+  d = propagate(Op::narrow(0, 1, 2), {x});
+  EXPECT_EQ(d->output.placement(1), Shard(1));
+  EXPECT_FALSE(d->output.placement(0).is_shard(0));
+  EXPECT_THROW(output_shape(Op::cat(0, 2), {{4, 6}, {4, 5}}), Error);
+  EXPECT_THROW(output_shape(Op::narrow(1, 4, 3), {{4, 6}}), Error);
+  EXPECT_THROW(output_shape(Op::permute({0, 0}), {{4, 6}}), Error);
 }
 
 TEST(ShardingRules, ChoosesTheSignatureTheInputsAlreadyHave) {

@@ -48,6 +48,37 @@ std::vector<OpCase> op_cases() {
                [](auto& x) { return x[0].reshape({4, 2, 3}); }});
   c.push_back({"transpose", {{4, 6, 2}}, [](auto& x) { return transpose(x[0], 0, 2); },
                [](auto& x) { return x[0].transpose(0, 2); }});
+  c.push_back({"permute", {{4, 6, 2}}, [](auto& x) { return permute(x[0], {2, 0, 1}); },
+               [](auto& x) { return x[0].permute({2, 0, 1}); }});
+  c.push_back({"flatten", {{4, 6, 2}}, [](auto& x) { return flatten(x[0], 0, 1); },
+               [](auto& x) { return x[0].flatten(0, 1); }});
+  c.push_back({"flatten tail", {{4, 6, 2}}, [](auto& x) { return flatten(x[0], 1); },
+               [](auto& x) { return x[0].flatten(1); }});
+  c.push_back({"unflatten", {{4, 6}}, [](auto& x) { return unflatten(x[0], 1, {2, -1}); },
+               [](auto& x) { return x[0].reshape({4, 2, 3}); }});
+  c.push_back({"amax", {{4, 6}}, [](auto& x) { return amax(x[0], {1}); },
+               [](auto& x) { return x[0].amax({1}); }});
+  c.push_back({"amax all keepdim", {{4, 6}}, [](auto& x) { return amax(x[0], {}, true); },
+               [](auto& x) { return x[0].amax({0, 1}, true); }});
+  c.push_back({"amax empty pieces", {{2, 5}}, [](auto& x) { return amax(x[0], {0}); },
+               [](auto& x) { return x[0].amax({0}); }});
+  c.push_back({"cat", {{4, 6}, {2, 6}}, [](auto& x) { return cat({x[0], x[1]}, 0); },
+               [](auto& x) { return at::cat({x[0], x[1]}, 0); }});
+  c.push_back({"cat 3", {{4, 2}, {4, 3}, {4, 1}}, [](auto& x) { return cat({x[0], x[1], x[2]}, -1); },
+               [](auto& x) { return at::cat({x[0], x[1], x[2]}, -1); }});
+  c.push_back({"narrow", {{4, 6}}, [](auto& x) { return narrow(x[0], 1, -5, 4); },
+               [](auto& x) { return x[0].narrow(1, 1, 4); }});
+  c.push_back({"split", {{4, 6}},
+               [](auto& x) {
+                 auto p = split(x[0], {2, 1, 3}, 1);
+                 return cat({p[2], p[0], p[1]}, 1);
+               },
+               [](auto& x) {
+                 auto p = x[0].split_with_sizes({2, 1, 3}, 1);
+                 return at::cat({p[2], p[0], p[1]}, 1);
+               }});
+  c.push_back({"chunk middle", {{5, 4}}, [](auto& x) { return chunk(x[0], 3, 0)[1]; },
+               [](auto& x) { return x[0].chunk(3, 0)[1]; }});
   c.push_back({"tanh", {{5, 3}}, [](auto& x) { return map(x[0], [](const at::Tensor& t) { return t.tanh(); }); },
                [](auto& x) { return x[0].tanh(); }});
   c.push_back({"rms_norm", {{4, 6}, {6}}, [](auto& x) { return rms_norm(x[0], x[1]); },

@@ -30,6 +30,10 @@ const char* kind_name(OpKind k) {
     case OpKind::Embedding: return "embedding";
     case OpKind::View: return "view";
     case OpKind::Transpose: return "transpose";
+    case OpKind::Amax: return "amax";
+    case OpKind::Permute: return "permute";
+    case OpKind::Cat: return "cat";
+    case OpKind::Narrow: return "narrow";
   }
   return "?";
 }
@@ -84,6 +88,23 @@ Shape view_shape(const Op& op, const Shape& in) {
   return out;
 }
 
+// Ops that only move or select elements commute with every pending reduction.
+void add_passthrough_partials(std::vector<Signature>& sigs, size_t n) {
+  for (ReduceOp r : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min})
+    sigs.push_back({std::vector<Placement>(n, Partial(r)), Partial(r)});
+}
+
+// dims[j] names the input dim that becomes output dim j.
+std::vector<int> permutation(const Op& op, size_t rank) {
+  HP_CHECK(op.dims.size() == rank) << op.to_string() << ": needs " << rank << " dims";
+  std::vector<int> p;
+  for (int64_t d : op.dims) p.push_back(norm_dim(op, d, rank));
+  std::vector<int> sorted = p;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < rank; ++i) HP_CHECK(sorted[i] == static_cast<int>(i)) << op.to_string() << " is not a permutation";
+  return p;
+}
+
 void add_partials(std::vector<Signature>& sigs, size_t n, int which) {
   // which < 0: every input partial (add); else only input `which`, the rest replicated.
   for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
@@ -101,7 +122,8 @@ int Op::arity() const {
   switch (kind) {
     case OpKind::Elementwise:
     case OpKind::Add:
-    case OpKind::Mul: return num_inputs;
+    case OpKind::Mul:
+    case OpKind::Cat: return num_inputs;
     case OpKind::Matmul:
     case OpKind::Linear:
     case OpKind::Embedding: return 2;
@@ -150,7 +172,8 @@ Shape output_shape(const Op& op, const std::vector<Shape>& in) {
       return out;
     }
     case OpKind::Sum:
-    case OpKind::Mean: {
+    case OpKind::Mean:
+    case OpKind::Amax: {
       std::vector<int> red = reduced_dims(op, in[0].size());
       Shape out;
       for (int i = 0; i < static_cast<int>(in[0].size()); ++i) {
@@ -171,6 +194,34 @@ Shape output_shape(const Op& op, const std::vector<Shape>& in) {
     case OpKind::Transpose: {
       Shape out = in[0];
       std::swap(out[norm_dim(op, op.dims.at(0), out.size())], out[norm_dim(op, op.dims.at(1), out.size())]);
+      return out;
+    }
+    case OpKind::Permute: {
+      Shape out;
+      for (int d : permutation(op, in[0].size())) out.push_back(in[0][d]);
+      return out;
+    }
+    case OpKind::Cat: {
+      HP_CHECK(!in.empty() && !in[0].empty()) << op.to_string() << " needs tensors of rank 1 or more";
+      const int d = norm_dim(op, op.dims.at(0), in[0].size());
+      Shape out = in[0];
+      out[d] = 0;
+      for (const auto& s : in) {
+        bool fits = s.size() == out.size();
+        for (size_t t = 0; fits && t < s.size(); ++t) fits = static_cast<int>(t) == d || s[t] == out[t];
+        HP_CHECK(fits) << op.to_string() << ": shapes " << shapes_string(in) << " differ outside dim " << d;
+        out[d] += s[d];
+      }
+      return out;
+    }
+    case OpKind::Narrow: {
+      const int d = norm_dim(op, op.dims.at(0), in[0].size());
+      const int64_t start = op.dims.at(1), length = op.dims.at(2);
+      HP_CHECK(start >= 0 && length >= 0 && start + length <= in[0][d])
+          << op.to_string() << ": [" << start << ", " << start + length << ") outside dim " << d << " of "
+          << to_string_list(in[0]);
+      Shape out = in[0];
+      out[d] = length;
       return out;
     }
   }
@@ -223,19 +274,22 @@ std::vector<Signature> signatures(const Op& op, const std::vector<Shape>& in, in
       break;
     }
     case OpKind::Sum:
-    case OpKind::Mean: {
+    case OpKind::Mean:
+    case OpKind::Amax: {
       std::vector<int> red = reduced_dims(op, in[0].size());
       for (int t = 0; t < static_cast<int>(in[0].size()); ++t) {
         if (std::count(red.begin(), red.end(), t)) {
           // Partial sums add up; partial means average up only over equal pieces.
           if (op.kind == OpKind::Sum) sigs.push_back({{Shard(t)}, Partial(ReduceOp::Sum)});
+          else if (op.kind == OpKind::Amax) sigs.push_back({{Shard(t)}, Partial(ReduceOp::Max)});
           else if (even(in[0][t])) sigs.push_back({{Shard(t)}, Partial(ReduceOp::Avg)});
         } else {
           int before = static_cast<int>(std::count_if(red.begin(), red.end(), [&](int x) { return x < t; }));
           sigs.push_back({{Shard(t)}, Shard(op.flag ? t : t - before)});
         }
       }
-      add_partials(sigs, 1, 0);
+      // A max of partial terms is not the max of their reduction: those are settled first.
+      if (op.kind != OpKind::Amax) add_partials(sigs, 1, 0);
       break;
     }
     case OpKind::Softmax: {
@@ -256,8 +310,7 @@ std::vector<Signature> signatures(const Op& op, const std::vector<Shape>& in, in
       const int a = norm_dim(op, op.dims[0], in[0].size()), b = norm_dim(op, op.dims[1], in[0].size());
       for (int t = 0; t < static_cast<int>(in[0].size()); ++t)
         sigs.push_back({{Shard(t)}, Shard(t == a ? b : t == b ? a : t)});
-      for (ReduceOp r : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min})
-        sigs.push_back({{Partial(r)}, Partial(r)});
+      add_passthrough_partials(sigs, 1);
       break;
     }
     case OpKind::View: {
@@ -280,8 +333,22 @@ std::vector<Signature> signatures(const Op& op, const std::vector<Shape>& in, in
         if (same || (even(s[si]) && even(out[sj])))
           sigs.push_back({{Shard(static_cast<int>(si))}, Shard(static_cast<int>(sj))});
       }
-      for (ReduceOp r : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min})
-        sigs.push_back({{Partial(r)}, Partial(r)});
+      add_passthrough_partials(sigs, 1);
+      break;
+    }
+    case OpKind::Permute: {
+      const std::vector<int> p = permutation(op, in[0].size());
+      for (int j = 0; j < static_cast<int>(p.size()); ++j) sigs.push_back({{Shard(p[j])}, Shard(j)});
+      add_passthrough_partials(sigs, 1);
+      break;
+    }
+    case OpKind::Cat:
+    case OpKind::Narrow: {
+      // Shards of other dims line up (equal sizes there); a shard of `dim` is gathered.
+      const int d = norm_dim(op, op.dims[0], in[0].size());
+      for (int t = 0; t < static_cast<int>(in[0].size()); ++t)
+        if (t != d) sigs.push_back({std::vector<Placement>(n, Shard(t)), Shard(t)});
+      add_passthrough_partials(sigs, n);
       break;
     }
   }

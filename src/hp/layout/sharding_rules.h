@@ -32,13 +32,17 @@ enum class OpKind {
                 // (the local lookup must zero ids outside its rows)
   View,         // to shape `dims` (one -1 allowed)
   Transpose,    // swaps dims[0] and dims[1]
+  Amax,         // max over `dims`, keepdim in `flag`; a sharded reduced dim gives P(max)
+  Permute,      // output dim j is input dim dims[j]
+  Cat,          // num_inputs tensors joined along dims[0]
+  Narrow,       // dims = {dim, start, length}
 };
 
 struct Op {
   OpKind kind;
   std::vector<int64_t> dims;  // op arguments as described above
   bool flag = false;
-  int num_inputs = 1;         // Elementwise, Add, Mul
+  int num_inputs = 1;         // Elementwise, Add, Mul, Cat
 
   static Op elementwise(int num_inputs = 1) { return {OpKind::Elementwise, {}, false, num_inputs}; }
   static Op add() { return {OpKind::Add, {}, false, 2}; }
@@ -51,6 +55,10 @@ struct Op {
   static Op embedding() { return {OpKind::Embedding, {}, false, 2}; }
   static Op view(std::vector<int64_t> shape) { return {OpKind::View, std::move(shape), false, 1}; }
   static Op transpose(int64_t a, int64_t b) { return {OpKind::Transpose, {a, b}, false, 1}; }
+  static Op amax(std::vector<int64_t> dims, bool keepdim = false) { return {OpKind::Amax, std::move(dims), keepdim, 1}; }
+  static Op permute(std::vector<int64_t> dims) { return {OpKind::Permute, std::move(dims), false, 1}; }
+  static Op cat(int64_t dim, int num_inputs) { return {OpKind::Cat, {dim}, false, num_inputs}; }
+  static Op narrow(int64_t dim, int64_t start, int64_t length) { return {OpKind::Narrow, {dim, start, length}, false, 1}; }
 
   int arity() const;
   bool operator==(const Op& o) const {

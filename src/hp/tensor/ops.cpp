@@ -1,6 +1,9 @@
 #include "hp/tensor/ops.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+
+#include <limits>
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
@@ -33,6 +36,25 @@ DTensor binary_same_dtype(const Op& op, const DTensor& a, const DTensor& b, cons
 // The first mesh dim sharding tensor dim 0 of `spec`'s table, with its row range.
 std::pair<int64_t, int64_t> local_rows(const ShardSpec& spec, const std::vector<int64_t>& coord) {
   return {spec.global_offset(coord)[0], spec.local_shape(coord)[0]};
+}
+
+int64_t wrap_dim(const DTensor& x, int64_t d, const char* op) {
+  HP_CHECK(d >= -x.dim() && d < x.dim()) << op << ": dim " << d << " out of range for shape "
+                                         << to_string_list(x.sizes());
+  return d < 0 ? d + x.dim() : d;
+}
+
+// ATen rejects a max over an empty dim; an empty piece (uneven shards) holds no candidate,
+// so it gives the lowest value, which never wins the max across ranks.
+at::Tensor local_amax(const at::Tensor& t, const std::vector<int64_t>& dims, bool keepdim) {
+  for (int64_t d : dims)
+    if (t.size(d) == 0) {
+      at::Tensor none = t.sum(dims, keepdim).to(t.scalar_type());  // zeros, still linked to t
+      if (t.is_floating_point()) return none - std::numeric_limits<double>::infinity();
+      AT_DISPATCH_INTEGRAL_TYPES(t.scalar_type(), "amax", [&] { none.fill_(std::numeric_limits<scalar_t>::lowest()); });
+      return none;
+    }
+  return t.amax(dims, keepdim);
 }
 
 }  // namespace
@@ -121,6 +143,94 @@ DTensor view(const DTensor& x, std::vector<int64_t> shape) {
 
 DTensor transpose(const DTensor& x, int64_t a, int64_t b) {
   return dispatch(Op::transpose(a, b), {x}, [a, b](const auto& t, const auto&) { return t[0].transpose(a, b); });
+}
+
+DTensor permute(const DTensor& x, std::vector<int64_t> dims) {
+  return dispatch(Op::permute(dims), {x}, [dims](const auto& t, const auto&) { return t[0].permute(dims); });
+}
+
+DTensor flatten(const DTensor& x, int64_t start, int64_t end) {
+  if (x.dim() == 0) return view(x, {1});
+  start = wrap_dim(x, start, "flatten");
+  end = wrap_dim(x, end, "flatten");
+  HP_CHECK(start <= end) << "flatten: start dim " << start << " after end dim " << end;
+  const auto& s = x.sizes();
+  std::vector<int64_t> shape(s.begin(), s.begin() + start);
+  int64_t merged = 1;
+  for (int64_t d = start; d <= end; ++d) merged *= s[d];
+  shape.push_back(merged);
+  shape.insert(shape.end(), s.begin() + end + 1, s.end());
+  return view(x, shape);
+}
+
+DTensor unflatten(const DTensor& x, int64_t dim, std::vector<int64_t> sizes) {
+  dim = wrap_dim(x, dim, "unflatten");
+  const auto& s = x.sizes();
+  std::vector<int64_t> shape(s.begin(), s.begin() + dim);
+  shape.insert(shape.end(), sizes.begin(), sizes.end());
+  shape.insert(shape.end(), s.begin() + dim + 1, s.end());
+  return view(x, shape);  // the other dims are fixed, so a -1 can only take dim's share
+}
+
+DTensor amax(const DTensor& x, std::vector<int64_t> dims, bool keepdim) {
+  if (dims.empty())
+    for (int64_t d = 0; d < x.dim(); ++d) dims.push_back(d);
+  DeviceMesh mesh = x.device_mesh();
+  return dispatch(Op::amax(dims, keepdim), {x}, [dims, keepdim, mesh](const auto& t, const LocalContext& ctx) {
+    at::Tensor m = local_amax(t[0], dims, keepdim);
+    std::vector<int> partial;
+    for (int k = 0; k < mesh.ndim(); ++k)
+      if (ctx.output.placement(k).is_partial()) partial.push_back(k);
+    if (partial.empty()) return m;
+    // The gradient of a P(max) piece is the whole gradient; only the rank whose local max
+    // is the global one passes it on to its input.
+    at::Tensor value = m.detach();
+    return comm::autograd::attach_backward(value.clone(), m, [value, mesh, partial](const at::Tensor& g) {
+      at::Tensor global = value;
+      for (int k : partial) global = comm::all_reduce(global, mesh.group(k), ReduceOp::Max);
+      return g * (value == global).to(g.scalar_type());
+    }, "PartialMaxBackward");
+  });
+}
+
+DTensor cat(const std::vector<DTensor>& tensors, int64_t dim) {
+  HP_CHECK(!tensors.empty()) << "cat needs at least one tensor";
+  const Op op = Op::cat(dim, static_cast<int>(tensors.size()));
+  for (const auto& t : tensors) check_same_dtype(op, tensors[0], t);
+  return dispatch(op, tensors, [dim](const auto& t, const auto&) { return at::cat(t, dim); });
+}
+
+DTensor narrow(const DTensor& x, int64_t dim, int64_t start, int64_t length) {
+  if (start < 0) start += x.size(dim);  // as ATen
+  return dispatch(Op::narrow(dim, start, length), {x},
+                  [dim, start, length](const auto& t, const auto&) { return t[0].narrow(dim, start, length); });
+}
+
+std::vector<DTensor> split(const DTensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+  HP_CHECK(!sizes.empty() && total == x.size(dim))
+      << "split: sizes " << to_string_list(sizes) << " do not add up to dim " << dim << " of "
+      << to_string_list(x.sizes());
+  // Every piece asks for the same input layout: redistribute once, then narrow locally.
+  auto decision = propagate(Op::narrow(dim, 0, sizes[0]), {x.spec()});
+  DTensor whole = x.redistribute(decision->inputs[0].placements());
+  std::vector<DTensor> out;
+  int64_t start = 0;
+  for (int64_t s : sizes) {
+    out.push_back(narrow(whole, dim, start, s));
+    start += s;
+  }
+  return out;
+}
+
+std::vector<DTensor> chunk(const DTensor& x, int64_t n, int64_t dim) {
+  HP_CHECK(n > 0) << "chunk: needs a positive number of chunks, got " << n;
+  const int64_t size = x.size(dim), step = (size + n - 1) / n;
+  if (size == 0) return {x};
+  std::vector<int64_t> sizes;
+  for (int64_t at = 0; at < size; at += step) sizes.push_back(std::min(step, size - at));
+  return split(x, sizes, dim);
 }
 
 DTensor map(const DTensor& x, const std::function<at::Tensor(const at::Tensor&)>& fn) {

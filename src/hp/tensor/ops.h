@@ -38,6 +38,20 @@ DTensor log_softmax(const DTensor& x, int64_t dim);
 DTensor embedding(const DTensor& table, const DTensor& ids);
 DTensor view(const DTensor& x, std::vector<int64_t> shape);
 DTensor transpose(const DTensor& x, int64_t a, int64_t b);
+DTensor permute(const DTensor& x, std::vector<int64_t> dims);
+DTensor flatten(const DTensor& x, int64_t start = 0, int64_t end = -1);
+DTensor unflatten(const DTensor& x, int64_t dim, std::vector<int64_t> sizes);  // one -1 allowed
+// The max over `dims` (all when empty), values only. Over a sharded dim each rank keeps its
+// local max (Partial(max)) and its gradient goes only where that is the global max (a tie
+// across ranks gives each tied rank the whole gradient, unlike ATen's even split).
+DTensor amax(const DTensor& x, std::vector<int64_t> dims, bool keepdim = false);
+// Inputs sharded on other dims keep their shards; a shard on `dim` is gathered first.
+DTensor cat(const std::vector<DTensor>& tensors, int64_t dim);
+DTensor narrow(const DTensor& x, int64_t dim, int64_t start, int64_t length);
+// Pieces of the given sizes along `dim` (they must add up to its size), as ATen's
+// split_with_sizes; chunk gives pieces of ceil(size / n), as ATen's chunk.
+std::vector<DTensor> split(const DTensor& x, const std::vector<int64_t>& sizes, int64_t dim);
+std::vector<DTensor> chunk(const DTensor& x, int64_t n, int64_t dim);
 // An elementwise function of one tensor (relu, silu, x * 2, ...).
 DTensor map(const DTensor& x, const std::function<at::Tensor(const at::Tensor&)>& fn);
 
