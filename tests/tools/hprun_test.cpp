@@ -72,3 +72,27 @@ TEST(Hprun, BadFlagsAreNamed) {
   EXPECT_EQ(r.code, 127) << r.output;
   EXPECT_NE(r.output.find("cannot execute"), std::string::npos) << r.output;
 }
+
+TEST(Hprun, TrainsTheDemoModelEndToEnd) {
+  // A short dp=2 x tp=2 run of `hp train` as 4 processes: the loss must fall.
+  const std::string cfg = ::testing::TempDir() + "hp_train_e2e.toml";
+  FILE* f = std::fopen(cfg.c_str(), "w");
+  std::fputs("[mesh]\nshape = [2, 2]\nnames = [\"dp\", \"tp\"]\n"
+             "[model]\ndim = 32\nlayers = 1\nheads = 2\nkv_heads = 2\nffn_dim = 64\nmax_seq = 16\n"
+             "[train]\nsteps = 12\nbatch = 4\nseq = 16\nlr = 1e-2\nwarmup = 2\nlog_every = 4\n",
+             f);
+  std::fclose(f);
+  Result r = run("--nproc-per-node 4 " HP_BIN_DIR "/hp train --config " + cfg);
+  ASSERT_EQ(r.code, 0) << r.output;
+  size_t at = r.output.find("[rank0]: done: loss ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  double first = 0, last = 0;
+  ASSERT_EQ(std::sscanf(r.output.c_str() + at, "[rank0]: done: loss %lf -> %lf", &first, &last), 2) << r.output;
+  EXPECT_LT(last, first) << r.output;
+}
+
+TEST(Hprun, TrainRejectsAMeshThatDoesNotFitTheRanks) {
+  Result r = run("--nproc-per-node 2 " HP_BIN_DIR "/hp train --config " PROJECT_DIR "/configs/demo.toml");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("needs 4 ranks but 2 were started"), std::string::npos) << r.output;
+}
