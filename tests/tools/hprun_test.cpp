@@ -56,7 +56,9 @@ TEST(Hprun, AbsentRankGivesATimeoutNamingIt) {
 }
 
 TEST(Hprun, RestartsTheGroup) {
-  Result r = run("--max-restarts 2 --nproc-per-node 2 bash -c 'echo try $HP_RESTART_COUNT; exit 1'");
+  // Rank 0 fails every time after a last word that must reach the output; rank 1 waits.
+  Result r = run("--max-restarts 2 --nproc-per-node 2 bash -c "
+                 "'if [ $RANK = 0 ]; then echo try $HP_RESTART_COUNT; exit 1; fi; sleep 30'");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("[rank0]: try 2"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("giving up after 2 restart(s)"), std::string::npos) << r.output;

@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "hp/base/error.h"
@@ -232,9 +233,18 @@ Outcome run_attempt(const Options& opt, int master_port, int restart_count) {
     if (!any_running && (!pipes_open || stopping)) break;
     if (!any_running && !outcome.ok) break;
   }
+  // What the ranks wrote before they ended (a failing rank's last words above all) may
+  // still sit in the pipes: drain them, but give up on a pipe held open by a grandchild.
+  const auto drain_until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   for (auto& r : ranks) {
-    if (r.out_fd >= 0) flush_lines(r.rank, r.out_buf, 1, true), ::close(r.out_fd);
-    if (r.err_fd >= 0) flush_lines(r.rank, r.err_buf, 2, true), ::close(r.err_fd);
+    for (auto [fd, buf, to] : {std::make_tuple(&r.out_fd, &r.out_buf, 1), std::make_tuple(&r.err_fd, &r.err_buf, 2)}) {
+      while (*fd >= 0 && std::chrono::steady_clock::now() < drain_until) {
+        pollfd p{*fd, POLLIN, 0};
+        if (::poll(&p, 1, 100) <= 0) break;
+        pump(*fd, *buf, r.rank, to);
+      }
+      if (*fd >= 0) flush_lines(r.rank, *buf, to, true), ::close(*fd);
+    }
   }
   return outcome;
 }
