@@ -71,11 +71,13 @@ Attention::Attention(const LlamaConfig& c, const DeviceMesh& mesh)
 DTensor Attention::forward(const DTensor& x) {
   const int64_t b = x.size(0), s = x.size(1), hd = c_.head_dim();
   auto heads = [&](Linear& proj, int64_t n) { return transpose(view(proj(x), {b, s, n, hd}), 1, 2); };
-  DTensor q = apply_rotary(heads(*q_proj_, c_.heads), c_.rope_theta);
+  // Scale q rather than the scores: S / Dh times fewer elements to touch.
+  const double scale = 1.0 / std::sqrt(double(hd));
+  DTensor q = map(apply_rotary(heads(*q_proj_, c_.heads), c_.rope_theta),
+                  [scale](const at::Tensor& t) { return t * scale; });
   DTensor k = repeat_kv(apply_rotary(heads(*k_proj_, c_.kv_heads), c_.rope_theta), c_.heads / c_.kv_heads);
   DTensor v = repeat_kv(heads(*v_proj_, c_.kv_heads), c_.heads / c_.kv_heads);
-  const double scale = 1.0 / std::sqrt(double(hd));
-  DTensor scores = map(matmul(q, transpose(k, 2, 3)), [scale](const at::Tensor& t) { return t * scale; });
+  DTensor scores = matmul(q, transpose(k, 2, 3));
   DTensor out = matmul(causal_softmax(scores), v);  // [B, H, S, Dh]
   return (*o_proj_)(view(transpose(out, 1, 2), {b, s, c_.heads * hd}));
 }
