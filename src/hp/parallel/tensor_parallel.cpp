@@ -11,28 +11,18 @@ void reshard_parameter(DTensor& p, int dim, Placement placement) {
   p = nn::make_parameter(p.redistribute(with_placement(p.placements(), dim, placement)));
 }
 
-nn::Module::PreHook input_to(int dim, Placement p) {
-  return [dim, p](nn::Module&, const DTensor& x) { return x.redistribute(with_placement(x.placements(), dim, p)); };
-}
-
-nn::Module::PostHook output_to(int dim, Placement p) {
-  return [dim, p](nn::Module&, const DTensor&, const DTensor& y) {
-    return y.redistribute(with_placement(y.placements(), dim, p));
-  };
-}
-
 // Shard(-1) means the last dim of whatever tensor it meets.
 Placement resolve(Placement p, int64_t ndim) {
   return p.is_shard() && p.dim() < 0 ? Shard(static_cast<int>(p.dim() + ndim)) : p;
 }
 
-nn::Module::PreHook input_to_resolved(int dim, Placement p) {
+nn::Module::PreHook input_to(int dim, Placement p) {
   return [dim, p](nn::Module&, const DTensor& x) {
     return x.redistribute(with_placement(x.placements(), dim, resolve(p, x.dim())));
   };
 }
 
-nn::Module::PostHook output_to_resolved(int dim, Placement p) {
+nn::Module::PostHook output_to(int dim, Placement p) {
   return [dim, p](nn::Module&, const DTensor&, const DTensor& y) {
     return y.redistribute(with_placement(y.placements(), dim, resolve(p, y.dim())));
   };
@@ -50,8 +40,8 @@ class Colwise : public ParallelStyle {
     } else {
       HP_FAIL() << "ColwiseParallel applies to Linear and Embedding modules";
     }
-    m.register_forward_pre_hook(input_to_resolved(dim, in_));
-    m.register_forward_hook(output_to_resolved(dim, out_));
+    m.register_forward_pre_hook(input_to(dim, in_));
+    m.register_forward_hook(output_to(dim, out_));
   }
 
  private:
@@ -64,14 +54,14 @@ class Rowwise : public ParallelStyle {
   void apply(nn::Module& m, const DeviceMesh&, int dim) const override {
     if (auto* lin = dynamic_cast<nn::Linear*>(&m)) {
       reshard_parameter(lin->weight(), dim, Shard(1));
-      m.register_forward_pre_hook(input_to_resolved(dim, in_.value_or(Shard(-1))));
+      m.register_forward_pre_hook(input_to(dim, in_.value_or(Shard(-1))));
     } else if (auto* emb = dynamic_cast<nn::Embedding*>(&m)) {
       reshard_parameter(emb->weight(), dim, Shard(0));
-      m.register_forward_pre_hook(input_to_resolved(dim, in_.value_or(Replicate())));
+      m.register_forward_pre_hook(input_to(dim, in_.value_or(Replicate())));
     } else {
       HP_FAIL() << "RowwiseParallel applies to Linear and Embedding modules";
     }
-    m.register_forward_hook(output_to_resolved(dim, out_));
+    m.register_forward_hook(output_to(dim, out_));
   }
 
  private:
@@ -95,7 +85,7 @@ class PrepareInput : public ParallelStyle {
  public:
   explicit PrepareInput(Placement p) : p_(p) {}
   void apply(nn::Module& m, const DeviceMesh&, int dim) const override {
-    m.register_forward_pre_hook(input_to_resolved(dim, p_));
+    m.register_forward_pre_hook(input_to(dim, p_));
   }
 
  private:
@@ -106,7 +96,7 @@ class PrepareOutput : public ParallelStyle {
  public:
   explicit PrepareOutput(Placement p) : p_(p) {}
   void apply(nn::Module& m, const DeviceMesh&, int dim) const override {
-    m.register_forward_hook(output_to_resolved(dim, p_));
+    m.register_forward_hook(output_to(dim, p_));
   }
 
  private:
