@@ -19,15 +19,6 @@ DTensor along_last_dim(const DTensor& x, const LocalKernel& kernel) {
 
 }  // namespace
 
-void LlamaConfig::validate() const {
-  HP_CHECK(vocab > 0 && dim > 0 && layers > 0 && heads > 0 && kv_heads > 0 && ffn_dim > 0)
-      << "model sizes must be positive: vocab " << vocab << ", dim " << dim << ", layers " << layers << ", heads "
-      << heads << ", kv_heads " << kv_heads << ", ffn_dim " << ffn_dim;
-  HP_CHECK(dim % heads == 0) << "dim " << dim << " must be a multiple of heads " << heads;
-  HP_CHECK(heads % kv_heads == 0) << "heads " << heads << " must be a multiple of kv_heads " << kv_heads;
-  HP_CHECK(head_dim() % 2 == 0) << "head dim " << head_dim() << " must be even for rotary embeddings";
-}
-
 DTensor apply_rotary(const DTensor& x, double theta) {
   return along_last_dim(x, [theta](const std::vector<at::Tensor>& t, const LocalContext& ctx) {
     const at::Tensor& v = t[0];

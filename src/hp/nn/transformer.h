@@ -5,25 +5,9 @@
 #include <memory>
 
 #include "hp/nn/layers.h"
+#include "hp/nn/llama_config.h"
 
 namespace hp::nn {
-
-struct LlamaConfig {
-  int64_t vocab = 256;
-  int64_t dim = 128;
-  int64_t layers = 4;
-  int64_t heads = 4;
-  int64_t kv_heads = 2;
-  int64_t ffn_dim = 384;
-  int64_t max_seq = 128;
-  double rope_theta = 10000;
-  bool tied_embeddings = false;
-  double norm_eps = 1e-6;
-
-  static LlamaConfig tiny() { return {}; }
-  int64_t head_dim() const { return dim / heads; }
-  void validate() const;  // throws naming the inconsistent fields
-};
 
 class Attention : public Module {
  public:

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "hp/nn/llama_config.h"
+
 namespace hp::train {
 
 struct MeshConfig {
@@ -15,17 +17,7 @@ struct MeshConfig {
 };
 
 // A small Llama-style decoder; vocab >= 256 because the tokenizer is byte-level.
-struct ModelConfig {
-  int64_t vocab = 256;
-  int64_t dim = 128;
-  int64_t layers = 4;
-  int64_t heads = 4;
-  int64_t kv_heads = 2;
-  int64_t ffn_dim = 384;
-  int64_t max_seq = 128;
-  double rope_theta = 10000.0;
-  bool tied_embeddings = false;
-};
+using ModelConfig = nn::LlamaConfig;
 
 struct LoopConfig {
   int64_t steps = 200;

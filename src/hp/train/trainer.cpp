@@ -24,13 +24,6 @@ double resident_mib() {
   return double(resident) * double(::sysconf(_SC_PAGESIZE)) / (1 << 20);
 }
 
-nn::LlamaConfig llama_config(const ModelConfig& m) {
-  nn::LlamaConfig c;
-  c.vocab = m.vocab, c.dim = m.dim, c.layers = m.layers, c.heads = m.heads, c.kv_heads = m.kv_heads;
-  c.ffn_dim = m.ffn_dim, c.max_seq = m.max_seq, c.rope_theta = m.rope_theta, c.tied_embeddings = m.tied_embeddings;
-  return c;
-}
-
 int find_dim(const std::vector<std::string>& names, const std::string& name) {
   auto it = std::find(names.begin(), names.end(), name);
   return it == names.end() ? -1 : static_cast<int>(it - names.begin());
@@ -45,7 +38,7 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
   const int dp_dim = find_dim(cfg.mesh.names, "dp"), tp_dim = find_dim(cfg.mesh.names, "tp");
 
   manual_seed(cfg.train.seed);
-  nn::Llama model(llama_config(cfg.model), mesh);
+  nn::Llama model(cfg.model, mesh);
   if (tp_dim >= 0 && mesh.size(tp_dim) > 1)
     parallelize_llama(model, mesh["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
   auto params = model.parameters();
