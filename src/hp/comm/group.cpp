@@ -30,7 +30,16 @@ at::Tensor Group::buffer(int64_t numel, const at::TensorOptions& options) const 
       return b.narrow(0, 0, numel);
   }
   at::Tensor fresh = at::empty({numel}, options);
-  if (pool_.size() < kMaxPooled) pool_.push_back(fresh);
+  if (pool_.size() < kMaxPooled) {
+    pool_.push_back(fresh);
+  } else {
+    // Full: the new buffer takes the place of the smallest free one, so the pool follows
+    // the sizes in use instead of keeping the first ones it saw.
+    at::Tensor* victim = nullptr;
+    for (at::Tensor& b : pool_)
+      if (b.storage().use_count() == 1 && (!victim || b.numel() < victim->numel())) victim = &b;
+    if (victim) *victim = fresh;
+  }
   return fresh.narrow(0, 0, numel);  // a tensor of its own, so the storage count tells
 }
 
