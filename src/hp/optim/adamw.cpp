@@ -32,8 +32,17 @@ void AdamW::step() {
   }
 }
 
-void AdamW::zero_grad() {
-  for (DTensor* p : params_) {
+std::vector<StateEntry> AdamW::state() {
+  std::vector<StateEntry> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.push_back({params_[i], "exp_avg", &m_[i]});
+    out.push_back({params_[i], "exp_avg_sq", &v_[i]});
+  }
+  return out;
+}
+
+void zero_grads(const std::vector<DTensor*>& params) {
+  for (DTensor* p : params) {
     at::Tensor local = p->to_local();
     if (local.grad().defined()) local.mutable_grad().reset();
   }

@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "hp/tensor/dtensor.h"
+#include "hp/optim/optimizer.h"
 
 namespace hp::optim {
 
@@ -16,14 +16,17 @@ struct AdamWOptions {
   double weight_decay = 0.01;
 };
 
-class AdamW {
+class AdamW : public Optimizer {
  public:
   AdamW(std::vector<DTensor*> params, AdamWOptions options = {});
-  void step();
-  void zero_grad();
-  void set_lr(double lr) { options_.lr = lr; }
-  double lr() const { return options_.lr; }
-  int64_t steps() const { return step_; }
+  void step() override;
+  void zero_grad() override { zero_grads(params_); }
+  void set_lr(double lr) override { options_.lr = lr; }
+  double lr() const override { return options_.lr; }
+  std::vector<DTensor*> params() const override { return params_; }
+  int64_t steps() const override { return step_; }
+  void set_steps(int64_t steps) override { step_ = steps; }
+  std::vector<StateEntry> state() override;  // "exp_avg", "exp_avg_sq" per parameter
 
  private:
   std::vector<DTensor*> params_;
