@@ -111,7 +111,7 @@ DTensor Llama::forward(const DTensor& ids) {
 }
 
 DTensor Llama::loss(const DTensor& ids, const DTensor& targets) {
-  DTensor logits = forward(ids);
+  DTensor logits = (*this)(ids);  // through the hooks: a wrapper on the root sees the whole step
   const int64_t n = logits.size(0) * logits.size(1);
   return cross_entropy(view(logits, {n, c_.vocab}), view(targets, {n}));
 }

@@ -48,6 +48,17 @@ DTensor DTensor::from_local(at::Tensor local, const DeviceMesh& mesh, std::vecto
   return DTensor(std::move(local), mesh, make_spec(global, local.scalar_type(), mesh, std::move(placements)));
 }
 
+DTensor& DTensor::defer_grad_reduction(const std::vector<int>& mesh_dims) {
+  for (int k : mesh_dims) {
+    HP_CHECK(k >= 0 && k < mesh_.ndim()) << "defer_grad_reduction: mesh dim " << k << " is not in "
+                                         << mesh_.to_string();
+    HP_CHECK(spec_.placement(k).is_replicate())
+        << "defer_grad_reduction: " << spec_.to_string() << " is not replicated on mesh dim " << k;
+    deferred_grad_dims_ |= 1u << k;
+  }
+  return *this;
+}
+
 int64_t DTensor::size(int64_t d) const {
   HP_CHECK(d >= -dim() && d < dim()) << "dim " << d << " out of range for shape " << to_string_list(sizes());
   return sizes()[d < 0 ? d + dim() : d];

@@ -44,12 +44,20 @@ class DTensor {
   DTensor detach() const;
   DTensor& requires_grad_(bool on = true);
 
+  // Mesh dims over which ops leave the gradient of this (replicated) tensor as per-rank
+  // partial sums instead of all-reducing it at each use: a data-parallel wrapper
+  // (fully_shard, DistributedDataParallel) reduces them itself, fused and overlapped with
+  // backward. Results of ops never carry the mark.
+  DTensor& defer_grad_reduction(const std::vector<int>& mesh_dims);
+  bool defers_grad_reduction(int mesh_dim) const { return (deferred_grad_dims_ >> mesh_dim) & 1u; }
+
   std::string to_string() const;
 
  private:
   at::Tensor local_;
   DeviceMesh mesh_;
   ShardSpec spec_;
+  uint32_t deferred_grad_dims_ = 0;
 };
 
 std::ostream& operator<<(std::ostream& os, const DTensor& t);

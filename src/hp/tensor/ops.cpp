@@ -57,6 +57,12 @@ at::Tensor local_amax(const at::Tensor& t, const std::vector<int64_t>& dims, boo
   return t.amax(dims, keepdim);
 }
 
+// Identity forward; the gradient is multiplied by `factor` on its way back.
+at::Tensor scale_backward(const at::Tensor& x, double factor) {
+  return comm::autograd::attach_backward(
+      x.detach().clone(), x, [factor](const at::Tensor& grad) { return grad * factor; }, "ScaleBackward");
+}
+
 }  // namespace
 
 DTensor dispatch(const Op& op, const std::vector<DTensor>& inputs, const LocalKernel& kernel) {
@@ -73,8 +79,19 @@ DTensor dispatch(const Op& op, const std::vector<DTensor>& inputs, const LocalKe
     at::Tensor x = redistribute_local(inputs[i].to_local(), specs[i], decision->inputs[i], mesh);
     for (int k = 0; k < mesh.ndim(); ++k) {
       const bool replicated_in = decision->inputs[i].placement(k).is_replicate();
-      if (replicated_in && !decision->output.placement(k).is_replicate() && x.requires_grad())
-        x = comm::autograd::all_reduce_sum_backward(x, mesh.group(k));
+      const bool deferred = inputs[i].defers_grad_reduction(k);
+      HP_CHECK(!deferred || replicated_in)
+          << op.to_string() << ": input " << i << " must stay replicated on mesh dim " << k
+          << " (its gradient is reduced there by a data-parallel wrapper) but the op wants "
+          << decision->inputs[i].to_string();
+      if (!replicated_in || !x.requires_grad()) continue;
+      // A replicated input meeting a split output receives per-rank partial gradients: sum
+      // them now, or, when a wrapper reduces them later, leave them partial. A deferred input
+      // meeting a replicated output receives the whole gradient on every rank: scale it so
+      // that the wrapper's sum restores it.
+      const bool replicated_out = decision->output.placement(k).is_replicate();
+      if (!replicated_out && !deferred) x = comm::autograd::all_reduce_sum_backward(x, mesh.group(k));
+      if (replicated_out && deferred) x = scale_backward(x, 1.0 / double(mesh.size(k)));
     }
     locals.push_back(x);
   }

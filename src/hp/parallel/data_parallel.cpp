@@ -1,0 +1,136 @@
+#include "hp/parallel/data_parallel.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+
+#include "hp/base/error.h"
+#include "hp/comm/collectives.h"
+
+namespace hp {
+namespace parallel {
+
+struct Bucket {
+  std::vector<DTensor*> params;
+  std::vector<int64_t> offsets;
+  at::Tensor flat;  // kept across steps: no fresh pages per step
+  const comm::Group* group = nullptr;
+  int waiting = 0;  // gradients not yet accumulated in this backward
+  std::optional<comm::Pending> pending;
+};
+
+struct DDPState {
+  std::vector<Bucket> buckets;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // autograd holds them weakly
+  std::vector<DeviceMesh> flattened;  // groups over several dims, kept alive
+  bool sync = true;
+  bool callback_queued = false;
+
+  void ready(Bucket& b) {
+    if (!sync) return;
+    if (!callback_queued) {
+      callback_queued = true;
+      torch::autograd::Engine::get_default_engine().queue_callback([this] { finish(); });
+    }
+    if (--b.waiting == 0) launch(b);
+  }
+
+  void launch(Bucket& b) {
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      at::Tensor slice = b.flat.narrow(0, b.offsets[i], b.params[i]->to_local().numel());
+      const at::Tensor& g = b.params[i]->to_local().grad();
+      if (g.defined())
+        slice.view(g.sizes()).copy_(g);
+      else
+        slice.zero_();  // unused in this step: contributes nothing
+    }
+    b.pending = comm::all_reduce_async(b.flat, *b.group);
+  }
+
+  // End of backward: every bucket reduced (a bucket with unused parameters goes now),
+  // the sums copied back into the gradients.
+  void finish() {
+    callback_queued = false;
+    for (Bucket& b : buckets) {
+      if (!b.pending) launch(b);
+      b.pending->wait();
+      b.pending.reset();
+      b.waiting = static_cast<int>(b.params.size());
+      for (size_t i = 0; i < b.params.size(); ++i) {
+        at::Tensor local = b.params[i]->to_local();
+        at::Tensor sum = b.flat.narrow(0, b.offsets[i], local.numel()).view(local.sizes());
+        if (local.grad().defined())
+          local.mutable_grad().copy_(sum);
+        else
+          local.mutable_grad() = sum.clone();
+      }
+    }
+  }
+};
+
+}  // namespace parallel
+
+DistributedDataParallel::DistributedDataParallel(nn::Module& module, const DeviceMesh& mesh, DDPOptions options)
+    : state_(std::make_shared<parallel::DDPState>()) {
+  auto params = module.parameters();
+  std::reverse(params.begin(), params.end());  // backward meets the last parameters first
+  const int64_t cap = static_cast<int64_t>(options.bucket_cap_mb * (1 << 20));
+  int64_t bytes = 0;
+  for (DTensor* p : params) {
+    const DeviceMesh& pm = p->device_mesh();
+    std::vector<int> dims;
+    for (const std::string& name : mesh.dim_names()) {
+      const auto& names = pm.dim_names();
+      auto it = std::find(names.begin(), names.end(), name);
+      HP_CHECK(it != names.end()) << "DistributedDataParallel: parameters live on " << pm.to_string()
+                                  << ", which has no dim '" << name << "' of " << mesh.to_string();
+      dims.push_back(static_cast<int>(it - names.begin()));
+    }
+    p->defer_grad_reduction(dims);
+    const comm::Group* group = nullptr;
+    if (dims.size() == 1) {
+      group = &pm.group(dims[0]);
+    } else {
+      state_->flattened.push_back(pm.submesh(mesh.dim_names()).flatten());
+      group = &state_->flattened.back().group(0);
+    }
+    auto& buckets = state_->buckets;
+    const int64_t size = p->to_local().numel() * p->to_local().element_size();
+    if (buckets.empty() || bytes + size > cap || buckets.back().group != group ||
+        buckets.back().flat.scalar_type() != p->scalar_type()) {
+      buckets.emplace_back();
+      buckets.back().group = group;
+      buckets.back().flat = at::empty({0}, p->to_local().options());
+      bytes = 0;
+    }
+    parallel::Bucket& b = buckets.back();
+    b.params.push_back(p);
+    b.offsets.push_back(b.flat.numel());
+    b.flat = at::empty({b.flat.numel() + p->to_local().numel()}, b.flat.options());
+    bytes += size;
+  }
+  for (size_t bi = 0; bi < state_->buckets.size(); ++bi) {
+    parallel::Bucket& b = state_->buckets[bi];
+    b.waiting = static_cast<int>(b.params.size());
+    for (DTensor* p : b.params) {
+      auto acc = torch::autograd::impl::grad_accumulator(p->to_local());
+      HP_CHECK(acc) << "DistributedDataParallel: a parameter does not require grad";
+      std::weak_ptr<parallel::DDPState> weak = state_;
+      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [weak, bi](const torch::autograd::variable_list& out, const torch::autograd::variable_list&) {
+            if (auto state = weak.lock()) state->ready(state->buckets[bi]);
+            return out;
+          }));
+      state_->accumulators.push_back(std::move(acc));
+    }
+  }
+}
+
+void DistributedDataParallel::set_requires_gradient_sync(bool on) { state_->sync = on; }
+int DistributedDataParallel::num_buckets() const { return static_cast<int>(state_->buckets.size()); }
+
+}  // namespace hp

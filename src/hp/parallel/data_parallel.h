@@ -1,0 +1,38 @@
+// Data parallelism with replicated parameters (our DDP): gradients are summed over the
+// data-parallel mesh dims in buckets, flat buffers of about `bucket_cap_mb` filled in the
+// order backward produces gradients (parameters in reverse), each bucket's all-reduce
+// launched as soon as its last gradient is accumulated, so that communication overlaps
+// the rest of backward. The reduced gradients are in place when backward returns.
+//
+// Apply it after tensor parallelism; parameters must be replicated on the dims of `mesh`.
+// Keep the object alive while training: its hooks stop when it is gone.
+#pragma once
+
+#include <memory>
+
+#include "hp/comm/device_mesh.h"
+#include "hp/nn/module.h"
+
+namespace hp {
+
+struct DDPOptions {
+  double bucket_cap_mb = 25;
+};
+
+namespace parallel {
+struct DDPState;
+}
+
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(nn::Module& module, const DeviceMesh& mesh, DDPOptions options = {});
+  // Off: gradients accumulate locally (partial sums) and nothing is communicated; the next
+  // backward with it on reduces everything accumulated.
+  void set_requires_gradient_sync(bool on);
+  int num_buckets() const;
+
+ private:
+  std::shared_ptr<parallel::DDPState> state_;
+};
+
+}  // namespace hp

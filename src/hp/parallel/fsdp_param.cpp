@@ -1,0 +1,134 @@
+#include "hp/parallel/fsdp_param.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/StorageImpl.h>
+
+#include "hp/base/error.h"
+#include "hp/base/strings.h"
+#include "hp/nn/module.h"
+
+namespace hp::parallel {
+namespace {
+
+// The tensor dim to split: the first one that only mesh dims outer to `shard_dim` split
+// (the shard dim then splits the piece they gave: ShardSpec nests mesh dims outer to
+// inner), preferring a dim with at least one element per shard rank.
+int choose_dim(const ShardSpec& spec, int shard_dim, int64_t shards, const std::string& name) {
+  int fallback = -1;
+  for (int d = 0; d < spec.ndim(); ++d) {
+    bool free = true;
+    for (int k : spec.mesh_dims_sharding(d)) free = free && k < shard_dim;
+    if (!free) continue;
+    if (spec.shape()[d] >= shards) return d;
+    if (fallback < 0) fallback = d;
+  }
+  HP_CHECK(fallback >= 0) << "fully_shard: parameter '" << name << "' " << spec.to_string()
+                          << " has no dim left to shard on mesh dim " << shard_dim
+                          << " (every dim is split by a mesh dim inner to it)";
+  return fallback;
+}
+
+}  // namespace
+
+FSDPParam::FSDPParam(std::string name, DTensor* slot, int shard_dim, int replicate_dim,
+                     at::ScalarType compute_dtype)
+    : name_(std::move(name)), slot_(slot), sharded_(*slot), unsharded_spec_(slot->spec()) {
+  const DTensor full = *slot;  // a copy: the slot is overwritten below
+  const DeviceMesh& mesh = full.device_mesh();
+  for (int k : {shard_dim, replicate_dim})
+    if (k >= 0)
+      HP_CHECK(full.placements()[k].is_replicate())
+          << "fully_shard: parameter '" << name_ << "' " << full.spec().to_string() << " must be replicated on mesh dim "
+          << mesh.dim_names()[k] << " to be sharded over it";
+  HP_CHECK(full.dim() > 0) << "fully_shard: parameter '" << name_ << "' is a scalar";
+  const int64_t shards = mesh.size(shard_dim);
+  dim_ = choose_dim(full.spec(), shard_dim, shards, name_);
+  std::vector<Placement> placements = full.placements();
+  placements[shard_dim] = Shard(dim_);
+  ShardSpec spec = full.spec().with_placements(placements);
+
+  // Each shard rank's piece, relative to the unsharded local tensor of this rank.
+  std::vector<int64_t> coord = mesh.coordinate();
+  shard_rank_ = static_cast<int>(coord[shard_dim]);
+  const int64_t base = full.spec().global_offset(coord)[dim_];
+  padded_numel_ = 0;
+  for (int64_t r = 0; r < shards; ++r) {
+    coord[shard_dim] = r;
+    Piece p{spec.global_offset(coord)[dim_] - base, 0, spec.local_shape(coord)};
+    p.size = p.shape[dim_];
+    int64_t numel = 1;
+    for (int64_t s : p.shape) numel *= s;
+    padded_numel_ = std::max(padded_numel_, numel);
+    pieces_.push_back(std::move(p));
+  }
+  const Piece& mine = pieces_[shard_rank_];
+  at::Tensor local = full.to_local().detach().narrow(dim_, mine.offset, mine.size).clone();
+  sharded_ = nn::make_parameter(DTensor(local, mesh, spec));
+  *slot_ = sharded_;
+
+  reduce_dims_ = {shard_dim};
+  if (replicate_dim >= 0) reduce_dims_.push_back(replicate_dim);
+  unsharded_spec_ = make_spec(full.sizes(), compute_dtype, mesh, full.placements());
+  unsharded_ = at::empty(full.to_local().sizes(), full.to_local().options().dtype(compute_dtype));
+  unsharded_nbytes_ = unsharded_.storage().nbytes();
+  free_unsharded();
+}
+
+int64_t FSDPParam::unsharded_bytes() const { return static_cast<int64_t>(unsharded_.storage().nbytes()); }
+
+at::Tensor FSDPParam::unsharded_alias() const {
+  return at::empty({0}, unsharded_.options()).set_(unsharded_.storage(), 0, unsharded_.sizes(), unsharded_.strides());
+}
+
+void FSDPParam::show_unsharded(const at::Tensor& local_alias) {
+  DTensor p(local_alias, sharded_.device_mesh(), unsharded_spec_);
+  p.defer_grad_reduction(reduce_dims_);
+  *slot_ = p;
+}
+
+void FSDPParam::pack_shard(at::Tensor segment) const {
+  const at::Tensor& local = sharded_.to_local();
+  segment.narrow(0, 0, local.numel()).view(local.sizes()).copy_(local.detach());
+}
+
+void FSDPParam::unpack_gathered(const at::Tensor& gathered, int64_t offset) {
+  c10::StorageImpl* storage = unsharded_.storage().unsafeGetStorageImpl();
+  if (storage->nbytes() == 0) {
+    storage->set_data_ptr_noswap(storage->allocator()->allocate(unsharded_nbytes_));
+    storage->set_nbytes(unsharded_nbytes_);
+  }
+  // variable_data(): a fresh version counter, so refilling storage that backward has saved
+  // does not look like an in-place change of a saved tensor.
+  at::Tensor dst = unsharded_.variable_data();
+  for (size_t r = 0; r < pieces_.size(); ++r) {
+    const Piece& p = pieces_[r];
+    if (p.size == 0) continue;
+    int64_t numel = 1;
+    for (int64_t s : p.shape) numel *= s;
+    dst.narrow(dim_, p.offset, p.size).copy_(gathered[r].narrow(0, offset, numel).view(p.shape));
+  }
+}
+
+void FSDPParam::free_unsharded() { unsharded_.storage().unsafeGetStorageImpl()->reset(); }
+
+void FSDPParam::pack_grad(const at::Tensor& grad, at::Tensor send, int64_t offset) const {
+  for (size_t r = 0; r < pieces_.size(); ++r) {
+    const Piece& p = pieces_[r];
+    if (p.size == 0) continue;
+    int64_t numel = 1;
+    for (int64_t s : p.shape) numel *= s;
+    send[r].narrow(0, offset, numel).view(p.shape).copy_(grad.narrow(dim_, p.offset, p.size));
+  }
+}
+
+void FSDPParam::accumulate_grad(const at::Tensor& reduced, int64_t offset) {
+  at::Tensor local = sharded_.to_local();
+  at::Tensor g = reduced.narrow(0, offset, local.numel()).view(local.sizes()).to(local.scalar_type());
+  at::Tensor& grad = local.mutable_grad();
+  if (grad.defined())
+    grad.add_(g);
+  else
+    grad = g.clone();
+}
+
+}  // namespace hp::parallel

@@ -1,0 +1,67 @@
+// One parameter under fully_shard: the sharded DTensor the module holds between steps
+// (what the optimizer, clipping and checkpoints see) and the unsharded local tensor that
+// forward and backward use, with the copies between them and a unit's flat buffers.
+//
+// The parameter is split along one tensor dim over the shard mesh dim. That dim is one
+// no inner mesh dim shards, so that the unsharded tensor is the concatenation of the
+// shard ranks' pieces (with tensor parallelism on a (dp, tp) mesh: dim 1 of a column-
+// parallel weight, dim 0 of a row-parallel one). Uneven sizes follow ShardSpec's chunks.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+#include "hp/tensor/dtensor.h"
+
+namespace hp::parallel {
+
+class FSDPParam {
+ public:
+  // `slot` holds a parameter replicated on `shard_dim` (and on `replicate_dim`, HSDP,
+  // when >= 0); it is replaced by the sharded parameter.
+  FSDPParam(std::string name, DTensor* slot, int shard_dim, int replicate_dim, at::ScalarType compute_dtype);
+
+  const std::string& name() const { return name_; }
+  const DTensor& sharded() const { return sharded_; }
+  int64_t padded_numel() const { return padded_numel_; }  // one rank's slot in a flat buffer
+  int64_t unsharded_bytes() const;                         // 0 while resharded
+
+  // The module sees the unsharded parameter (an alias of its storage whose gradient flows
+  // to `grad_fn_output`) during the unit's forward, the sharded one otherwise.
+  void show_unsharded(const at::Tensor& local_alias);
+  void show_sharded() { *slot_ = sharded_; }
+  // A fresh tensor over the unsharded storage (not a view: autograd sees a new tensor).
+  at::Tensor unsharded_alias() const;
+
+  // All-gather: this rank's shard into its segment; every rank's segment back into the
+  // unsharded tensor (allocating its storage if it was freed).
+  void pack_shard(at::Tensor segment) const;
+  void unpack_gathered(const at::Tensor& gathered, int64_t offset);
+  void free_unsharded();
+
+  // Reduce-scatter: rank r's piece of the unsharded gradient into row r of `send`; the
+  // reduced piece back, added to the sharded parameter's gradient.
+  void pack_grad(const at::Tensor& grad, at::Tensor send, int64_t offset) const;
+  void accumulate_grad(const at::Tensor& reduced, int64_t offset);
+
+ private:
+  struct Piece {
+    int64_t offset, size;  // along dim_, within the unsharded local tensor
+    std::vector<int64_t> shape;
+  };
+  std::string name_;
+  DTensor* slot_;
+  int dim_;  // the tensor dim split over the shard mesh dim
+  int shard_rank_;
+  std::vector<Piece> pieces_;  // per shard rank
+  int64_t padded_numel_;
+  DTensor sharded_;
+  ShardSpec unsharded_spec_;
+  std::vector<int> reduce_dims_;
+  at::Tensor unsharded_;  // its storage is freed when resharded
+  size_t unsharded_nbytes_;
+};
+
+}  // namespace hp::parallel

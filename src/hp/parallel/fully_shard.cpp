@@ -1,0 +1,334 @@
+#include "hp/parallel/fully_shard.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include "hp/base/error.h"
+#include "hp/base/strings.h"
+#include "hp/comm/collectives.h"
+#include "hp/parallel/fsdp_param.h"
+
+namespace hp {
+namespace parallel {
+
+// What the units under one root share: the order they run in (recorded on the first
+// forward, used for prefetching) and the one reduce-scatter kept in flight in backward.
+struct FSDPRun {
+  std::vector<FSDPUnit*> forward_order;   // by pre-forward
+  std::vector<FSDPUnit*> backward_order;  // reversed post-forward order
+  bool recording = true;
+  bool callback_queued = false;
+  FSDPUnit* reducing = nullptr;
+  comm::Pending reduce;
+
+  static FSDPUnit* after(const std::vector<FSDPUnit*>& order, const FSDPUnit* u) {
+    auto it = std::find(order.begin(), order.end(), u);
+    return it == order.end() || it + 1 == order.end() ? nullptr : *(it + 1);
+  }
+  void finish_reduce();
+  void finish_backward();
+};
+
+class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
+ public:
+  FSDPUnit(std::vector<FSDPParam> params, const comm::Group* shard, const comm::Group* replicate,
+           FullyShardOptions options)
+      : params_(std::move(params)), shard_(shard), replicate_(replicate), options_(options) {
+    const at::ScalarType param = params_.empty() ? at::kFloat : params_[0].sharded().scalar_type();
+    compute_ = options_.mp_policy.param_dtype.value_or(param);
+    reduce_ = options_.mp_policy.reduce_dtype.value_or(compute_);
+    for (const FSDPParam& p : params_) {
+      offsets_.push_back(padded_total_);
+      padded_total_ += p.padded_numel();
+    }
+    run_ = std::make_shared<FSDPRun>();
+  }
+
+  void adopt(const std::shared_ptr<FSDPUnit>& inner) {
+    inner->is_root_ = false;
+    inner->for_each([&](FSDPUnit& u) { u.run_ = run_; });
+    inner_.push_back(inner);
+  }
+  template <typename F>
+  void for_each(F&& f) {
+    f(*this);
+    for (auto& u : inner_) u->for_each(f);
+  }
+  bool owns(const DTensor* slot) {
+    bool found = false;
+    for_each([&](FSDPUnit& u) { found = found || u.slots_.count(slot); });
+    return found;
+  }
+  void set_slots(std::vector<DTensor*> slots) { slots_ = {slots.begin(), slots.end()}; }
+  int64_t unsharded_bytes() const {
+    int64_t n = 0;
+    for (const FSDPParam& p : params_) n += p.unsharded_bytes();
+    return n;
+  }
+  at::ScalarType compute_dtype() const { return compute_; }
+  bool is_root() const { return is_root_; }
+
+  FullyShardOptions options_;
+  bool sync_ = true;
+
+  DTensor pre_forward(const DTensor& input);
+  DTensor post_forward(const DTensor& output);
+  void pre_backward();
+  void post_backward(const std::vector<at::Tensor>& grads);
+  void start_gather();
+  void reshard();
+  void finish_reduce(const at::Tensor& reduced);
+
+ private:
+  enum class State { Sharded, Gathering, Unsharded };
+  void unshard();
+
+  std::vector<FSDPParam> params_;
+  std::vector<int64_t> offsets_;  // of each parameter's slot in one rank's flat segment
+  int64_t padded_total_ = 0;
+  const comm::Group* shard_;
+  const comm::Group* replicate_;
+  at::ScalarType compute_, reduce_;
+  std::set<const DTensor*> slots_;
+  std::vector<std::shared_ptr<FSDPUnit>> inner_;
+  std::shared_ptr<FSDPRun> run_;
+  bool is_root_ = true;
+  State state_ = State::Sharded;
+  comm::Pending gather_;
+  std::vector<at::Tensor> accumulated_;  // unsharded gradients while sync is off
+};
+
+namespace {
+
+// The autograd node behind a unit's gathered parameters: it runs once all their
+// gradients are known, which is the moment to reduce-scatter them.
+struct PostBackward : torch::autograd::Node {
+  std::weak_ptr<FSDPUnit> unit;
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    if (auto u = unit.lock()) u->post_backward(grads);
+    return {};
+  }
+  std::string name() const override { return "FSDPPostBackward"; }
+};
+
+std::mutex registry_mu;
+std::map<const nn::Module*, std::weak_ptr<FSDPUnit>>& registry() {
+  static std::map<const nn::Module*, std::weak_ptr<FSDPUnit>> units;
+  return units;
+}
+
+int find_dim(const DeviceMesh& param_mesh, const std::string& name, const DeviceMesh& mesh) {
+  const auto& names = param_mesh.dim_names();
+  auto it = std::find(names.begin(), names.end(), name);
+  HP_CHECK(it != names.end()) << "fully_shard: parameters live on " << param_mesh.to_string()
+                              << ", which has no dim '" << name << "' of " << mesh.to_string()
+                              << " (build the model on a mesh that includes the data-parallel dims)";
+  return static_cast<int>(it - names.begin());
+}
+
+}  // namespace
+
+void FSDPRun::finish_reduce() {
+  if (!reducing) return;
+  FSDPUnit* u = reducing;
+  reducing = nullptr;
+  u->finish_reduce(reduce.wait());
+}
+
+void FSDPRun::finish_backward() {
+  finish_reduce();
+  for (FSDPUnit* u : forward_order) u->reshard();
+  callback_queued = false;
+}
+
+void FSDPUnit::start_gather() {
+  if (state_ != State::Sharded || params_.empty()) return;
+  at::Tensor send = shard_->buffer(padded_total_, at::TensorOptions().dtype(compute_));
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].pack_shard(send.narrow(0, offsets_[i], params_[i].padded_numel()));
+  gather_ = comm::all_gather_async(send, *shard_, 0);
+  state_ = State::Gathering;
+}
+
+void FSDPUnit::unshard() {
+  if (state_ == State::Sharded) start_gather();
+  if (state_ != State::Gathering) return;
+  at::Tensor gathered = gather_.wait().view({shard_->size(), padded_total_});
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].unpack_gathered(gathered, offsets_[i]);
+  gather_ = comm::Pending();
+  state_ = State::Unsharded;
+}
+
+void FSDPUnit::reshard() {
+  if (state_ == State::Gathering) gather_.wait();  // a prefetch nobody used: drain it
+  gather_ = comm::Pending();
+  for (FSDPParam& p : params_) p.free_unsharded();
+  state_ = State::Sharded;
+}
+
+DTensor FSDPUnit::pre_forward(const DTensor& input) {
+  if (run_->recording) {
+    if (is_root_) run_->forward_order.clear(), run_->backward_order.clear();
+    run_->forward_order.push_back(this);
+  }
+  unshard();
+  const bool grad = at::GradMode::is_enabled() &&
+                    std::any_of(params_.begin(), params_.end(), [](auto& p) { return p.sharded().requires_grad(); });
+  std::shared_ptr<PostBackward> node;
+  if (grad) {
+    node = std::shared_ptr<PostBackward>(new PostBackward(), torch::autograd::deleteNode);
+    node->unit = weak_from_this();
+  }
+  for (FSDPParam& p : params_) {
+    at::Tensor alias = p.unsharded_alias();
+    if (node) torch::autograd::set_history(alias, node);
+    p.show_unsharded(alias);
+  }
+  if (options_.prefetch && !run_->recording)
+    if (FSDPUnit* next = FSDPRun::after(run_->forward_order, this)) next->start_gather();
+  // The root casts floating-point inputs to the compute dtype of mixed precision.
+  if (is_root_ && input.to_local().is_floating_point() && input.scalar_type() != compute_)
+    return DTensor(input.to_local().to(compute_), input.device_mesh(),
+                   make_spec(input.sizes(), compute_, input.device_mesh(), input.placements()));
+  return input;
+}
+
+DTensor FSDPUnit::post_forward(const DTensor& output) {
+  for (FSDPParam& p : params_) p.show_sharded();
+  if (run_->recording) run_->backward_order.insert(run_->backward_order.begin(), this);
+  if (is_root_) run_->recording = false;
+  const bool grad = at::GradMode::is_enabled() && output.requires_grad();
+  // The root would be gathered again at once for backward: it keeps its parameters.
+  if (!grad || (options_.reshard_after_forward && !is_root_)) reshard();
+  if (grad) {
+    std::weak_ptr<FSDPUnit> self = weak_from_this();
+    output.to_local().register_hook([self](const at::Tensor&) {
+      if (auto u = self.lock()) u->pre_backward();
+    });
+  }
+  return output;
+}
+
+void FSDPUnit::pre_backward() {
+  if (!run_->callback_queued) {
+    std::shared_ptr<FSDPRun> run = run_;
+    torch::autograd::Engine::get_default_engine().queue_callback([run] { run->finish_backward(); });
+    run_->callback_queued = true;
+  }
+  unshard();
+  if (options_.prefetch)
+    if (FSDPUnit* next = FSDPRun::after(run_->backward_order, this)) next->start_gather();
+}
+
+void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
+  HP_CHECK(grads.size() == params_.size()) << "fully_shard: " << grads.size() << " gradients for "
+                                           << params_.size() << " parameters";
+  accumulated_.resize(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    at::Tensor g = grads[i].to(reduce_);
+    accumulated_[i] = accumulated_[i].defined() ? accumulated_[i].add_(g) : g.clone();
+  }
+  if (sync_) {
+    // One rank's segment per row; rank r receives the sum of row r.
+    at::Tensor send = shard_->buffer(shard_->size() * padded_total_, at::TensorOptions().dtype(reduce_));
+    at::Tensor rows = send.view({shard_->size(), padded_total_});
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (accumulated_[i].defined())
+        params_[i].pack_grad(accumulated_[i], rows, offsets_[i]);
+      else
+        rows.narrow(1, offsets_[i], params_[i].padded_numel()).zero_();
+    }
+    accumulated_.clear();
+    run_->finish_reduce();  // at most one reduction in flight: bounded memory
+    comm::Pending pending = comm::reduce_scatter_async(send, *shard_, 0);
+    if (replicate_) {
+      const comm::Group* rg = replicate_;
+      pending = std::move(pending).then([rg](at::Tensor t) { return comm::all_reduce_(t, *rg); },
+                                        "HSDP all-reduce over " + rg->describe());
+    }
+    run_->reduce = std::move(pending);
+    run_->reducing = this;
+  }
+  reshard();
+}
+
+void FSDPUnit::finish_reduce(const at::Tensor& reduced) {
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].accumulate_grad(reduced, offsets_[i]);
+}
+
+}  // namespace parallel
+
+void FSDPModule::set_requires_gradient_sync(bool on) {
+  unit_->for_each([on](parallel::FSDPUnit& u) { u.sync_ = on; });
+}
+void FSDPModule::set_reshard_after_forward(bool on) {
+  unit_->for_each([on](parallel::FSDPUnit& u) { u.options_.reshard_after_forward = on; });
+}
+void FSDPModule::set_prefetch(bool on) {
+  unit_->for_each([on](parallel::FSDPUnit& u) { u.options_.prefetch = on; });
+}
+int64_t FSDPModule::unsharded_bytes() const {
+  int64_t n = 0;
+  unit_->for_each([&n](parallel::FSDPUnit& u) { n += u.unsharded_bytes(); });
+  return n;
+}
+
+FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOptions options) {
+  using parallel::FSDPUnit;
+  HP_CHECK(mesh.ndim() == 1 || mesh.ndim() == 2)
+      << "fully_shard: the mesh must have 1 dim (FSDP) or 2 dims (replicate, shard: HSDP), got " << mesh.to_string();
+  // Units already made inside this module become part of this one.
+  std::vector<std::shared_ptr<FSDPUnit>> inner;
+  {
+    std::lock_guard<std::mutex> lock(parallel::registry_mu);
+    for (auto& [name, m] : module.named_modules()) {
+      auto it = parallel::registry().find(m);
+      if (it == parallel::registry().end() || m == &module) continue;
+      if (auto u = it->second.lock(); u && u->is_root()) inner.push_back(u);
+    }
+    HP_CHECK(!parallel::registry().count(&module) || parallel::registry()[&module].expired())
+        << "fully_shard: this module is already sharded";
+  }
+  std::vector<parallel::FSDPParam> params;
+  std::vector<DTensor*> slots;
+  for (auto& [name, slot] : module.named_parameters()) {
+    if (std::any_of(inner.begin(), inner.end(), [&](auto& u) { return u->owns(slot); })) continue;
+    const DeviceMesh& pm = slot->device_mesh();
+    const int shard = parallel::find_dim(pm, mesh.dim_names().back(), mesh);
+    const int replicate = mesh.ndim() == 2 ? parallel::find_dim(pm, mesh.dim_names()[0], mesh) : -1;
+    const at::ScalarType compute = options.mp_policy.param_dtype.value_or(slot->scalar_type());
+    params.emplace_back(name, slot, shard, replicate, compute);
+    slots.push_back(slot);
+  }
+  const comm::Group* shard_group = nullptr;
+  const comm::Group* replicate_group = nullptr;
+  if (!slots.empty()) {
+    const DeviceMesh& pm = slots[0]->device_mesh();
+    for (DTensor* s : slots)
+      HP_CHECK(s->device_mesh() == pm) << "fully_shard: parameters of one unit live on different meshes, "
+                                       << pm.to_string() << " and " << s->device_mesh().to_string();
+    shard_group = &pm.group(parallel::find_dim(pm, mesh.dim_names().back(), mesh));
+    if (mesh.ndim() == 2) replicate_group = &pm.group(parallel::find_dim(pm, mesh.dim_names()[0], mesh));
+  }
+  auto unit = std::make_shared<FSDPUnit>(std::move(params), shard_group, replicate_group, options);
+  unit->set_slots(slots);
+  for (auto& u : inner) unit->adopt(u);
+  {
+    std::lock_guard<std::mutex> lock(parallel::registry_mu);
+    parallel::registry()[&module] = unit;
+  }
+  std::weak_ptr<FSDPUnit> weak = unit;
+  module.register_forward_pre_hook([unit](nn::Module&, const DTensor& x) { return unit->pre_forward(x); });
+  module.register_forward_hook(
+      [weak](nn::Module&, const DTensor&, const DTensor& y) { return weak.lock()->post_forward(y); });
+  return FSDPModule(unit);
+}
+
+}  // namespace hp

@@ -1,0 +1,61 @@
+// fully_shard: parameters, gradients and optimizer states sharded over data-parallel
+// ranks. A 1-D mesh gives FSDP; a 2-D (replicate, shard) mesh gives HSDP.
+//
+// Each call makes `module` a unit owning the parameters under it that no inner unit owns
+// (call it on the blocks first, then on the root). Between steps every parameter is an
+// ordinary DTensor sharded over the shard mesh dim, so the optimizer, gradient clipping
+// and checkpoints need nothing special; create the optimizer after fully_shard.
+// Around a unit's forward, one fused all-gather (a flat buffer of all its parameters)
+// rebuilds them; after its backward, one fused reduce-scatter (then an all-reduce over the
+// replicate dim) leaves gradient shards. The next unit's all-gather is in flight while the
+// current one computes, in forward and in backward.
+//
+// The parameters must live on a mesh that has the dims of `mesh` (by name), replicated
+// there: build the model on the whole (dp, tp) mesh, apply tensor parallelism on
+// mesh["tp"], then fully_shard on mesh["dp"].
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <memory>
+#include <optional>
+
+#include "hp/comm/device_mesh.h"
+#include "hp/nn/module.h"
+
+namespace hp {
+
+struct MixedPrecisionPolicy {
+  std::optional<at::ScalarType> param_dtype;   // gathered parameters and compute (e.g. kBFloat16)
+  std::optional<at::ScalarType> reduce_dtype;  // gradients are reduced in this dtype (e.g. kFloat)
+};
+
+struct FullyShardOptions {
+  bool reshard_after_forward = true;  // free gathered parameters after forward, gather again for backward
+  bool prefetch = true;               // gather the next unit while this one computes
+  MixedPrecisionPolicy mp_policy;
+};
+
+namespace parallel {
+class FSDPUnit;
+}
+
+// A handle on a unit and the units inside it.
+class FSDPModule {
+ public:
+  explicit FSDPModule(std::shared_ptr<parallel::FSDPUnit> unit) : unit_(std::move(unit)) {}
+  // Off: backward accumulates unsharded gradients locally and communicates nothing (the
+  // micro-steps of gradient accumulation); the next backward with it on reduces them all.
+  void set_requires_gradient_sync(bool on);
+  void set_reshard_after_forward(bool on);
+  void set_prefetch(bool on);
+  // Bytes of gathered (unsharded) parameters this unit and those inside it hold now.
+  int64_t unsharded_bytes() const;
+
+ private:
+  std::shared_ptr<parallel::FSDPUnit> unit_;
+};
+
+FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOptions options = {});
+
+}  // namespace hp

@@ -1,0 +1,158 @@
+// fully_shard (FSDP, HSDP, with tensor parallelism, gradient accumulation, mixed precision)
+// against the single-process model on the same numbers: loss every step, every gradient
+// of the first step, every parameter after 5 optimizer steps. float32: relative 1e-5.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include "parallel/llama_run.h"
+
+using namespace hp;
+using hp::testing::LlamaRun;
+using hp::testing::LlamaRunSpec;
+
+namespace {
+
+const LlamaRun& reference() {
+  static LlamaRun ref = hp::testing::train_llama({});
+  return ref;
+}
+
+// fully_shard on every block, then on the root, over the mesh dims `fsdp_dims`.
+std::function<void(bool)> shard_llama(nn::Llama& model, const DeviceMesh& fsdp_mesh, FullyShardOptions o = {}) {
+  for (auto& [name, m] : model.named_modules())
+    if (name.rfind("layers.", 0) == 0 && name.find('.', 7) == std::string::npos) fully_shard(*m, fsdp_mesh, o);
+  FSDPModule root = fully_shard(model, fsdp_mesh, o);
+  return [root](bool on) mutable { root.set_requires_gradient_sync(on); };
+}
+
+LlamaRunSpec fsdp_spec(std::vector<int64_t> shape, std::vector<std::string> names, FullyShardOptions o = {}) {
+  LlamaRunSpec spec{.mesh_shape = shape, .mesh_names = names};
+  spec.parallelize = [names, o](nn::Llama& model, const DeviceMesh& mesh) {
+    const bool hsdp = names[0] == "dp_rep";
+    const bool tp = names.back() == "tp";
+    if (tp) parallelize_llama(model, mesh["tp"], {/*sequence_parallel=*/true, /*loss_parallel=*/true});
+    return shard_llama(model, hsdp ? mesh[{"dp_rep", "dp_shard"}] : mesh["dp"], o);
+  };
+  return spec;
+}
+
+}  // namespace
+
+TEST(FullyShard, Fsdp4) { hp::testing::expect_runs_match(hp::testing::train_llama(fsdp_spec({4}, {"dp"})), reference()); }
+// 3 ranks split dims of 16, 24 and 32 unevenly.
+TEST(FullyShard, Fsdp3Uneven) {
+  LlamaRunSpec spec = fsdp_spec({3}, {"dp"});
+  spec.batch = 3;
+  LlamaRunSpec ref;
+  ref.batch = 3;
+  hp::testing::expect_runs_match(hp::testing::train_llama(spec), hp::testing::train_llama(ref));
+}
+TEST(FullyShard, Hsdp2x2) {
+  hp::testing::expect_runs_match(hp::testing::train_llama(fsdp_spec({2, 2}, {"dp_rep", "dp_shard"})), reference());
+}
+TEST(FullyShard, FsdpTimesTensorParallel) {
+  hp::testing::expect_runs_match(hp::testing::train_llama(fsdp_spec({2, 2}, {"dp", "tp"})), reference());
+}
+TEST(FullyShard, NoPrefetchNoReshardSameNumbers) {
+  FullyShardOptions o;
+  o.prefetch = false;
+  o.reshard_after_forward = false;
+  hp::testing::expect_runs_match(hp::testing::train_llama(fsdp_spec({2}, {"dp"}, o)), reference());
+}
+
+// Four micro-steps of a quarter of the batch, communicating only on the last, equal one
+// step on the whole batch.
+TEST(FullyShard, GradientAccumulationEqualsLargeBatch) {
+  LlamaRunSpec spec = fsdp_spec({2}, {"dp"});
+  spec.batch = 8;
+  spec.micro_steps = 4;
+  LlamaRunSpec ref;
+  ref.batch = 8;
+  hp::testing::expect_runs_match(hp::testing::train_llama(spec), hp::testing::train_llama(ref));
+}
+
+// bfloat16 compute, float32 reduction and master weights: close to float32 training, with
+// float32 gradients on the float32 shards.
+TEST(FullyShard, MixedPrecision) {
+  FullyShardOptions o;
+  o.mp_policy = {at::kBFloat16, at::kFloat};
+  LlamaRunSpec spec = fsdp_spec({2}, {"dp"}, o);
+  spec.after_backward = [](nn::Llama& model, int64_t) {
+    for (auto& [name, p] : model.named_parameters()) {
+      EXPECT_EQ(p->scalar_type(), at::kFloat) << name;
+      EXPECT_EQ(p->grad()->scalar_type(), at::kFloat) << name;
+    }
+  };
+  LlamaRun run = hp::testing::train_llama(spec);
+  const LlamaRun& ref = reference();
+  for (size_t i = 0; i < ref.losses.size(); ++i) EXPECT_NEAR(run.losses[i], ref.losses[i], 3e-2 * ref.losses[i]);
+  // Five AdamW steps of 1e-2 move a weight by up to 5e-2; bfloat16 rounding may flip a few
+  // update signs, but must stay far from that on average.
+  for (auto& [name, p] : ref.final_params) {
+    EXPECT_LT((run.final_params.at(name) - p).abs().max().item<double>(), 1e-1) << name;
+    EXPECT_LT((run.final_params.at(name) - p).abs().mean().item<double>(), 5e-3) << name;
+  }
+}
+
+// With N shard ranks a rank holds at most 1/N of the parameters, gradients and AdamW
+// states (plus chunk rounding), and while gathered at most the root and two blocks (the
+// one computing and the one prefetched).
+TEST(FullyShard, MemoryIsShardedAndGatheredUnitsAreBounded) {
+  constexpr int N = 4;
+  comm::run_local_ranks(N, [&](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {N}, {"dp"});
+    manual_seed(1);
+    nn::Llama model(hp::testing::tiny_llama(), mesh);
+    int64_t total = 0, block = 0, root = 0;
+    for (auto& [name, p] : model.named_parameters()) {
+      const int64_t bytes = p->spec().numel() * 4;
+      total += bytes;
+      if (name.rfind("layers.0.", 0) == 0) block += bytes;
+      if (name.rfind("layers.", 0) != 0) root += bytes;
+    }
+    for (auto& [name, m] : model.named_modules())
+      if (name == "layers.0" || name == "layers.1") fully_shard(*m, mesh);
+    FSDPModule fsdp = fully_shard(model, mesh);
+    optim::AdamW opt(model.parameters());
+    int64_t peak_gathered = 0;
+    for (auto& [name, m] : model.named_modules())
+      if (name.rfind("layers.", 0) == 0 && name.find('.', 7) == std::string::npos)
+        m->register_forward_pre_hook([&](nn::Module&, const DTensor& x) {  // runs once the block is gathered
+          peak_gathered = std::max(peak_gathered, fsdp.unsharded_bytes());
+          return x;
+        });
+    std::vector<Placement> rows{Shard(0)};
+    at::Tensor tokens = (hp::rand({4, 9}, at::kDouble) * 32).floor().to(at::kLong);
+    DTensor loss = model.loss(distribute_tensor(tokens.narrow(1, 0, 8).contiguous(), mesh, rows),
+                              distribute_tensor(tokens.narrow(1, 1, 8).contiguous(), mesh, rows));
+    loss.to_local().backward();
+    opt.step();
+    int64_t held = 0;
+    for (DTensor* p : model.parameters())
+      held += (p->to_local().numel() + p->to_local().grad().numel()) * 4;
+    for (auto& s : opt.state()) held += s.local->numel() * 4;
+    const int64_t unsharded_total = total * 4;  // parameters, gradients, two AdamW states
+    EXPECT_LE(held, unsharded_total / N + 4 * 4 * N * 16) << "(slack: one chunk rounding per tensor)";
+    EXPECT_GT(held, 0);
+    EXPECT_EQ(fsdp.unsharded_bytes(), 0) << "every unit is resharded after backward";
+    EXPECT_GT(peak_gathered, block);
+    EXPECT_LE(peak_gathered, root + 2 * block);
+  });
+}
+
+TEST(FullyShard, ErrorsNameTheProblem) {
+  comm::run_local_ranks(2, [&](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {2}, {"tp"});
+    nn::Llama model(hp::testing::tiny_llama(), mesh);
+    DeviceMesh dp = init_device_mesh("cpu", {2}, {"dp"});
+    try {
+      fully_shard(model, dp);
+      ADD_FAILURE() << "a mesh without the parameters' dims must be refused";
+    } catch (const hp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no dim 'dp'"), std::string::npos) << e.what();
+    }
+    DeviceMesh three = init_device_mesh("cpu", {1, 1, 2}, {"a", "b", "c"});
+    EXPECT_THROW(fully_shard(model, three), hp::Error);
+  });
+}
