@@ -156,3 +156,31 @@ TEST(FullyShard, ErrorsNameTheProblem) {
     EXPECT_THROW(fully_shard(model, three), hp::Error);
   });
 }
+
+// Distributed Muon (each matrix orthogonalised once, on its owner) chained with AdamW.
+std::unique_ptr<optim::Optimizer> muon_adamw(nn::Llama& model) {
+  return std::make_unique<optim::ChainedOptimizer>(
+      optim::get_hyper_optimizer(model, optim::MuonOptions{.lr = 0.02},
+                                 optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1}));
+}
+
+const LlamaRun& muon_reference() {
+  static LlamaRun ref = hp::testing::train_llama({.optimizer = muon_adamw});
+  return ref;
+}
+
+TEST(FullyShard, Fsdp4Muon) {
+  LlamaRunSpec spec = fsdp_spec({4}, {"dp"});
+  spec.optimizer = muon_adamw;
+  hp::testing::expect_runs_match(hp::testing::train_llama(spec), muon_reference());
+}
+TEST(FullyShard, HsdpMuon) {
+  LlamaRunSpec spec = fsdp_spec({2, 2}, {"dp_rep", "dp_shard"});
+  spec.optimizer = muon_adamw;
+  hp::testing::expect_runs_match(hp::testing::train_llama(spec), muon_reference());
+}
+TEST(FullyShard, FsdpTimesTensorParallelMuon) {
+  LlamaRunSpec spec = fsdp_spec({2, 2}, {"dp", "tp"});
+  spec.optimizer = muon_adamw;
+  hp::testing::expect_runs_match(hp::testing::train_llama(spec), muon_reference());
+}

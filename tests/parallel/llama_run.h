@@ -12,7 +12,7 @@
 #include <memory>
 #include <mutex>
 
-#include "hp/optim/adamw.h"
+#include "hp/optim/chained.h"
 #include "hp/parallel.h"
 
 namespace hp::testing {

@@ -1,0 +1,46 @@
+// Several optimizers stepping as one, each over its own parameters (Muon for the hidden
+// matrices, AdamW for the rest), and HyperParallel's get_hyper_optimizer that builds one.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "hp/nn/module.h"
+#include "hp/optim/adamw.h"
+#include "hp/optim/muon.h"
+
+namespace hp::optim {
+
+class ChainedOptimizer : public Optimizer {
+ public:
+  explicit ChainedOptimizer(std::vector<std::unique_ptr<Optimizer>> parts);
+  void step() override;
+  void zero_grad() override;
+  // A schedule drives every part along one curve: lr() is the first part's rate, and
+  // set_lr(x) scales every part's base rate by x / (the first part's base rate).
+  void set_lr(double lr) override;
+  double lr() const override;
+  std::vector<DTensor*> params() const override;
+  int64_t steps() const override { return parts_.empty() ? 0 : parts_[0]->steps(); }
+  void set_steps(int64_t steps) override;
+  std::vector<StateEntry> state() override;
+  Optimizer& part(size_t i) { return *parts_.at(i); }
+
+ private:
+  std::vector<std::unique_ptr<Optimizer>> parts_;
+  std::vector<double> base_lr_;
+};
+
+// Muon over `muon_params`, AdamW over `adamw_params`; every trainable parameter of
+// `model` must be in exactly one of the two.
+ChainedOptimizer get_hyper_optimizer(nn::Module& model, std::vector<DTensor*> muon_params,
+                                     std::vector<DTensor*> adamw_params, MuonOptions muon = {},
+                                     AdamWOptions adamw = {});
+// The usual split: 2-D weights inside the blocks to Muon; embeddings, the output
+// projection and every 1-D parameter (norms, biases) to AdamW.
+ChainedOptimizer get_hyper_optimizer(nn::Module& model, MuonOptions muon = {}, AdamWOptions adamw = {});
+
+// Learning-rate schedules. Linear warm-up to `base` over `warmup` steps, then:
+double warmup_constant_lr(int64_t step, double base, int64_t warmup);
+
+}  // namespace hp::optim
