@@ -174,7 +174,8 @@ std::string TrainConfig::to_string() const {
      << "names = "
      << toml_list<std::string>(mesh.names, [](const std::string& s) { return toml_string(s); })
      << "\n"
-     << "sequence_parallel = " << b(mesh.sequence_parallel) << "\n\n"
+     << "sequence_parallel = " << b(mesh.sequence_parallel) << "\n"
+     << "data_parallel = " << toml_string(mesh.data_parallel) << "\n\n"
      << "[model]\n"
      << "vocab = " << model.vocab << "\n"
      << "dim = " << model.dim << "\n"
@@ -192,6 +193,8 @@ std::string TrainConfig::to_string() const {
      << "lr = " << toml_float(train.lr) << "\n"
      << "warmup = " << train.warmup << "\n"
      << "weight_decay = " << toml_float(train.weight_decay) << "\n"
+     << "optimizer = " << toml_string(train.optimizer) << "\n"
+     << "muon_lr = " << toml_float(train.muon_lr) << "\n"
      << "grad_clip = " << toml_float(train.grad_clip) << "\n"
      << "seed = " << train.seed << "\n"
      << "log_every = " << train.log_every << "\n"
@@ -231,6 +234,7 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
   mesh.get("shape", c.mesh.shape);
   mesh.get("names", c.mesh.names);
   mesh.get("sequence_parallel", c.mesh.sequence_parallel);
+  mesh.get("data_parallel", c.mesh.data_parallel);
   mesh.finish();
 
   SectionReader model(source, "model", section("model"));
@@ -252,6 +256,8 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
   train.get("lr", c.train.lr);
   train.get("warmup", c.train.warmup);
   train.get("weight_decay", c.train.weight_decay);
+  train.get("optimizer", c.train.optimizer);
+  train.get("muon_lr", c.train.muon_lr);
   train.get("grad_clip", c.train.grad_clip);
   train.get("seed", c.train.seed);
   train.get("log_every", c.train.log_every);
@@ -324,6 +330,11 @@ void validate(const TrainConfig& c) {
   HP_CHECK(t.warmup >= 0) << src << ": train.warmup = " << t.warmup << " must be >= 0";
   non_negative("train.weight_decay", t.weight_decay);
   non_negative("train.grad_clip", t.grad_clip);
+  HP_CHECK(m.data_parallel == "ddp" || m.data_parallel == "fsdp" || m.data_parallel == "replicate")
+      << src << ": mesh.data_parallel = \"" << m.data_parallel << "\" must be \"ddp\", \"fsdp\" or \"replicate\"";
+  HP_CHECK(t.optimizer == "adamw" || t.optimizer == "muon")
+      << src << ": train.optimizer = \"" << t.optimizer << "\" must be \"adamw\" or \"muon\"";
+  HP_CHECK(t.muon_lr > 0 && std::isfinite(t.muon_lr)) << src << ": train.muon_lr = " << t.muon_lr << " must be > 0";
   HP_CHECK(t.seq <= md.max_seq) << src << ": train.seq = " << t.seq
                                 << " exceeds model.max_seq = " << md.max_seq;
 

@@ -14,6 +14,10 @@ struct MeshConfig {
   std::vector<int64_t> shape{1};       // devices per mesh dim; product = world size
   std::vector<std::string> names{"dp"};
   bool sequence_parallel = false;      // shard norms/activations along seq inside tp
+  // How dp ranks combine gradients: "ddp" (bucketed all-reduce overlapped with backward),
+  // "fsdp" (fully_shard: parameters, gradients and optimizer states sharded over dp), or
+  // "replicate" (each use of a parameter all-reduces its gradient inside autograd).
+  std::string data_parallel = "ddp";
 };
 
 // A small Llama-style decoder; vocab >= 256 because the tokenizer is byte-level.
@@ -26,6 +30,8 @@ struct LoopConfig {
   double lr = 3e-3;
   int64_t warmup = 10;        // linear warmup steps
   double weight_decay = 0.0;
+  std::string optimizer = "adamw";  // or "muon": Muon on the blocks' matrices, AdamW (lr) on the rest
+  double muon_lr = 0.02;
   double grad_clip = 1.0;     // max global grad norm; 0 = off
   uint64_t seed = 0;
   int64_t log_every = 10;

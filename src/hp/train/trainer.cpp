@@ -8,7 +8,7 @@
 #include <cstdio>
 
 #include "hp/base/error.h"
-#include "hp/optim/adamw.h"
+#include "hp/optim/chained.h"
 #include "hp/parallel.h"
 #include "hp/train/data.h"
 
@@ -41,8 +41,24 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
   nn::Llama model(cfg.model, mesh);
   if (tp_dim >= 0 && mesh.size(tp_dim) > 1)
     parallelize_llama(model, mesh["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
+  // Data parallelism from outside the model, after tensor parallelism.
+  std::unique_ptr<DistributedDataParallel> ddp;
+  const bool dp_parallel = dp_dim >= 0 && mesh.size(dp_dim) > 1;
+  if (dp_parallel && cfg.mesh.data_parallel == "ddp") ddp = std::make_unique<DistributedDataParallel>(model, mesh["dp"]);
+  if (dp_parallel && cfg.mesh.data_parallel == "fsdp") {
+    for (auto& [name, m] : model.named_modules())
+      if (name.rfind("layers.", 0) == 0 && name.find('.', 7) == std::string::npos) fully_shard(*m, mesh["dp"]);
+    fully_shard(model, mesh["dp"]);
+  }
   auto params = model.parameters();
-  optim::AdamW opt(params, {.lr = cfg.train.lr, .weight_decay = cfg.train.weight_decay});
+  const optim::AdamWOptions adamw{.lr = cfg.train.lr, .weight_decay = cfg.train.weight_decay};
+  std::unique_ptr<optim::Optimizer> opt;
+  if (cfg.train.optimizer == "muon")
+    opt = std::make_unique<optim::ChainedOptimizer>(optim::get_hyper_optimizer(
+        model, optim::MuonOptions{.lr = cfg.train.muon_lr, .weight_decay = cfg.train.weight_decay}, adamw));
+  else
+    opt = std::make_unique<optim::AdamW>(params, adamw);
+  const double base_lr = opt->lr();
 
   const int64_t dp_rank = dp_dim >= 0 ? mesh.local_rank(dp_dim) : 0;
   const int64_t dp_size = dp_dim >= 0 ? mesh.size(dp_dim) : 1;
@@ -57,16 +73,16 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
   auto since = std::chrono::steady_clock::now();
   int64_t steps_since = 0;
   for (int64_t step = 0; step < cfg.train.steps; ++step) {
-    const double lr = optim::warmup_cosine_lr(step, cfg.train.lr, cfg.train.warmup, cfg.train.steps);
-    opt.set_lr(lr);
+    const double lr = optim::warmup_cosine_lr(step, base_lr, cfg.train.warmup, cfg.train.steps);
+    opt->set_lr(lr);
     Batch b = loader.next();
     DTensor ids = DTensor::from_local(b.inputs, mesh, rows, global);
     DTensor targets = DTensor::from_local(b.targets, mesh, rows, global);
     DTensor loss = model.loss(ids, targets);
     loss.to_local().backward();
     const double norm = cfg.train.grad_clip > 0 ? optim::clip_grad_norm_(params, cfg.train.grad_clip) : 0;
-    opt.step();
-    opt.zero_grad();
+    opt->step();
+    opt->zero_grad();
     const double value = loss.to_local().item<double>();  // Replicate: the same on every rank
     HP_CHECK(std::isfinite(value)) << "loss became " << value << " at step " << step;
     result.losses.push_back(value);

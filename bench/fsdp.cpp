@@ -1,0 +1,98 @@
+// The same model and batch on every rank of the job, one run: step time and memory of our
+// DDP, of fully_shard (with and without prefetch), and of Muon against AdamW on the sharded
+// model; the modes take turns so that drift hits all alike.
+//   build/bin/hprun --nproc-per-node 4 build/bin/bench_fsdp [steps] [rounds]
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "hp/optim/chained.h"
+#include "hp/parallel.h"
+
+using namespace hp;
+
+namespace {
+
+struct Result {
+  std::vector<double> ms;
+  double state_mib = 0;  // parameters, gradients and optimizer states a rank holds
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int steps = argc > 1 ? std::atoi(argv[1]) : 8;
+  const int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
+  comm::init_distributed();
+  const int64_t world = comm::current_world()->size();
+  DeviceMesh mesh = init_device_mesh("cpu", {world}, {"dp"});
+  nn::LlamaConfig c;
+  c.vocab = 256, c.dim = 256, c.layers = 4, c.heads = 8, c.kv_heads = 4, c.ffn_dim = 688, c.max_seq = 128;
+  const int64_t batch = 4 * world, seq = 128;
+
+  const std::vector<std::string> modes{"ddp adamw", "fsdp adamw", "fsdp adamw no-prefetch", "fsdp muon"};
+  std::map<std::string, Result> results;
+  for (int round = 0; round < rounds; ++round)
+    for (const std::string& mode : modes) {
+      manual_seed(7);
+      nn::Llama model(c, mesh);
+      std::unique_ptr<DistributedDataParallel> ddp;
+      std::optional<FSDPModule> fsdp;
+      if (mode.rfind("ddp", 0) == 0) {
+        ddp = std::make_unique<DistributedDataParallel>(model, mesh);
+      } else {
+        FullyShardOptions o;
+        o.prefetch = mode.find("no-prefetch") == std::string::npos;
+        for (auto& [name, m] : model.named_modules())
+          if (name.rfind("layers.", 0) == 0 && name.find('.', 7) == std::string::npos) fully_shard(*m, mesh, o);
+        fsdp = fully_shard(model, mesh, o);
+      }
+      std::unique_ptr<optim::Optimizer> opt;
+      if (mode.find("muon") != std::string::npos)
+        opt = std::make_unique<optim::ChainedOptimizer>(optim::get_hyper_optimizer(model));
+      else
+        opt = std::make_unique<optim::AdamW>(model.parameters());
+      std::vector<Placement> rows{Shard(0)};
+      Result& r = results[mode];
+      for (int step = 0; step < steps + 2; ++step) {
+        at::Tensor tokens = (hp::rand({batch, seq + 1}, at::kDouble) * c.vocab).floor().to(at::kLong);
+        DTensor ids = distribute_tensor(tokens.narrow(1, 0, seq).contiguous(), mesh, rows);
+        DTensor targets = distribute_tensor(tokens.narrow(1, 1, seq).contiguous(), mesh, rows);
+        comm::barrier(mesh.group(0));
+        auto t0 = std::chrono::steady_clock::now();
+        model.loss(ids, targets).to_local().backward();
+        opt->step();
+        if (step == steps + 1) {  // what a rank holds between backward and zero_grad
+          double bytes = 0;
+          for (DTensor* p : model.parameters())
+            bytes += double(p->to_local().nbytes() + p->to_local().grad().nbytes());
+          for (auto& s : opt->state()) bytes += double(s.local->nbytes());
+          r.state_mib = bytes / (1 << 20);
+        }
+        opt->zero_grad();
+        if (step >= 2) r.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+      }
+    }
+
+  if (mesh.rank() != 0) return 0;
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double ddp = median(results["ddp adamw"].ms);
+  std::printf("%d ranks, %d rounds x %d steps, batch %lld x seq %lld, Llama dim %lld layers %lld (3.0M parameters)\n",
+              int(world), rounds, steps, (long long)batch, (long long)seq, (long long)c.dim, (long long)c.layers);
+  std::printf("%-24s %10s %10s %16s\n", "mode", "ms/step", "vs ddp", "state MiB/rank");
+  for (const std::string& mode : modes) {
+    const Result& r = results[mode];
+    std::printf("%-24s %10.1f %9.2fx %16.2f\n", mode.c_str(), median(r.ms), median(r.ms) / ddp, r.state_mib);
+  }
+  std::printf("prefetch: %.2fx the step time without it; muon: %.2fx adamw's step time (fully_shard)\n",
+              median(results["fsdp adamw"].ms) / median(results["fsdp adamw no-prefetch"].ms),
+              median(results["fsdp muon"].ms) / median(results["fsdp adamw"].ms));
+  return 0;
+}
