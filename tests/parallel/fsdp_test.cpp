@@ -184,3 +184,18 @@ TEST(FullyShard, FsdpTimesTensorParallelMuon) {
   spec.optimizer = muon_adamw;
   hp::testing::expect_runs_match(hp::testing::train_llama(spec), muon_reference());
 }
+
+// The seed's recipe: explicit placements with shard_module on the (dp, tp) mesh, then
+// fully_shard over dp.
+TEST(FullyShard, ComposesWithShardModule) {
+  LlamaRunSpec spec{.mesh_shape = {2, 2}, .mesh_names = {"dp", "tp"}};
+  spec.parallelize = [](nn::Llama& model, const DeviceMesh& mesh) {
+    const std::vector<Placement> col{Replicate(), Shard(0)}, row{Replicate(), Shard(1)};
+    shard_module(model, mesh,
+                 ShardingPlan{.plan = {{"layers.*.mlp.gate_proj.weight", col},
+                                       {"layers.*.mlp.up_proj.weight", col},
+                                       {"layers.*.mlp.down_proj.weight", row}}});
+    return shard_llama(model, mesh["dp"]);
+  };
+  hp::testing::expect_runs_match(hp::testing::train_llama(spec), reference());
+}
