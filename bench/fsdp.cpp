@@ -12,6 +12,7 @@
 
 #include "hp/optim/chained.h"
 #include "hp/parallel.h"
+#include "hp/tensor/memory_stats.h"
 
 using namespace hp;
 
@@ -20,6 +21,7 @@ namespace {
 struct Result {
   std::vector<double> ms;
   double state_mib = 0;  // parameters, gradients and optimizer states a rank holds
+  double peak_mib = 0;   // every CPU tensor alive at the worst moment of a step
 };
 
 }  // namespace
@@ -27,6 +29,7 @@ struct Result {
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 8;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
+  track_cpu_memory();
   comm::init_distributed();
   const int64_t world = comm::current_world()->size();
   DeviceMesh mesh = init_device_mesh("cpu", {world}, {"dp"});
@@ -58,11 +61,13 @@ int main(int argc, char** argv) {
         opt = std::make_unique<optim::AdamW>(model.parameters());
       std::vector<Placement> rows{Shard(0)};
       Result& r = results[mode];
+      reset_cpu_memory_peak();
       for (int step = 0; step < steps + 2; ++step) {
         at::Tensor tokens = (hp::rand({batch, seq + 1}, at::kDouble) * c.vocab).floor().to(at::kLong);
         DTensor ids = distribute_tensor(tokens.narrow(1, 0, seq).contiguous(), mesh, rows);
         DTensor targets = distribute_tensor(tokens.narrow(1, 1, seq).contiguous(), mesh, rows);
         comm::barrier(mesh.group(0));
+        if (step == steps + 1) reset_cpu_memory_peak();
         auto t0 = std::chrono::steady_clock::now();
         model.loss(ids, targets).to_local().backward();
         opt->step();
@@ -72,6 +77,7 @@ int main(int argc, char** argv) {
             bytes += double(p->to_local().nbytes() + p->to_local().grad().nbytes());
           for (auto& s : opt->state()) bytes += double(s.local->nbytes());
           r.state_mib = bytes / (1 << 20);
+          r.peak_mib = double(cpu_memory_peak()) / (1 << 20);
         }
         opt->zero_grad();
         if (step >= 2) r.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
@@ -86,10 +92,11 @@ int main(int argc, char** argv) {
   const double ddp = median(results["ddp adamw"].ms);
   std::printf("%d ranks, %d rounds x %d steps, batch %lld x seq %lld, Llama dim %lld layers %lld (3.0M parameters)\n",
               int(world), rounds, steps, (long long)batch, (long long)seq, (long long)c.dim, (long long)c.layers);
-  std::printf("%-24s %10s %10s %16s\n", "mode", "ms/step", "vs ddp", "state MiB/rank");
+  std::printf("%-24s %10s %10s %16s %16s\n", "mode", "ms/step", "vs ddp", "state MiB/rank", "peak MiB/rank");
   for (const std::string& mode : modes) {
     const Result& r = results[mode];
-    std::printf("%-24s %10.1f %9.2fx %16.2f\n", mode.c_str(), median(r.ms), median(r.ms) / ddp, r.state_mib);
+    std::printf("%-24s %10.1f %9.2fx %16.2f %16.1f\n", mode.c_str(), median(r.ms), median(r.ms) / ddp, r.state_mib,
+                r.peak_mib);
   }
   std::printf("prefetch: %.2fx the step time without it; muon: %.2fx adamw's step time (fully_shard)\n",
               median(results["fsdp adamw"].ms) / median(results["fsdp adamw no-prefetch"].ms),

@@ -1,0 +1,23 @@
+// The counting CPU allocator sees storage come and go and keeps the peak.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include "hp/tensor/memory_stats.h"
+
+TEST(MemoryStats, CountsLiveStorageAndPeak) {
+  hp::track_cpu_memory();
+  const int64_t before = hp::cpu_memory_allocated();
+  hp::reset_cpu_memory_peak();
+  {
+    at::Tensor a = at::empty({1 << 18}, at::kFloat);  // 1 MiB
+    EXPECT_EQ(hp::cpu_memory_allocated() - before, 1 << 20);
+    at::Tensor b = at::ones({1 << 17}, at::kDouble);  // 1 MiB more
+    EXPECT_EQ(hp::cpu_memory_allocated() - before, 2 << 20);
+    EXPECT_DOUBLE_EQ(b.sum().item<double>(), double(1 << 17));  // the memory is usable
+  }
+  EXPECT_EQ(hp::cpu_memory_allocated(), before);
+  EXPECT_GE(hp::cpu_memory_peak() - before, 2 << 20);
+  hp::reset_cpu_memory_peak();
+  EXPECT_EQ(hp::cpu_memory_peak(), before);
+}
