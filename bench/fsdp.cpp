@@ -50,9 +50,7 @@ int main(int argc, char** argv) {
       } else {
         FullyShardOptions o;
         o.prefetch = mode.find("no-prefetch") == std::string::npos;
-        for (auto& [name, m] : model.named_modules())
-          if (name.rfind("layers.", 0) == 0 && name.find('.', 7) == std::string::npos) fully_shard(*m, mesh, o);
-        fsdp = fully_shard(model, mesh, o);
+        fsdp = fully_shard_llama(model, mesh, o);
       }
       std::unique_ptr<optim::Optimizer> opt;
       if (mode.find("muon") != std::string::npos)

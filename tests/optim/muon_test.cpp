@@ -11,6 +11,14 @@
 
 using namespace hp;
 
+namespace {
+nn::LlamaConfig tiny(int64_t layers) {
+  nn::LlamaConfig c;
+  c.vocab = 32, c.dim = 16, c.layers = layers, c.heads = 4, c.kv_heads = 2, c.ffn_dim = 24, c.max_seq = 8;
+  return c;
+}
+}  // namespace
+
 TEST(Muon, NewtonSchulzMakesTheMatrixNearlyOrthogonal) {
   at::manual_seed(0);
   for (auto shape : {std::vector<int64_t>{16, 16}, {8, 32}, {48, 12}}) {
@@ -31,9 +39,7 @@ TEST(Muon, NewtonSchulzMakesTheMatrixNearlyOrthogonal) {
 TEST(Muon, OwnersBalanceTheWork) {
   comm::run_local_ranks(4, [](int) {
     DeviceMesh mesh = init_device_mesh("cpu", {4}, {"dp"});
-    nn::LlamaConfig c;
-    c.vocab = 32, c.dim = 16, c.layers = 4, c.heads = 4, c.kv_heads = 2, c.ffn_dim = 24, c.max_seq = 8;
-    nn::Llama model(c, mesh);
+    nn::Llama model(tiny(4), mesh);
     optim::ChainedOptimizer opt = optim::get_hyper_optimizer(model);
     auto& muon = dynamic_cast<optim::Muon&>(opt.part(0));
     std::vector<double> load(4, 0);
@@ -53,9 +59,7 @@ TEST(Muon, OwnersBalanceTheWork) {
 TEST(Muon, GroupsAndShapesAreChecked) {
   comm::run_local_ranks(1, [](int) {
     DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
-    nn::LlamaConfig c;
-    c.vocab = 32, c.dim = 16, c.layers = 1, c.heads = 4, c.kv_heads = 2, c.ffn_dim = 24, c.max_seq = 8;
-    nn::Llama model(c, mesh);
+    nn::Llama model(tiny(1), mesh);
     auto named = model.named_parameters();
     std::vector<DTensor*> all = model.parameters();
     // A norm weight is 1-D: not for Muon.

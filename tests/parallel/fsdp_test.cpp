@@ -18,21 +18,14 @@ const LlamaRun& reference() {
   return ref;
 }
 
-// fully_shard on every block, then on the root, over the mesh dims `fsdp_dims`.
-std::function<void(bool)> shard_llama(nn::Llama& model, const DeviceMesh& fsdp_mesh, FullyShardOptions o = {}) {
-  for (auto& [name, m] : model.named_modules())
-    if (name.rfind("layers.", 0) == 0 && name.find('.', 7) == std::string::npos) fully_shard(*m, fsdp_mesh, o);
-  FSDPModule root = fully_shard(model, fsdp_mesh, o);
-  return [root](bool on) mutable { root.set_requires_gradient_sync(on); };
-}
-
 LlamaRunSpec fsdp_spec(std::vector<int64_t> shape, std::vector<std::string> names, FullyShardOptions o = {}) {
   LlamaRunSpec spec{.mesh_shape = shape, .mesh_names = names};
   spec.parallelize = [names, o](nn::Llama& model, const DeviceMesh& mesh) {
     const bool hsdp = names[0] == "dp_rep";
     const bool tp = names.back() == "tp";
     if (tp) parallelize_llama(model, mesh["tp"], {/*sequence_parallel=*/true, /*loss_parallel=*/true});
-    return shard_llama(model, hsdp ? mesh[{"dp_rep", "dp_shard"}] : mesh["dp"], o);
+    FSDPModule root = fully_shard_llama(model, hsdp ? mesh[{"dp_rep", "dp_shard"}] : mesh["dp"], o);
+    return std::function<void(bool)>([root](bool on) mutable { root.set_requires_gradient_sync(on); });
   };
   return spec;
 }
@@ -111,9 +104,7 @@ TEST(FullyShard, MemoryIsShardedAndGatheredUnitsAreBounded) {
       if (name.rfind("layers.0.", 0) == 0) block += bytes;
       if (name.rfind("layers.", 0) != 0) root += bytes;
     }
-    for (auto& [name, m] : model.named_modules())
-      if (name == "layers.0" || name == "layers.1") fully_shard(*m, mesh);
-    FSDPModule fsdp = fully_shard(model, mesh);
+    FSDPModule fsdp = fully_shard_llama(model, mesh);
     optim::AdamW opt(model.parameters());
     int64_t peak_gathered = 0;
     for (auto& [name, m] : model.named_modules())
@@ -195,7 +186,8 @@ TEST(FullyShard, ComposesWithShardModule) {
                  ShardingPlan{.plan = {{"layers.*.mlp.gate_proj.weight", col},
                                        {"layers.*.mlp.up_proj.weight", col},
                                        {"layers.*.mlp.down_proj.weight", row}}});
-    return shard_llama(model, mesh["dp"]);
+    fully_shard_llama(model, mesh["dp"]);
+    return std::function<void(bool)>();
   };
   hp::testing::expect_runs_match(hp::testing::train_llama(spec), reference());
 }

@@ -27,4 +27,10 @@ void parallelize_llama(nn::Llama& model, const DeviceMesh& tp_mesh, const LlamaP
   parallelize_module(model, tp_mesh, plan);
 }
 
+FSDPModule fully_shard_llama(nn::Llama& model, const DeviceMesh& dp_mesh, const FullyShardOptions& options) {
+  for (auto& [name, m] : model.named_modules())
+    if (name.rfind("layers.", 0) == 0 && name.find('.', 7) == std::string::npos) fully_shard(*m, dp_mesh, options);
+  return fully_shard(model, dp_mesh, options);
+}
+
 }  // namespace hp

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "hp/nn/transformer.h"
+#include "hp/parallel/fully_shard.h"
 #include "hp/parallel/tensor_parallel.h"
 
 namespace hp {
@@ -12,5 +13,8 @@ struct LlamaParallelOptions {
 };
 
 void parallelize_llama(nn::Llama& model, const DeviceMesh& tp_mesh, const LlamaParallelOptions& options = {});
+
+// fully_shard on every transformer block, then on the root (embedding, final norm, head).
+FSDPModule fully_shard_llama(nn::Llama& model, const DeviceMesh& dp_mesh, const FullyShardOptions& options = {});
 
 }  // namespace hp

@@ -45,11 +45,7 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
   std::unique_ptr<DistributedDataParallel> ddp;
   const bool dp_parallel = dp_dim >= 0 && mesh.size(dp_dim) > 1;
   if (dp_parallel && cfg.mesh.data_parallel == "ddp") ddp = std::make_unique<DistributedDataParallel>(model, mesh["dp"]);
-  if (dp_parallel && cfg.mesh.data_parallel == "fsdp") {
-    for (auto& [name, m] : model.named_modules())
-      if (name.rfind("layers.", 0) == 0 && name.find('.', 7) == std::string::npos) fully_shard(*m, mesh["dp"]);
-    fully_shard(model, mesh["dp"]);
-  }
+  if (dp_parallel && cfg.mesh.data_parallel == "fsdp") fully_shard_llama(model, mesh["dp"]);
   auto params = model.parameters();
   const optim::AdamWOptions adamw{.lr = cfg.train.lr, .weight_decay = cfg.train.weight_decay};
   std::unique_ptr<optim::Optimizer> opt;
