@@ -1,0 +1,152 @@
+#include "hp/checkpoint/load.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <memory>
+
+#include "hp/base/error.h"
+#include "hp/base/strings.h"
+#include "hp/checkpoint/format.h"
+
+namespace hp::checkpoint {
+namespace {
+
+class OpenFiles {
+ public:
+  OpenFiles(std::string dir, const Metadata& m) : dir_(std::move(dir)), m_(m) {}
+  ~OpenFiles() {
+    for (auto& [_, fd] : fds_) ::close(fd);
+  }
+  // Reads [begin, end) of `file` for tensor `tensor`.
+  void read(const std::string& file, int64_t begin, int64_t end, uint8_t* out, const std::string& tensor) {
+    const std::string path = dir_ + "/" + file;
+    int fd = open(file, path);
+    int64_t done = 0;
+    while (begin + done < end) {
+      ssize_t n = ::pread(fd, out + done, static_cast<size_t>(end - begin - done), begin + done);
+      if (n < 0 && errno == EINTR) continue;
+      HP_CHECK(n >= 0) << "checkpoint: cannot read " << path << " (tensor " << tensor << "): " << std::strerror(errno);
+      HP_CHECK(n > 0) << "checkpoint file " << path << " is truncated: tensor " << tensor << " needs bytes ["
+                      << begin << ", " << end << ") but the file ends at " << begin + done;
+      done += n;
+    }
+  }
+
+ private:
+  int open(const std::string& file, const std::string& path) {
+    auto it = fds_.find(file);
+    if (it != fds_.end()) return it->second;
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    HP_CHECK(fd >= 0) << "checkpoint: cannot open " << path << ": " << std::strerror(errno);
+    fds_[file] = fd;
+    return fd;
+  }
+
+  std::string dir_;
+  const Metadata& m_;
+  std::map<std::string, int> fds_;
+};
+
+// Copies the part of `chunk` inside the box [lo, lo + size) into `dst` (the box's tensor).
+// Returns the number of elements copied.
+int64_t copy_overlap(OpenFiles& files, const std::string& dir, const std::string& name, const TensorMeta& meta,
+                     const Chunk& chunk, const std::vector<int64_t>& lo, const std::vector<int64_t>& size,
+                     at::Tensor& dst, std::vector<uint8_t>& buffer) {
+  const int nd = static_cast<int>(lo.size());
+  std::vector<int64_t> a(nd), b(nd), strides(nd);
+  int64_t count = 1;
+  for (int d = 0; d < nd; ++d) {
+    a[d] = std::max(lo[d], chunk.offsets[d]);
+    b[d] = std::min(lo[d] + size[d], chunk.offsets[d] + chunk.sizes[d]);
+    if (b[d] <= a[d]) return 0;
+    count *= b[d] - a[d];
+  }
+  int64_t stride = 1;
+  for (int d = nd - 1; d >= 0; --d) {
+    strides[d] = stride;
+    stride *= chunk.sizes[d];
+  }
+  // Elements first..last (row-major in the chunk) hold the overlap; read their blocks.
+  int64_t first = 0, last = 0;
+  for (int d = 0; d < nd; ++d) {
+    first += (a[d] - chunk.offsets[d]) * strides[d];
+    last += (b[d] - 1 - chunk.offsets[d]) * strides[d];
+  }
+  const int64_t esize = dtype_size(meta.dtype), chunk_bytes = chunk.end - chunk.begin;
+  HP_CHECK(chunk_bytes == stride * esize && static_cast<int64_t>(chunk.checksums.size()) ==
+                                                 (chunk_bytes + kBlockBytes - 1) / kBlockBytes)
+      << dir << "/metadata.json: chunk of tensor " << name << " in " << chunk.file << " has " << chunk_bytes
+      << " bytes and " << chunk.checksums.size() << " checksums for sizes " << to_string_list(chunk.sizes);
+  const int64_t block0 = first * esize / kBlockBytes, block1 = ((last + 1) * esize - 1) / kBlockBytes;
+  const int64_t from = block0 * kBlockBytes, to = std::min(chunk_bytes, (block1 + 1) * kBlockBytes);
+  buffer.resize(static_cast<size_t>(to - from));
+  files.read(chunk.file, chunk.begin + from, chunk.begin + to, buffer.data(), name);
+  for (int64_t k = block0; k <= block1; ++k) {
+    const int64_t s = k * kBlockBytes - from, n = std::min(kBlockBytes, chunk_bytes - k * kBlockBytes);
+    const uint64_t sum = checksum(buffer.data() + s, static_cast<size_t>(n));
+    HP_CHECK(sum == chunk.checksums[k]) << "checkpoint file " << dir << "/" << chunk.file
+                                        << " is corrupt: tensor " << name << " (chunk at "
+                                        << to_string_list(chunk.offsets) << "), block " << k << " has checksum "
+                                        << hex(sum) << ", expected " << hex(chunk.checksums[k]);
+  }
+  std::vector<int64_t> sizes(nd);
+  for (int d = 0; d < nd; ++d) sizes[d] = b[d] - a[d];
+  at::Tensor src = at::from_blob(buffer.data() + first * esize - from, sizes, strides,
+                                 at::TensorOptions().dtype(dtype_from_name(meta.dtype)));
+  at::Tensor target = dst;
+  for (int d = 0; d < nd; ++d) target = target.narrow(d, a[d] - lo[d], b[d] - a[d]);
+  target.copy_(src);
+  return count;
+}
+
+// Fills `dst`, the box [lo, lo + size) of tensor `name`.
+void fill(OpenFiles& files, const std::string& dir, const std::string& name, const TensorMeta& meta,
+          const std::vector<int64_t>& lo, const std::vector<int64_t>& size, at::Tensor& dst) {
+  std::vector<uint8_t> buffer;
+  int64_t covered = 0;
+  for (const auto& c : meta.chunks) covered += copy_overlap(files, dir, name, meta, c, lo, size, dst, buffer);
+  HP_CHECK(covered == dst.numel()) << "checkpoint " << dir << ": the chunks of tensor " << name << " cover "
+                                   << covered << " of the " << dst.numel() << " elements of the piece at "
+                                   << to_string_list(lo) << " of size " << to_string_list(size);
+}
+
+}  // namespace
+
+void load(const std::string& dir, State& state) {
+  const Metadata m = read_metadata(dir);
+  OpenFiles files(dir, m);
+  at::NoGradGuard no_grad;
+  for (auto& e : state.tensors) {
+    auto it = m.tensors.find(e.name);
+    HP_CHECK(it != m.tensors.end()) << "checkpoint " << dir << " has no tensor " << e.name << " ("
+                                    << m.tensors.size() << " tensors, the first "
+                                    << (m.tensors.empty() ? std::string("none") : m.tensors.begin()->first) << ")";
+    const TensorMeta& meta = it->second;
+    HP_CHECK(meta.shape == e.spec.shape() && dtype_from_name(meta.dtype) == e.local.scalar_type())
+        << "checkpoint " << dir << ": tensor " << e.name << " is " << meta.dtype << " " << to_string_list(meta.shape)
+        << " there, but " << dtype_name(e.local.scalar_type()) << " " << to_string_list(e.spec.shape()) << " here";
+    if (e.local.numel() == 0) continue;
+    fill(files, dir, e.name, meta, e.spec.global_offset(e.coord), e.local.sizes().vec(), e.local);
+  }
+  state.scalars = m.scalars;
+}
+
+at::Tensor read_tensor(const std::string& dir, const std::string& name) {
+  const Metadata m = read_metadata(dir);
+  auto it = m.tensors.find(name);
+  HP_CHECK(it != m.tensors.end()) << "checkpoint " << dir << " has no tensor " << name;
+  OpenFiles files(dir, m);
+  at::Tensor out = at::empty(it->second.shape, at::TensorOptions().dtype(dtype_from_name(it->second.dtype)));
+  if (out.numel() > 0)
+    fill(files, dir, name, it->second, std::vector<int64_t>(out.dim(), 0), out.sizes().vec(), out);
+  return out;
+}
+
+}  // namespace hp::checkpoint
