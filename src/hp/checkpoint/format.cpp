@@ -53,7 +53,15 @@ std::string hex(uint64_t x) {
   return buf;
 }
 
-uint64_t checksum(const void* data, size_t n) { return XXH3_64bits(data, n); }
+uint64_t checksum_avx2(const void* data, size_t n);  // checksum_avx2.cpp
+
+uint64_t checksum(const void* data, size_t n) {
+#if defined(__x86_64__) && defined(HP_CHECKSUM_AVX2)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return checksum_avx2(data, n);
+#endif
+  return XXH3_64bits(data, n);
+}
 
 std::string to_json(const Metadata& m) {
   json tensors = json::object();

@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,7 +19,7 @@ namespace {
 
 class OpenFiles {
  public:
-  OpenFiles(std::string dir, const Metadata& m) : dir_(std::move(dir)), m_(m) {}
+  explicit OpenFiles(std::string dir) : dir_(std::move(dir)) {}
   ~OpenFiles() {
     for (auto& [_, fd] : fds_) ::close(fd);
   }
@@ -50,15 +49,38 @@ class OpenFiles {
   }
 
   std::string dir_;
-  const Metadata& m_;
   std::map<std::string, int> fds_;
 };
+
+// Reads bytes [lo, hi) of `chunk` (counted from its start) into `out`, verifying each
+// checksum block that [lo, hi) touches right after reading it, while it is in cache. A
+// block that [lo, hi) covers only in part is read into `scratch` and its part copied.
+void read_checked(OpenFiles& files, const std::string& dir, const std::string& name, const Chunk& chunk, int64_t lo,
+                  int64_t hi, uint8_t* out, std::vector<uint8_t>& scratch) {
+  const int64_t chunk_bytes = chunk.end - chunk.begin;
+  scratch.resize(kBlockBytes);
+  for (int64_t k = lo / kBlockBytes; k * kBlockBytes < hi; ++k) {
+    const int64_t bs = k * kBlockBytes, be = std::min(chunk_bytes, bs + kBlockBytes);
+    const bool whole = lo <= bs && be <= hi;
+    uint8_t* dst = whole ? out + (bs - lo) : scratch.data();
+    files.read(chunk.file, chunk.begin + bs, chunk.begin + be, dst, name);
+    const uint64_t sum = checksum(dst, static_cast<size_t>(be - bs));
+    HP_CHECK(sum == chunk.checksums[k]) << "checkpoint file " << dir << "/" << chunk.file
+                                        << " is corrupt: tensor " << name << " (chunk at "
+                                        << to_string_list(chunk.offsets) << "), block " << k << " has checksum "
+                                        << hex(sum) << ", expected " << hex(chunk.checksums[k]);
+    if (!whole) {
+      const int64_t from = std::max(bs, lo), to = std::min(be, hi);
+      std::memcpy(out + (from - lo), scratch.data() + (from - bs), static_cast<size_t>(to - from));
+    }
+  }
+}
 
 // Copies the part of `chunk` inside the box [lo, lo + size) into `dst` (the box's tensor).
 // Returns the number of elements copied.
 int64_t copy_overlap(OpenFiles& files, const std::string& dir, const std::string& name, const TensorMeta& meta,
                      const Chunk& chunk, const std::vector<int64_t>& lo, const std::vector<int64_t>& size,
-                     at::Tensor& dst, std::vector<uint8_t>& buffer) {
+                     at::Tensor& dst, std::vector<uint8_t>& scratch) {
   const int nd = static_cast<int>(lo.size());
   std::vector<int64_t> a(nd), b(nd), strides(nd);
   int64_t count = 1;
@@ -73,7 +95,7 @@ int64_t copy_overlap(OpenFiles& files, const std::string& dir, const std::string
     strides[d] = stride;
     stride *= chunk.sizes[d];
   }
-  // Elements first..last (row-major in the chunk) hold the overlap; read their blocks.
+  // Elements first..last (row-major in the chunk) hold the overlap.
   int64_t first = 0, last = 0;
   for (int d = 0; d < nd; ++d) {
     first += (a[d] - chunk.offsets[d]) * strides[d];
@@ -84,34 +106,28 @@ int64_t copy_overlap(OpenFiles& files, const std::string& dir, const std::string
                                                  (chunk_bytes + kBlockBytes - 1) / kBlockBytes)
       << dir << "/metadata.json: chunk of tensor " << name << " in " << chunk.file << " has " << chunk_bytes
       << " bytes and " << chunk.checksums.size() << " checksums for sizes " << to_string_list(chunk.sizes);
-  const int64_t block0 = first * esize / kBlockBytes, block1 = ((last + 1) * esize - 1) / kBlockBytes;
-  const int64_t from = block0 * kBlockBytes, to = std::min(chunk_bytes, (block1 + 1) * kBlockBytes);
-  buffer.resize(static_cast<size_t>(to - from));
-  files.read(chunk.file, chunk.begin + from, chunk.begin + to, buffer.data(), name);
-  for (int64_t k = block0; k <= block1; ++k) {
-    const int64_t s = k * kBlockBytes - from, n = std::min(kBlockBytes, chunk_bytes - k * kBlockBytes);
-    const uint64_t sum = checksum(buffer.data() + s, static_cast<size_t>(n));
-    HP_CHECK(sum == chunk.checksums[k]) << "checkpoint file " << dir << "/" << chunk.file
-                                        << " is corrupt: tensor " << name << " (chunk at "
-                                        << to_string_list(chunk.offsets) << "), block " << k << " has checksum "
-                                        << hex(sum) << ", expected " << hex(chunk.checksums[k]);
-  }
-  std::vector<int64_t> sizes(nd);
-  for (int d = 0; d < nd; ++d) sizes[d] = b[d] - a[d];
-  at::Tensor src = at::from_blob(buffer.data() + first * esize - from, sizes, strides,
-                                 at::TensorOptions().dtype(dtype_from_name(meta.dtype)));
   at::Tensor target = dst;
   for (int d = 0; d < nd; ++d) target = target.narrow(d, a[d] - lo[d], b[d] - a[d]);
-  target.copy_(src);
+  const int64_t from = first * esize, to = (last + 1) * esize;
+  if (last - first + 1 == count && target.is_contiguous()) {
+    // The overlap is one run of bytes in the chunk and in the piece: read it in place.
+    read_checked(files, dir, name, chunk, from, to, static_cast<uint8_t*>(target.data_ptr()), scratch);
+    return count;
+  }
+  std::unique_ptr<uint8_t[]> buffer(new uint8_t[static_cast<size_t>(to - from)]);
+  read_checked(files, dir, name, chunk, from, to, buffer.get(), scratch);
+  std::vector<int64_t> sizes(nd);
+  for (int d = 0; d < nd; ++d) sizes[d] = b[d] - a[d];
+  target.copy_(at::from_blob(buffer.get(), sizes, strides, at::TensorOptions().dtype(dtype_from_name(meta.dtype))));
   return count;
 }
 
 // Fills `dst`, the box [lo, lo + size) of tensor `name`.
 void fill(OpenFiles& files, const std::string& dir, const std::string& name, const TensorMeta& meta,
           const std::vector<int64_t>& lo, const std::vector<int64_t>& size, at::Tensor& dst) {
-  std::vector<uint8_t> buffer;
+  std::vector<uint8_t> scratch;
   int64_t covered = 0;
-  for (const auto& c : meta.chunks) covered += copy_overlap(files, dir, name, meta, c, lo, size, dst, buffer);
+  for (const auto& c : meta.chunks) covered += copy_overlap(files, dir, name, meta, c, lo, size, dst, scratch);
   HP_CHECK(covered == dst.numel()) << "checkpoint " << dir << ": the chunks of tensor " << name << " cover "
                                    << covered << " of the " << dst.numel() << " elements of the piece at "
                                    << to_string_list(lo) << " of size " << to_string_list(size);
@@ -121,7 +137,7 @@ void fill(OpenFiles& files, const std::string& dir, const std::string& name, con
 
 void load(const std::string& dir, State& state) {
   const Metadata m = read_metadata(dir);
-  OpenFiles files(dir, m);
+  OpenFiles files(dir);
   at::NoGradGuard no_grad;
   for (auto& e : state.tensors) {
     auto it = m.tensors.find(e.name);
@@ -142,7 +158,7 @@ at::Tensor read_tensor(const std::string& dir, const std::string& name) {
   const Metadata m = read_metadata(dir);
   auto it = m.tensors.find(name);
   HP_CHECK(it != m.tensors.end()) << "checkpoint " << dir << " has no tensor " << name;
-  OpenFiles files(dir, m);
+  OpenFiles files(dir);
   at::Tensor out = at::empty(it->second.shape, at::TensorOptions().dtype(dtype_from_name(it->second.dtype)));
   if (out.numel() > 0)
     fill(files, dir, name, it->second, std::vector<int64_t>(out.dim(), 0), out.sizes().vec(), out);
