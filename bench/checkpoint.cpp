@@ -1,7 +1,9 @@
 // Checkpoint throughput against plain file I/O of the same bytes, same run: each rank
 // writes its shards (write + fsync, one file per rank) and reads them back (pread), then
 // saves and loads them as a checkpoint. And the training stall of an asynchronous save
-// (the snapshot) against the time of a synchronous save.
+// (the snapshot) against the time of a synchronous save. Reads are timed from the page
+// cache (warm: the files were just written) and after each rank drops its files from it
+// (cold).
 // Run: hprun --nproc-per-node 4 build/bin/bench_checkpoint [MiB per rank, default 64] [dir]
 #include <ATen/ATen.h>
 #include <fcntl.h>
@@ -70,6 +72,13 @@ void plain_read(const std::string& path, std::vector<DTensor>& ts) {
   ::close(fd);
 }
 
+void drop_cache(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  HP_CHECK(fd >= 0) << "cannot open " << path;
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -97,7 +106,7 @@ int main(int argc, char** argv) {
   }
   const double total = double(rows) * 1024 * 4 * tensors;  // bytes over all ranks
   const std::string plain = root + "/plain-" + std::to_string(rank) + ".bin";
-  const int iters = 5;
+  const int iters = 7;
   auto clear_plain = [&] { fs::remove(plain); };
   auto clear_ckpt = [&] {
     comm::barrier(g);
@@ -115,6 +124,12 @@ int main(int argc, char** argv) {
   plain_write(plain, ts);
   const double r_plain = timed(g, iters, [&] { plain_read(plain, ts); }, nothing);
   const double r_ckpt = timed(g, iters, [&] { checkpoint::load(checkpoint::step_dir(root, step), state); }, nothing);
+  // Cold: each rank drops its files from the page cache first (clean after fsync).
+  const std::string mine = checkpoint::step_dir(root, step) + "/rank-" + std::string(5 - std::to_string(rank).size(), '0') +
+                           std::to_string(rank) + ".safetensors";
+  const double c_plain = timed(g, iters, [&] { plain_read(plain, ts); }, [&] { drop_cache(plain); });
+  const double c_ckpt = timed(g, iters, [&] { checkpoint::load(checkpoint::step_dir(root, step), state); },
+                              [&] { drop_cache(mine); });
 
   // Asynchronous: how long save() holds training (the snapshot), and the whole write.
   checkpoint::Checkpointer async({root, 0, true});
@@ -136,6 +151,8 @@ int main(int argc, char** argv) {
                 total / w_ckpt / (1 << 20), w_plain / w_ckpt);
     std::printf("load  plain %7.0f MiB/s  checkpoint %7.0f MiB/s  ratio %.2f\n", total / r_plain / (1 << 20),
                 total / r_ckpt / (1 << 20), r_plain / r_ckpt);
+    std::printf("load (cold page cache)  plain %7.0f MiB/s  checkpoint %7.0f MiB/s  ratio %.2f\n",
+                total / c_plain / (1 << 20), total / c_ckpt / (1 << 20), c_plain / c_ckpt);
     std::printf("async save stall %.1f ms, sync save %.1f ms: ratio %.3f (async write in the background %.1f ms)\n",
                 stall * 1e3, w_ckpt * 1e3, stall / w_ckpt, async_total * 1e3);
   }

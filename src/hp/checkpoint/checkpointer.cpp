@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
 #include <iostream>
 
 #include "hp/base/error.h"
@@ -37,7 +38,7 @@ void Checkpointer::save(int64_t step, const State& state) {
     at::Tensor& buf = buffers_[i];
     if (!buf.defined() || buf.sizes() != p.data.sizes() || buf.scalar_type() != p.data.scalar_type())
       buf = at::empty_like(p.data, at::MemoryFormat::Contiguous);
-    buf.copy_(p.data);
+    std::memcpy(buf.data_ptr(), p.data.data_ptr(), static_cast<size_t>(p.bytes));  // both contiguous
     p.data = buf;
   }
   writer_ = std::thread([this, job = std::move(job)] {
