@@ -5,6 +5,7 @@
 #include "hp/base/error.h"
 #include "hp/checkpoint/checkpointer.h"
 #include "hp/checkpoint/format.h"
+#include "hp/checkpoint/hf.h"
 #include "hp/checkpoint/load.h"
 #include "hp/checkpoint/save.h"
 #include "hp/checkpoint/state.h"

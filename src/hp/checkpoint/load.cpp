@@ -58,6 +58,10 @@ class OpenFiles {
 void read_checked(OpenFiles& files, const std::string& dir, const std::string& name, const Chunk& chunk, int64_t lo,
                   int64_t hi, uint8_t* out, std::vector<uint8_t>& scratch) {
   const int64_t chunk_bytes = chunk.end - chunk.begin;
+  if (chunk.checksums.empty()) {  // a file from elsewhere (Hugging Face): nothing to verify
+    files.read(chunk.file, chunk.begin + lo, chunk.begin + hi, out, name);
+    return;
+  }
   scratch.resize(kBlockBytes);
   for (int64_t k = lo / kBlockBytes; k * kBlockBytes < hi; ++k) {
     const int64_t bs = k * kBlockBytes, be = std::min(chunk_bytes, bs + kBlockBytes);
@@ -102,8 +106,9 @@ int64_t copy_overlap(OpenFiles& files, const std::string& dir, const std::string
     last += (b[d] - 1 - chunk.offsets[d]) * strides[d];
   }
   const int64_t esize = dtype_size(meta.dtype), chunk_bytes = chunk.end - chunk.begin;
-  HP_CHECK(chunk_bytes == stride * esize && static_cast<int64_t>(chunk.checksums.size()) ==
-                                                 (chunk_bytes + kBlockBytes - 1) / kBlockBytes)
+  HP_CHECK(chunk_bytes == stride * esize &&
+           (chunk.checksums.empty() ||
+            static_cast<int64_t>(chunk.checksums.size()) == (chunk_bytes + kBlockBytes - 1) / kBlockBytes))
       << dir << "/metadata.json: chunk of tensor " << name << " in " << chunk.file << " has " << chunk_bytes
       << " bytes and " << chunk.checksums.size() << " checksums for sizes " << to_string_list(chunk.sizes);
   at::Tensor target = dst;
@@ -135,8 +140,7 @@ void fill(OpenFiles& files, const std::string& dir, const std::string& name, con
 
 }  // namespace
 
-void load(const std::string& dir, State& state) {
-  const Metadata m = read_metadata(dir);
+void load_from(const Metadata& m, const std::string& dir, State& state, bool convert) {
   OpenFiles files(dir);
   at::NoGradGuard no_grad;
   for (auto& e : state.tensors) {
@@ -145,12 +149,25 @@ void load(const std::string& dir, State& state) {
                                     << m.tensors.size() << " tensors, the first "
                                     << (m.tensors.empty() ? std::string("none") : m.tensors.begin()->first) << ")";
     const TensorMeta& meta = it->second;
-    HP_CHECK(meta.shape == e.spec.shape() && dtype_from_name(meta.dtype) == e.local.scalar_type())
+    const at::ScalarType stored = dtype_from_name(meta.dtype);
+    HP_CHECK(meta.shape == e.spec.shape() && (convert || stored == e.local.scalar_type()))
         << "checkpoint " << dir << ": tensor " << e.name << " is " << meta.dtype << " " << to_string_list(meta.shape)
         << " there, but " << dtype_name(e.local.scalar_type()) << " " << to_string_list(e.spec.shape()) << " here";
     if (e.local.numel() == 0) continue;
-    fill(files, dir, e.name, meta, e.spec.global_offset(e.coord), e.local.sizes().vec(), e.local);
+    const auto lo = e.spec.global_offset(e.coord);
+    if (stored == e.local.scalar_type()) {
+      fill(files, dir, e.name, meta, lo, e.local.sizes().vec(), e.local);
+    } else {
+      at::Tensor piece = at::empty(e.local.sizes(), at::TensorOptions().dtype(stored));
+      fill(files, dir, e.name, meta, lo, e.local.sizes().vec(), piece);
+      e.local.copy_(piece);
+    }
   }
+}
+
+void load(const std::string& dir, State& state) {
+  const Metadata m = read_metadata(dir);
+  load_from(m, dir, state, /*convert=*/false);
   state.scalars = m.scalars;
 }
 

@@ -17,6 +17,11 @@ namespace hp::checkpoint {
 // files, checksum mismatches. Needs no communication.
 void load(const std::string& dir, State& state);
 
+// `load` with the chunks of `m` (files relative to `dir`). Chunks without checksums are
+// read unverified; with `convert`, tensors stored in another dtype are converted.
+struct Metadata;
+void load_from(const Metadata& m, const std::string& dir, State& state, bool convert);
+
 // The whole tensor `name` of the checkpoint in `dir`, on one process (tools, tests).
 at::Tensor read_tensor(const std::string& dir, const std::string& name);
 
