@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 #include <cstdio>
+#include <optional>
 
 #include "hp/base/error.h"
 #include "hp/checkpoint.h"
