@@ -9,7 +9,7 @@
 
 #include "hp/checkpoint.h"
 #include "hp/tensor.h"
-#include "reshard_test.h"
+#include "fixtures.h"
 
 using namespace hp;
 using namespace hp::checkpoint;

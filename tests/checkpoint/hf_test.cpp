@@ -11,7 +11,7 @@
 
 #include "hp/checkpoint.h"
 #include "hp/parallel.h"
-#include "reshard_test.h"
+#include "fixtures.h"
 
 using namespace hp;
 using namespace hp::checkpoint;

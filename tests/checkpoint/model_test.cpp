@@ -10,7 +10,7 @@
 #include "hp/checkpoint.h"
 #include "hp/optim/adamw.h"
 #include "hp/parallel.h"
-#include "reshard_test.h"
+#include "fixtures.h"
 
 using namespace hp;
 using namespace hp::checkpoint;
