@@ -69,6 +69,10 @@ TEST(TrainConfig, Defaults) {
   EXPECT_EQ(c.train.log_every, 10);
   EXPECT_FALSE(c.train.deterministic);
   EXPECT_EQ(c.data.path, "");
+  EXPECT_EQ(c.checkpoint.dir, "");  // no checkpoints unless asked
+  EXPECT_EQ(c.checkpoint.keep, 2);
+  EXPECT_TRUE(c.checkpoint.async);
+  EXPECT_TRUE(c.checkpoint.resume);
   EXPECT_EQ(c.world_size(), 1);
   EXPECT_NO_THROW(hp::train::validate(c));
 }
@@ -106,6 +110,13 @@ deterministic = true
 
 [data]
 path = "some \"quoted\" dir/corpus.txt"
+
+[checkpoint]
+dir = "runs/ckpt"
+every = 50
+keep = 3
+async = false
+resume = false
 )");
   auto c = hp::train::load_config(f.path());
   EXPECT_EQ(c.mesh.shape, (std::vector<int64_t>{2, 2}));
@@ -127,6 +138,11 @@ path = "some \"quoted\" dir/corpus.txt"
   EXPECT_EQ(c.train.seed, 42u);
   EXPECT_TRUE(c.train.deterministic);
   EXPECT_EQ(c.data.path, "some \"quoted\" dir/corpus.txt");
+  EXPECT_EQ(c.checkpoint.dir, "runs/ckpt");
+  EXPECT_EQ(c.checkpoint.every, 50);
+  EXPECT_EQ(c.checkpoint.keep, 3);
+  EXPECT_FALSE(c.checkpoint.async);
+  EXPECT_FALSE(c.checkpoint.resume);
 
   // to_string is TOML that reads back to the same config.
   TempFile again(c.to_string());
@@ -175,6 +191,8 @@ TEST(TrainConfig, WrongTypeNamesKeyValueAndFile) {
   EXPECT_HAS(load_error("[mesh]\nshape = [2, \"x\"]\n"), "mesh.shape must be an array of integers");
   EXPECT_HAS(load_error("[mesh]\nnames = \"dp\"\n"), "mesh.names must be an array of strings");
   EXPECT_HAS(load_error("[data]\npath = 3\n"), "data.path must be a string");
+  EXPECT_HAS(load_error("[checkpoint]\nasync = \"yes\"\n"), "checkpoint.async must be a boolean");
+  EXPECT_HAS(load_error("[checkpoint]\nevery = -1\n"), "checkpoint.every = -1 must be >= 0");
 }
 
 TEST(TrainConfig, MissingFileNamesIt) {

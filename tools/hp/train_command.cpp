@@ -1,6 +1,8 @@
 // hp train --config FILE.toml: the training job (run it under hprun for several ranks).
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "commands.h"
@@ -9,6 +11,20 @@
 #include "hp/train.h"
 
 namespace hp::cli {
+namespace {
+
+// HP_FAULT_KILL=RANK:STEP: rank RANK kills itself with SIGKILL after step STEP on the
+// first attempt (HP_RESTART_COUNT unset or 0). For recovery tests under hprun.
+void maybe_kill_self(int rank, int64_t step) {
+  static const char* spec = std::getenv("HP_FAULT_KILL");
+  if (!spec) return;
+  const char* restarts = std::getenv("HP_RESTART_COUNT");
+  long r = -1, s = -1;
+  if ((restarts && std::atoi(restarts) != 0) || std::sscanf(spec, "%ld:%ld", &r, &s) != 2) return;
+  if (r == rank && s == step) std::raise(SIGKILL);
+}
+
+}  // namespace
 
 void add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "train a Llama model (defaults for everything; see configs/)");
@@ -23,6 +39,7 @@ void add_train_command(CLI::App& app) {
     const bool lead = world->rank() == 0;
     if (lead) std::cout << "# " << cfg.source << "\n" << cfg.to_string() << std::flush;
     auto result = train::run_training(cfg, [&](const train::StepLog& s) {
+      maybe_kill_self(world->rank(), s.step);
       if (!lead) return;
       std::printf("step %5lld  loss %7.4f  grad %6.3f  lr %.2e  %8.0f tok/s  %7.1f ms/step  %6.0f MiB\n",
                   static_cast<long long>(s.step), s.loss, s.grad_norm, s.lr, s.tokens_per_s, s.ms_per_step,
@@ -30,8 +47,9 @@ void add_train_command(CLI::App& app) {
       std::fflush(stdout);
     });
     if (lead && !result.losses.empty())
-      std::printf("done: loss %.4f -> %.4f over %zu steps\n", result.losses.front(), result.losses.back(),
-                  result.losses.size());
+      std::printf("done: loss %.4f -> %.4f over %zu steps%s\n", result.losses.front(), result.losses.back(),
+                  result.losses.size(),
+                  result.first_step ? (" (resumed at step " + std::to_string(result.first_step) + ")").c_str() : "");
   });
 }
 

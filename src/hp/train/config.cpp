@@ -200,7 +200,13 @@ std::string TrainConfig::to_string() const {
      << "log_every = " << train.log_every << "\n"
      << "deterministic = " << b(train.deterministic) << "\n\n"
      << "[data]\n"
-     << "path = " << toml_string(data.path) << "\n";
+     << "path = " << toml_string(data.path) << "\n\n"
+     << "[checkpoint]\n"
+     << "dir = " << toml_string(checkpoint.dir) << "\n"
+     << "every = " << checkpoint.every << "\n"
+     << "keep = " << checkpoint.keep << "\n"
+     << "async = " << b(checkpoint.async) << "\n"
+     << "resume = " << b(checkpoint.resume) << "\n";
   return os.str();
 }
 
@@ -217,10 +223,10 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
 
   TrainConfig c;
   c.source = source;
-  static const std::set<std::string> kSections = {"mesh", "model", "train", "data"};
+  static const std::set<std::string> kSections = {"mesh", "model", "train", "data", "checkpoint"};
   for (const auto& [key, v] : root.as_table()) {
     HP_CHECK(kSections.count(key)) << where(source, v) << ": unknown key " << key
-                                   << " (known sections: [mesh], [model], [train], [data])";
+                                   << " (known sections: [mesh], [model], [train], [data], [checkpoint])";
     HP_CHECK(v.is_table()) << where(source, v) << ": " << key << " must be a table ([" << key
                            << "]), found " << shown(v);
   }
@@ -267,6 +273,14 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
   SectionReader data(source, "data", section("data"));
   data.get("path", c.data.path);
   data.finish();
+
+  SectionReader ckpt(source, "checkpoint", section("checkpoint"));
+  ckpt.get("dir", c.checkpoint.dir);
+  ckpt.get("every", c.checkpoint.every);
+  ckpt.get("keep", c.checkpoint.keep);
+  ckpt.get("async", c.checkpoint.async);
+  ckpt.get("resume", c.checkpoint.resume);
+  ckpt.finish();
 
   validate(c);
   return c;
@@ -335,6 +349,8 @@ void validate(const TrainConfig& c) {
   HP_CHECK(t.optimizer == "adamw" || t.optimizer == "muon")
       << src << ": train.optimizer = \"" << t.optimizer << "\" must be \"adamw\" or \"muon\"";
   HP_CHECK(t.muon_lr > 0 && std::isfinite(t.muon_lr)) << src << ": train.muon_lr = " << t.muon_lr << " must be > 0";
+  HP_CHECK(c.checkpoint.every >= 0) << src << ": checkpoint.every = " << c.checkpoint.every << " must be >= 0";
+  HP_CHECK(c.checkpoint.keep >= 0) << src << ": checkpoint.keep = " << c.checkpoint.keep << " must be >= 0";
   HP_CHECK(t.seq <= md.max_seq) << src << ": train.seq = " << t.seq
                                 << " exceeds model.max_seq = " << md.max_seq;
 

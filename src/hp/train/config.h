@@ -42,11 +42,21 @@ struct DataConfig {
   std::string path;  // "" = the fortunes corpus
 };
 
+// Checkpoints under `dir` (none when empty): every `every` steps and at the last step.
+struct CheckpointConfig {
+  std::string dir;
+  int64_t every = 0;    // 0 = only at the last step
+  int64_t keep = 2;     // checkpoints kept; 0 = all
+  bool async = true;    // write in the background while training goes on
+  bool resume = true;   // start from the latest checkpoint in dir when there is one
+};
+
 struct TrainConfig {
   MeshConfig mesh;
   ModelConfig model;
   LoopConfig train;
   DataConfig data;
+  CheckpointConfig checkpoint;
   std::string source = "<defaults>";  // file it was read from, for messages
 
   // Size of the mesh dim called `name`, 1 if the mesh has none.

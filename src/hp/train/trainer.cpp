@@ -6,8 +6,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 
 #include "hp/base/error.h"
+#include "hp/checkpoint.h"
 #include "hp/optim/chained.h"
 #include "hp/parallel.h"
 #include "hp/train/data.h"
@@ -27,6 +29,28 @@ double resident_mib() {
 int find_dim(const std::vector<std::string>& names, const std::string& name) {
   auto it = std::find(names.begin(), names.end(), name);
   return it == names.end() ? -1 : static_cast<int>(it - names.begin());
+}
+
+// Where the run stands, beside the tensors of a checkpoint.
+void record_position(checkpoint::State& state, int64_t step, const optim::Optimizer& opt, const DataLoader& loader) {
+  const RngState rng = get_rng_state();
+  state.scalars = {{"step", step},
+                   {"optim.steps", opt.steps()},
+                   {"data.position", loader.position()},
+                   {"rng.seed", static_cast<int64_t>(rng.seed)},  // bits kept as they are
+                   {"rng.offset", static_cast<int64_t>(rng.offset)}};
+}
+
+int64_t restore_position(const checkpoint::State& state, optim::Optimizer& opt, DataLoader& loader) {
+  auto get = [&](const char* key) {
+    auto it = state.scalars.find(key);
+    HP_CHECK(it != state.scalars.end()) << "checkpoint has no scalar " << key << " (not saved by the trainer?)";
+    return it->second;
+  };
+  opt.set_steps(get("optim.steps"));
+  loader.seek(get("data.position"));
+  set_rng_state({static_cast<uint64_t>(get("rng.seed")), static_cast<uint64_t>(get("rng.offset"))});
+  return get("step");
 }
 
 }  // namespace
@@ -66,9 +90,20 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
   const std::vector<int64_t> global{cfg.train.batch, cfg.train.seq};
 
   TrainResult result;
+  // Checkpoints hold the parameters, the optimizer state and the position (step, data, RNG).
+  std::optional<checkpoint::Checkpointer> ckpt;
+  checkpoint::State state;
+  const auto& cc = cfg.checkpoint;
+  if (!cc.dir.empty()) {
+    ckpt.emplace(checkpoint::CheckpointOptions{cc.dir, cc.keep, cc.async});
+    state.add_module(model);
+    state.add_optimizer(*opt, model.named_parameters());
+    if (cc.resume && ckpt->load_latest(state)) result.first_step = restore_position(state, *opt, loader);
+  }
+
   auto since = std::chrono::steady_clock::now();
   int64_t steps_since = 0;
-  for (int64_t step = 0; step < cfg.train.steps; ++step) {
+  for (int64_t step = result.first_step; step < cfg.train.steps; ++step) {
     const double lr = optim::warmup_cosine_lr(step, base_lr, cfg.train.warmup, cfg.train.steps);
     opt->set_lr(lr);
     Batch b = loader.next();
@@ -84,6 +119,10 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
     result.losses.push_back(value);
     ++steps_since;
     const bool last = step + 1 == cfg.train.steps;
+    if (ckpt && (last || (cc.every > 0 && (step + 1) % cc.every == 0))) {
+      record_position(state, step + 1, *opt, loader);
+      ckpt->save(step + 1, state);
+    }
     if (on_log && (step % cfg.train.log_every == 0 || last)) {
       const double ms =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count() / steps_since;
@@ -93,6 +132,7 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
       steps_since = 0;
     }
   }
+  if (ckpt) ckpt->wait();
   return result;
 }
 

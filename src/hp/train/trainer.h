@@ -20,11 +20,14 @@ struct StepLog {
 };
 
 struct TrainResult {
-  std::vector<double> losses;  // every step
+  int64_t first_step = 0;      // > 0 when resumed from a checkpoint
+  std::vector<double> losses;  // every step from first_step on
 };
 
 // Runs `cfg` on the current world (init_distributed() or a thread rank); calls `on_log`
-// every cfg.train.log_every steps and at the last step, on every rank.
+// every cfg.train.log_every steps and at the last step, on every rank. With
+// cfg.checkpoint.dir set it saves there and, unless cfg.checkpoint.resume is false,
+// resumes from the latest checkpoint found there.
 TrainResult run_training(const TrainConfig& cfg, const std::function<void(const StepLog&)>& on_log = {});
 
 }  // namespace hp::train

@@ -1,0 +1,162 @@
+// Checkpoint throughput against plain file I/O of the same bytes, same run: each rank
+// writes its shards (write + fsync, one file per rank) and reads them back (pread), then
+// saves and loads them as a checkpoint. And the training stall of an asynchronous save
+// (the snapshot) against the time of a synchronous save. Reads are timed from the page
+// cache (warm: the files were just written) and after each rank drops its files from it
+// (cold).
+// Run: hprun --nproc-per-node 4 build/bin/bench_checkpoint [MiB per rank, default 64] [dir]
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "hp/checkpoint.h"
+#include "hp/tensor.h"
+
+using namespace hp;
+namespace fs = std::filesystem;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point s) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
+}
+
+// Seconds of `op` on the slowest rank, each iteration started together; `reset` runs
+// untimed before each (removes what the last one wrote). Median over iterations.
+double timed(const comm::Group& g, int iters, const std::function<void()>& op, const std::function<void()>& reset) {
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    reset();
+    comm::barrier(g);
+    auto s = std::chrono::steady_clock::now();
+    op();
+    t.push_back(seconds_since(s));
+  }
+  at::Tensor v = at::tensor(t, at::kDouble);
+  comm::all_reduce_(v, g, ReduceOp::Max);
+  std::vector<double> m(v.data_ptr<double>(), v.data_ptr<double>() + iters);
+  std::nth_element(m.begin(), m.begin() + iters / 2, m.end());
+  return m[iters / 2];
+}
+
+void plain_write(const std::string& path, const std::vector<DTensor>& ts) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  HP_CHECK(fd >= 0) << "cannot create " << path;
+  for (const auto& t : ts) checkpoint::write_all(fd, t.to_local().data_ptr(), t.to_local().nbytes(), path);
+  HP_CHECK(::fsync(fd) == 0) << "cannot fsync " << path;
+  ::close(fd);
+}
+
+void plain_read(const std::string& path, std::vector<DTensor>& ts) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  HP_CHECK(fd >= 0) << "cannot open " << path;
+  off_t at = 0;
+  for (auto& t : ts) {
+    auto* p = static_cast<char*>(t.to_local().data_ptr());
+    size_t n = t.to_local().nbytes(), done = 0;
+    while (done < n) {
+      ssize_t r = ::pread(fd, p + done, n - done, at + static_cast<off_t>(done));
+      HP_CHECK(r > 0) << "cannot read " << path;
+      done += static_cast<size_t>(r);
+    }
+    at += static_cast<off_t>(n);
+  }
+  ::close(fd);
+}
+
+void drop_cache(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  HP_CHECK(fd >= 0) << "cannot open " << path;
+  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  init_distributed();
+  const int64_t mib = argc > 1 ? std::stoll(argv[1]) : 64;
+  const std::string root = argc > 2 ? argv[2] : "/tmp/hp_bench_checkpoint";
+  auto world = comm::current_world();
+  const int n = world->size(), rank = world->rank();
+  DeviceMesh mesh = init_device_mesh("cpu", {n}, {"dp"});
+  const auto& g = mesh.group(0);
+  const bool lead = rank == 0;
+  if (lead) {
+    fs::remove_all(root);
+    fs::create_directories(root);
+  }
+  comm::barrier(g);
+
+  // 16 float tensors of [rows, 1024], rows sharded: each rank owns `mib` MiB.
+  const int64_t tensors = 16, rows = mib * (1 << 20) / 4 / 1024 / tensors * n;
+  std::vector<DTensor> ts;
+  checkpoint::State state;
+  for (int64_t k = 0; k < tensors; ++k) {
+    ts.push_back(hp::randn({rows, 1024}, mesh, {Shard(0)}));
+    state.add("layer" + std::to_string(k), ts.back());
+  }
+  const double total = double(rows) * 1024 * 4 * tensors;  // bytes over all ranks
+  const std::string plain = root + "/plain-" + std::to_string(rank) + ".bin";
+  const int iters = 7;
+  auto clear_plain = [&] { fs::remove(plain); };
+  auto clear_ckpt = [&] {
+    comm::barrier(g);
+    if (lead)
+      for (auto s : checkpoint::list_steps(root)) fs::remove_all(checkpoint::step_dir(root, s));
+    comm::barrier(g);
+  };
+  auto nothing = [] {};
+
+  checkpoint::Checkpointer sync({root, 0, false});
+  int64_t step = 0;
+  const double w_plain = timed(g, iters, [&] { plain_write(plain, ts); }, clear_plain);
+  const double w_ckpt = timed(g, iters, [&] { sync.save(++step, state); }, clear_ckpt);
+  sync.save(++step, state);
+  plain_write(plain, ts);
+  const double r_plain = timed(g, iters, [&] { plain_read(plain, ts); }, nothing);
+  const double r_ckpt = timed(g, iters, [&] { checkpoint::load(checkpoint::step_dir(root, step), state); }, nothing);
+  // Cold: each rank drops its files from the page cache first (clean after fsync).
+  const std::string mine = checkpoint::step_dir(root, step) + "/rank-" + std::string(5 - std::to_string(rank).size(), '0') +
+                           std::to_string(rank) + ".safetensors";
+  const double c_plain = timed(g, iters, [&] { plain_read(plain, ts); }, [&] { drop_cache(plain); });
+  const double c_ckpt = timed(g, iters, [&] { checkpoint::load(checkpoint::step_dir(root, step), state); },
+                              [&] { drop_cache(mine); });
+
+  // Asynchronous: how long save() holds training (the snapshot), and the whole write.
+  checkpoint::Checkpointer async({root, 0, true});
+  const double stall = timed(g, iters, [&] { async.save(++step, state); }, [&] {
+    async.wait();
+    clear_ckpt();
+  });
+  const double async_total = timed(g, iters, [&] {
+    async.save(++step, state);
+    async.wait();
+  }, [&] {
+    async.wait();
+    clear_ckpt();
+  });
+  clear_ckpt();
+  if (lead) {
+    std::printf("checkpoint bench: %d ranks, %.0f MiB per rank, %s\n", n, total / n / (1 << 20), root.c_str());
+    std::printf("save  plain %7.0f MiB/s  checkpoint %7.0f MiB/s  ratio %.2f\n", total / w_plain / (1 << 20),
+                total / w_ckpt / (1 << 20), w_plain / w_ckpt);
+    std::printf("load  plain %7.0f MiB/s  checkpoint %7.0f MiB/s  ratio %.2f\n", total / r_plain / (1 << 20),
+                total / r_ckpt / (1 << 20), r_plain / r_ckpt);
+    std::printf("load (cold page cache)  plain %7.0f MiB/s  checkpoint %7.0f MiB/s  ratio %.2f\n",
+                total / c_plain / (1 << 20), total / c_ckpt / (1 << 20), c_plain / c_ckpt);
+    std::printf("async save stall %.1f ms, sync save %.1f ms: ratio %.3f (async write in the background %.1f ms)\n",
+                stall * 1e3, w_ckpt * 1e3, stall / w_ckpt, async_total * 1e3);
+  }
+  comm::barrier(g);
+  if (lead) fs::remove_all(root);
+  return 0;
+}

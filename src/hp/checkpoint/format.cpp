@@ -1,0 +1,185 @@
+#include "hp/checkpoint/format.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "hp/base/error.h"
+
+namespace hp::checkpoint {
+
+using json = nlohmann::json;
+
+namespace {
+
+struct DtypeName {
+  at::ScalarType type;
+  const char* name;
+  int64_t size;
+};
+constexpr DtypeName kDtypes[] = {
+    {at::kFloat, "F32", 4},  {at::kDouble, "F64", 8}, {at::kHalf, "F16", 2}, {at::kBFloat16, "BF16", 2},
+    {at::kLong, "I64", 8},   {at::kInt, "I32", 4},    {at::kShort, "I16", 2}, {at::kChar, "I8", 1},
+    {at::kByte, "U8", 1},    {at::kBool, "BOOL", 1},
+};
+
+const DtypeName& find_dtype(const std::string& name) {
+  for (const auto& d : kDtypes)
+    if (name == d.name) return d;
+  HP_FAIL() << "checkpoint: unknown dtype " << name << " (known: F32, F64, F16, BF16, I64, I32, I16, I8, U8, BOOL)";
+  throw;  // unreachable
+}
+
+}  // namespace
+
+std::string dtype_name(at::ScalarType t) {
+  for (const auto& d : kDtypes)
+    if (d.type == t) return d.name;
+  HP_FAIL() << "checkpoint: dtype " << t << " has no safetensors name";
+  return {};
+}
+at::ScalarType dtype_from_name(const std::string& name) { return find_dtype(name).type; }
+int64_t dtype_size(const std::string& name) { return find_dtype(name).size; }
+
+std::string hex(uint64_t x) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(x));
+  return buf;
+}
+
+uint64_t checksum_avx2(const void* data, size_t n);  // checksum_avx2.cpp
+
+uint64_t checksum(const void* data, size_t n) {
+#if defined(__x86_64__) && defined(HP_CHECKSUM_AVX2)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2) return checksum_avx2(data, n);
+#endif
+  return XXH3_64bits(data, n);
+}
+
+std::string to_json(const Metadata& m) {
+  json tensors = json::object();
+  for (const auto& [name, t] : m.tensors) {
+    json chunks = json::array();
+    for (const auto& c : t.chunks) {
+      json sums = json::array();
+      for (auto s : c.checksums) sums.push_back(hex(s));
+      chunks.push_back({{"offsets", c.offsets}, {"sizes", c.sizes}, {"file", c.file}, {"begin", c.begin},
+                        {"end", c.end}, {"xxh3_64", sums}});
+    }
+    tensors[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"chunks", chunks}};
+  }
+  json j = {{"format", "hp-checkpoint"}, {"version", 1},       {"step", m.step},    {"block_bytes", kBlockBytes},
+            {"scalars", m.scalars},     {"files", m.files},   {"tensors", tensors}};
+  return j.dump(1);
+}
+
+Metadata metadata_from_json(const std::string& text, const std::string& source) {
+  Metadata m;
+  try {
+    json j = json::parse(text);
+    HP_CHECK(j.at("format") == "hp-checkpoint" && j.at("version") == 1)
+        << source << ": not an hp checkpoint of version 1 (format " << j.at("format") << ", version "
+        << j.at("version") << ")";
+    HP_CHECK(j.at("block_bytes") == kBlockBytes)
+        << source << ": checksum blocks of " << j.at("block_bytes") << " bytes, this build uses " << kBlockBytes;
+    m.step = j.at("step").get<int64_t>();
+    m.scalars = j.at("scalars").get<std::map<std::string, int64_t>>();
+    m.files = j.at("files").get<std::map<std::string, int64_t>>();
+    for (const auto& [name, t] : j.at("tensors").items()) {
+      TensorMeta tm;
+      tm.dtype = t.at("dtype").get<std::string>();
+      tm.shape = t.at("shape").get<std::vector<int64_t>>();
+      for (const auto& c : t.at("chunks")) {
+        Chunk ch;
+        ch.offsets = c.at("offsets").get<std::vector<int64_t>>();
+        ch.sizes = c.at("sizes").get<std::vector<int64_t>>();
+        ch.file = c.at("file").get<std::string>();
+        ch.begin = c.at("begin").get<int64_t>();
+        ch.end = c.at("end").get<int64_t>();
+        for (const auto& s : c.at("xxh3_64")) ch.checksums.push_back(std::stoull(s.get<std::string>(), nullptr, 16));
+        tm.chunks.push_back(std::move(ch));
+      }
+      m.tensors.emplace(name, std::move(tm));
+    }
+  } catch (const json::exception& e) {
+    HP_FAIL() << source << ": malformed checkpoint metadata: " << e.what();
+  }
+  return m;
+}
+
+void merge_into(Metadata& all, const Metadata& part) {
+  for (const auto& [name, t] : part.tensors) {
+    auto [it, fresh] = all.tensors.emplace(name, TensorMeta{t.dtype, t.shape, {}});
+    HP_CHECK(it->second.dtype == t.dtype && it->second.shape == t.shape)
+        << "checkpoint: ranks disagree on tensor " << name << ": " << it->second.dtype << " "
+        << nlohmann::json(it->second.shape).dump() << " against " << t.dtype << " " << nlohmann::json(t.shape).dump();
+    it->second.chunks.insert(it->second.chunks.end(), t.chunks.begin(), t.chunks.end());
+  }
+  for (const auto& [f, size] : part.files) all.files[f] = size;
+}
+
+Metadata read_metadata(const std::string& dir) {
+  const std::string path = dir + "/metadata.json";
+  return metadata_from_json(read_file(path), path);
+}
+
+std::string safetensors_header(const std::vector<std::string>& keys, const std::vector<std::string>& dtypes,
+                               const std::vector<std::vector<int64_t>>& shapes, const std::vector<int64_t>& bytes) {
+  json h = json::object();
+  h["__metadata__"] = {{"format", "pt"}};
+  int64_t at = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    h[keys[i]] = {{"dtype", dtypes[i]}, {"shape", shapes[i]}, {"data_offsets", {at, at + bytes[i]}}};
+    at += bytes[i];
+  }
+  std::string text = h.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
+  std::string out(8, '\0');
+  uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + text;
+}
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    HP_CHECK(w > 0) << "checkpoint: cannot write " << path << ": " << std::strerror(errno);
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void write_file_synced(const std::string& path, const std::string& content) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  HP_CHECK(fd >= 0) << "checkpoint: cannot create " << path << ": " << std::strerror(errno);
+  write_all(fd, content.data(), content.size(), path);
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  HP_CHECK(synced) << "checkpoint: cannot fsync " << path << ": " << std::strerror(errno);
+}
+
+void fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  HP_CHECK(fd >= 0) << "checkpoint: cannot open directory " << dir << ": " << std::strerror(errno);
+  ::fsync(fd);  // some file systems refuse fsync on directories; the rename still orders
+  ::close(fd);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  HP_CHECK(in) << "checkpoint: cannot open " << path;
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+}  // namespace hp::checkpoint

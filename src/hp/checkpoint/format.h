@@ -1,0 +1,67 @@
+// The files of a checkpoint directory:
+//   rank-NNNNN.safetensors  the chunks one rank owns (8-byte little-endian header length,
+//                           JSON header, raw row-major data: any safetensors reader opens it)
+//   metadata.json           global shape and dtype of every tensor, where each chunk lies
+//                           (file, byte range) with a checksum per block, and the scalars
+// Checksums are XXH3-64 over blocks of kBlockBytes of a chunk, so a rank that reads part of
+// a chunk verifies what it reads without reading the rest.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace hp::checkpoint {
+
+constexpr int64_t kBlockBytes = 1 << 20;
+
+struct Chunk {
+  std::vector<int64_t> offsets;  // where the chunk starts in the global tensor
+  std::vector<int64_t> sizes;
+  std::string file;              // relative to the checkpoint directory
+  int64_t begin = 0, end = 0;    // byte range in the file
+  std::vector<uint64_t> checksums;  // one per kBlockBytes block of [begin, end)
+};
+
+struct TensorMeta {
+  std::string dtype;  // safetensors names: "F32", "BF16", ...
+  std::vector<int64_t> shape;
+  std::vector<Chunk> chunks;
+};
+
+struct Metadata {
+  int64_t step = 0;
+  std::map<std::string, int64_t> scalars;
+  std::map<std::string, TensorMeta> tensors;
+  std::map<std::string, int64_t> files;  // name -> size in bytes
+};
+
+std::string dtype_name(at::ScalarType t);
+at::ScalarType dtype_from_name(const std::string& name);  // error if unknown
+int64_t dtype_size(const std::string& name);
+
+std::string to_json(const Metadata& m);
+Metadata metadata_from_json(const std::string& text, const std::string& source);
+// The part of a Metadata one rank knows (its tensors and chunks), merged by rank 0.
+void merge_into(Metadata& all, const Metadata& part);
+
+Metadata read_metadata(const std::string& dir);  // dir/metadata.json
+
+// The safetensors header (with its 8-byte length prefix, padded to 8 bytes) for tensors
+// named keys[i] with dtypes, shapes and data sizes; data follows in that order.
+std::string safetensors_header(const std::vector<std::string>& keys, const std::vector<std::string>& dtypes,
+                               const std::vector<std::vector<int64_t>>& shapes, const std::vector<int64_t>& bytes);
+
+uint64_t checksum(const void* data, size_t n);
+std::string hex(uint64_t x);
+
+// POSIX file helpers that name the path in their errors.
+void write_all(int fd, const void* data, size_t n, const std::string& path);
+void write_file_synced(const std::string& path, const std::string& content);
+void fsync_dir(const std::string& dir);
+std::string read_file(const std::string& path);
+
+}  // namespace hp::checkpoint

@@ -1,0 +1,176 @@
+#include "hp/checkpoint/hf.h"
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "hp/base/error.h"
+#include "hp/checkpoint/format.h"
+#include "hp/checkpoint/load.h"
+#include "hp/checkpoint/state.h"
+#include "hp/nn/transformer.h"
+
+namespace hp::checkpoint {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// (hp, Hugging Face) name pieces; "#" stands for the layer index.
+const std::pair<const char*, const char*> kNames[] = {
+    {"tok_embeddings.weight", "model.embed_tokens.weight"},
+    {"norm.weight", "model.norm.weight"},
+    {"output.weight", "lm_head.weight"},
+    {"layers.#.attn_norm.weight", "model.layers.#.input_layernorm.weight"},
+    {"layers.#.mlp_norm.weight", "model.layers.#.post_attention_layernorm.weight"},
+    {"layers.#.attn.q_proj.weight", "model.layers.#.self_attn.q_proj.weight"},
+    {"layers.#.attn.k_proj.weight", "model.layers.#.self_attn.k_proj.weight"},
+    {"layers.#.attn.v_proj.weight", "model.layers.#.self_attn.v_proj.weight"},
+    {"layers.#.attn.o_proj.weight", "model.layers.#.self_attn.o_proj.weight"},
+    {"layers.#.mlp.gate_proj.weight", "model.layers.#.mlp.gate_proj.weight"},
+    {"layers.#.mlp.up_proj.weight", "model.layers.#.mlp.up_proj.weight"},
+    {"layers.#.mlp.down_proj.weight", "model.layers.#.mlp.down_proj.weight"},
+};
+
+std::optional<std::string> translate(const std::string& name, bool to_hf) {
+  static const std::regex layer(R"(\.(\d+)\.)");
+  std::smatch m;
+  std::string index, pattern = name;
+  if (std::regex_search(name, m, layer)) {
+    index = m[1];
+    pattern = m.prefix().str() + ".#." + m.suffix().str();
+  }
+  for (const auto& [hp, hf] : kNames) {
+    if (pattern != (to_hf ? hp : hf)) continue;
+    std::string out = to_hf ? hf : hp;
+    if (auto at = out.find('#'); at != std::string::npos) out.replace(at, 1, index);
+    return out;
+  }
+  return std::nullopt;
+}
+
+// One chunk per tensor (the whole of it), named in hp terms, no checksums.
+Metadata hf_metadata(const std::string& dir) {
+  Metadata m;
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("model", 0) == 0 && e.path().extension() == ".safetensors") files.push_back(n);
+  }
+  HP_CHECK(!files.empty()) << dir << ": no model*.safetensors file";
+  for (const auto& file : files) {
+    const std::string path = dir + "/" + file;
+    std::ifstream in(path, std::ios::binary);
+    HP_CHECK(in) << "cannot open " << path;
+    uint8_t len[8] = {};
+    in.read(reinterpret_cast<char*>(len), 8);
+    uint64_t n = 0;
+    for (int k = 7; k >= 0; --k) n = (n << 8) | len[k];
+    HP_CHECK(in && n < (uint64_t(1) << 30)) << path << ": not a safetensors file (header length " << n << ")";
+    std::string header(n, '\0');
+    in.read(header.data(), static_cast<std::streamsize>(n));
+    HP_CHECK(in) << path << ": truncated safetensors header";
+    json h;
+    try {
+      h = json::parse(header);
+    } catch (const json::exception& e) {
+      HP_FAIL() << path << ": malformed safetensors header: " << e.what();
+    }
+    for (const auto& [key, t] : h.items()) {
+      if (key == "__metadata__") continue;
+      auto name = hp_name_from_hf(key);
+      if (!name) continue;  // buffers such as rotary_emb.inv_freq
+      TensorMeta tm;
+      tm.dtype = t.at("dtype").get<std::string>();
+      tm.shape = t.at("shape").get<std::vector<int64_t>>();
+      const auto off = t.at("data_offsets").get<std::vector<int64_t>>();
+      const int64_t base = 8 + static_cast<int64_t>(n);
+      tm.chunks.push_back({std::vector<int64_t>(tm.shape.size(), 0), tm.shape, file, base + off.at(0), base + off.at(1), {}});
+      m.tensors["model." + *name] = std::move(tm);
+    }
+  }
+  return m;
+}
+
+}  // namespace
+
+std::optional<std::string> hf_name(const std::string& hp_name) { return translate(hp_name, true); }
+std::optional<std::string> hp_name_from_hf(const std::string& hf_name) { return translate(hf_name, false); }
+
+nn::LlamaConfig read_hf_config(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  nn::LlamaConfig c;
+  try {
+    json j = json::parse(read_file(path));
+    c.vocab = j.at("vocab_size");
+    c.dim = j.at("hidden_size");
+    c.layers = j.at("num_hidden_layers");
+    c.heads = j.at("num_attention_heads");
+    c.kv_heads = j.value("num_key_value_heads", c.heads);
+    c.ffn_dim = j.at("intermediate_size");
+    c.max_seq = j.value("max_position_embeddings", c.max_seq);
+    c.rope_theta = j.value("rope_theta", 10000.0);
+    c.tied_embeddings = j.value("tie_word_embeddings", false);
+    c.norm_eps = j.value("rms_norm_eps", c.norm_eps);
+    HP_CHECK(j.value("hidden_act", std::string("silu")) == "silu")
+        << path << ": hidden_act " << j.value("hidden_act", std::string()) << ", only silu (SwiGLU) is supported";
+    HP_CHECK(j.value("head_dim", c.dim / c.heads) == c.dim / c.heads)
+        << path << ": head_dim " << j.at("head_dim") << " differs from hidden_size / num_attention_heads";
+    HP_CHECK(j.value("rope_scaling", json()).is_null()) << path << ": rope_scaling is not supported";
+  } catch (const json::exception& e) {
+    HP_FAIL() << path << ": " << e.what();
+  }
+  c.validate();
+  return c;
+}
+
+void load_hf(const std::string& dir, nn::Llama& model) {
+  State state;
+  state.add_module(model);
+  load_from(hf_metadata(dir), dir, state, /*convert=*/true);
+}
+
+void export_hf(const std::string& ckpt_dir, const nn::LlamaConfig& c, const std::string& out_dir,
+               at::ScalarType dtype) {
+  const Metadata m = read_metadata(ckpt_dir);
+  std::vector<std::string> keys, dtypes;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<int64_t> bytes;
+  std::vector<at::Tensor> data;
+  for (const auto& [name, t] : m.tensors) {
+    if (name.rfind("model.", 0) != 0) continue;
+    auto hf = hf_name(name.substr(6));
+    HP_CHECK(hf) << ckpt_dir << ": tensor " << name << " has no Hugging Face Llama name";
+    data.push_back(read_tensor(ckpt_dir, name).to(dtype).contiguous());
+    keys.push_back(*hf);
+    dtypes.push_back(dtype_name(dtype));
+    shapes.push_back(t.shape);
+    bytes.push_back(static_cast<int64_t>(data.back().nbytes()));
+  }
+  HP_CHECK(!keys.empty()) << ckpt_dir << ": no model parameters (tensors named model.*)";
+  fs::create_directories(out_dir);
+  std::string file = safetensors_header(keys, dtypes, shapes, bytes);
+  for (const auto& t : data) file.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
+  write_file_synced(out_dir + "/model.safetensors", file);
+  const char* torch_dtype = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
+  json j = {{"architectures", {"LlamaForCausalLM"}},
+            {"model_type", "llama"},
+            {"vocab_size", c.vocab},
+            {"hidden_size", c.dim},
+            {"num_hidden_layers", c.layers},
+            {"num_attention_heads", c.heads},
+            {"num_key_value_heads", c.kv_heads},
+            {"intermediate_size", c.ffn_dim},
+            {"max_position_embeddings", c.max_seq},
+            {"rope_theta", c.rope_theta},
+            {"rms_norm_eps", c.norm_eps},
+            {"tie_word_embeddings", c.tied_embeddings},
+            {"hidden_act", "silu"},
+            {"torch_dtype", torch_dtype}};
+  write_file_synced(out_dir + "/config.json", j.dump(2) + "\n");
+}
+
+}  // namespace hp::checkpoint

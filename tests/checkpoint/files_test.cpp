@@ -1,0 +1,162 @@
+// The files of a checkpoint: publication only when complete, the last K kept, asynchronous
+// snapshots, and errors for corrupt, truncated or mismatched checkpoints.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "hp/checkpoint.h"
+#include "hp/tensor.h"
+#include "fixtures.h"
+
+using namespace hp;
+using namespace hp::checkpoint;
+using hp::testing::fresh_dir;
+using hp::testing::numbered;
+namespace fs = std::filesystem;
+
+namespace {
+
+// 600 x 1000 floats: 2.4 MB, three checksum blocks.
+at::Tensor big() { return numbered({600, 1000}, 0.5); }
+
+void save_big(const std::string& root, int64_t step, int n = 2, bool async = false, int64_t keep = 0) {
+  comm::run_local_ranks(n, [&](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {n});
+    DTensor t = distribute_tensor(big(), mesh, {Shard(0)});
+    State s;
+    s.add("big", t);
+    Checkpointer c(CheckpointOptions{root, keep, async});
+    c.save(step, s);
+    if (async) t.to_local().add_(1.0);  // training goes on: the snapshot must not see this
+    c.wait();
+  });
+}
+
+// Loads "big" as row shards over n ranks; rank r's error message, "" when it loaded the right rows.
+std::vector<std::string> load_big(const std::string& dir, int n) {
+  std::vector<std::string> errors(n);
+  comm::run_local_ranks(n, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {n});
+    DTensor t = distribute_tensor(at::zeros({600, 1000}), mesh, {Shard(0)});
+    State s;
+    s.add("big", t);
+    try {
+      load(dir, s);
+      auto off = t.spec().global_offset(mesh.coordinate())[0];
+      if (!at::equal(t.to_local(), big().narrow(0, off, t.to_local().size(0)))) errors[rank] = "wrong values";
+    } catch (const Error& e) {
+      errors[rank] = e.what();
+    }
+  });
+  return errors;
+}
+
+std::string only_file(const std::string& dir, const std::string& name) { return dir + "/" + name; }
+
+void flip_byte(const std::string& path, int64_t at) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(at);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  f.seekp(at);
+  f.write(&c, 1);
+}
+
+}  // namespace
+
+TEST(CheckpointFiles, CorruptBlockIsNamedAndOnlyItsReadersFail) {
+  const auto root = fresh_dir("corrupt");
+  save_big(root, 7, /*n=*/1);
+  const auto dir = step_dir(root, 7);
+  const Chunk c = read_metadata(dir).tensors.at("big").chunks.at(0);
+  flip_byte(only_file(dir, c.file), c.end - 100);  // in the last block
+  auto errors = load_big(dir, 2);
+  // Rank 0's rows (bytes [0, 1.2 MB)) lie in blocks 0 and 1: it never reads the last one.
+  EXPECT_EQ(errors[0], "");
+  EXPECT_NE(errors[1].find("is corrupt"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find(dir + "/" + c.file), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find("tensor big"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find("block 2"), std::string::npos) << errors[1];
+}
+
+TEST(CheckpointFiles, TruncatedFileIsNamedWithTheTensor) {
+  const auto root = fresh_dir("truncated");
+  save_big(root, 2, /*n=*/1);
+  const auto dir = step_dir(root, 2);
+  const Chunk c = read_metadata(dir).tensors.at("big").chunks.at(0);
+  fs::resize_file(only_file(dir, c.file), static_cast<uintmax_t>(c.end - 5000));
+  auto errors = load_big(dir, 1);
+  EXPECT_NE(errors[0].find("is truncated"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find(dir + "/" + c.file), std::string::npos) << errors[0];
+  EXPECT_NE(errors[0].find("tensor big"), std::string::npos) << errors[0];
+}
+
+TEST(CheckpointFiles, AsyncSaveWritesTheSnapshotAndKeepsTheLastK) {
+  const auto root = fresh_dir("async");
+  for (int64_t step : {1, 2, 3, 4}) save_big(root, step, 2, /*async=*/true, /*keep=*/2);
+  EXPECT_EQ(list_steps(root), (std::vector<int64_t>{3, 4}));
+  for (const auto& e : fs::directory_iterator(root))
+    EXPECT_EQ(e.path().filename().string().rfind("step-", 0), 0u) << e.path();
+  auto errors = load_big(step_dir(root, 4), 2);
+  EXPECT_EQ(errors, (std::vector<std::string>{"", ""}));
+}
+
+TEST(CheckpointFiles, AFailedSaveLeavesThePreviousOneAndErrsOnEveryRank) {
+  const auto root = fresh_dir("failed");
+  save_big(root, 1);
+  // Rank 1 cannot create its file (a directory is in the way), as if its disk were full.
+  fs::create_directories(root + "/.tmp-step-00000002/rank-00001.safetensors");
+  std::vector<std::string> errors(2);
+  comm::run_local_ranks(2, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {2});
+    DTensor t = distribute_tensor(big(), mesh, {Shard(0)});
+    State s;
+    s.add("big", t);
+    try {
+      Checkpointer(CheckpointOptions{root}).save(2, s);
+    } catch (const Error& e) {
+      errors[rank] = e.what();
+    }
+  });
+  EXPECT_NE(errors[0].find("rank 1 failed to write"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("cannot create"), std::string::npos) << errors[1];
+  EXPECT_EQ(list_steps(root), (std::vector<int64_t>{1}));
+  EXPECT_EQ(load_big(step_dir(root, 1), 2), (std::vector<std::string>{"", ""}));
+
+  // The next save succeeds and clears what the failed one left.
+  fs::remove_all(root + "/.tmp-step-00000002/rank-00001.safetensors");
+  save_big(root, 3);
+  EXPECT_EQ(list_steps(root), (std::vector<int64_t>{1, 3}));
+  EXPECT_FALSE(fs::exists(root + "/.tmp-step-00000002"));
+}
+
+TEST(CheckpointFiles, MissingTensorsAndOtherShapesAreNamed) {
+  const auto root = fresh_dir("mismatch");
+  save_big(root, 1, 1);
+  comm::run_local_ranks(1, [&](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1});
+    DTensor other = distribute_tensor(at::zeros({600, 999}), mesh, {Replicate()});
+    State s;
+    s.add("big", other);
+    try {
+      load(step_dir(root, 1), s);
+      ADD_FAILURE() << "a [600, 999] tensor loaded from a [600, 1000] one";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("tensor big is F32 [600, 1000] there, but F32 [600, 999] here"),
+                std::string::npos) << e.what();
+    }
+    State missing;
+    missing.add("absent", other);
+    try {
+      load(step_dir(root, 1), missing);
+      ADD_FAILURE() << "a tensor absent from the checkpoint loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("has no tensor absent"), std::string::npos) << e.what();
+    }
+  });
+  EXPECT_FALSE(Checkpointer(CheckpointOptions{fresh_dir("empty")}).latest_step().has_value());
+}
