@@ -36,8 +36,16 @@ inline void cpu_relax() {
 #endif
 }
 
-std::mutex g_registry_mu;
-std::map<const char*, std::weak_ptr<Heap>> g_registry;  // user region start -> heap
+// User region start -> heap. Never destroyed: heaps held by the process-wide world die
+// during static destruction, in no fixed order with this file's statics.
+struct Registry {
+  std::mutex mu;
+  std::map<const char*, std::weak_ptr<Heap>> heaps;
+};
+Registry& registry() {
+  static Registry* r = new Registry();
+  return *r;
+}
 
 }  // namespace
 
@@ -103,21 +111,21 @@ std::shared_ptr<Heap> Heap::create(const comm::Group& g) {
   h->own_.unlink();
 
   h->free_[0] = h->user_bytes_;
-  std::lock_guard<std::mutex> lock(g_registry_mu);
-  g_registry[h->user(h->rank_)] = h;
+  std::lock_guard<std::mutex> lock(registry().mu);
+  registry().heaps[h->user(h->rank_)] = h;
   return h;
 }
 
 Heap::~Heap() {
-  std::lock_guard<std::mutex> lock(g_registry_mu);
-  if (!peers_.empty()) g_registry.erase(user(rank_));
+  std::lock_guard<std::mutex> lock(registry().mu);
+  if (!peers_.empty()) registry().heaps.erase(user(rank_));
 }
 
 std::shared_ptr<Heap> Heap::owning(const void* p) {
   const char* c = static_cast<const char*>(p);
-  std::lock_guard<std::mutex> lock(g_registry_mu);
-  auto it = g_registry.upper_bound(c);
-  if (it == g_registry.begin()) return nullptr;
+  std::lock_guard<std::mutex> lock(registry().mu);
+  auto it = registry().heaps.upper_bound(c);
+  if (it == registry().heaps.begin()) return nullptr;
   --it;
   auto h = it->second.lock();
   if (!h || c >= it->first + h->user_bytes_) return nullptr;
