@@ -9,6 +9,7 @@
 
 #include "hp/base/error.h"
 #include "hp/comm/group.h"
+#include "hp/comm/symm/fold.h"
 
 namespace hp::symm {
 namespace {
@@ -18,48 +19,6 @@ namespace {
 constexpr size_t kOneShotBytes = 256 << 10;
 
 size_t clamp_len(size_t total, size_t off, size_t window) { return off >= total ? 0 : std::min(window, total - off); }
-
-at::Tensor view(const char* p, int64_t numel, at::ScalarType dtype) {
-  return at::from_blob(const_cast<char*>(p), {numel}, at::TensorOptions().dtype(dtype));
-}
-
-// dst = fold of srcs in rank order.
-void fold(char* dst, const std::vector<const char*>& srcs, int64_t numel, at::ScalarType dtype, ReduceOp op) {
-  if (numel == 0) return;
-  const int64_t n = static_cast<int64_t>(srcs.size());
-  const bool widen = dtype == at::kHalf || dtype == at::kBFloat16;
-  at::Tensor out = view(dst, numel, dtype);
-  auto src = [&](int64_t r) {
-    at::Tensor s = view(srcs[r], numel, dtype);
-    return widen ? s.to(at::kFloat) : s;
-  };
-  at::Tensor acc = widen ? at::empty({numel}, at::kFloat) : out;
-  switch (op) {
-    case ReduceOp::Sum:
-    case ReduceOp::Avg:
-      if (n == 1) acc.copy_(src(0));
-      else at::add_out(acc, src(0), src(1));
-      for (int64_t r = 2; r < n; ++r) acc.add_(src(r));
-      if (op == ReduceOp::Avg) {
-        if (at::isIntegralType(dtype, /*includeBool=*/true)) acc.div_(n, "trunc");
-        else acc.div_(n);
-      }
-      break;
-    case ReduceOp::Product:
-      acc.copy_(src(0));
-      for (int64_t r = 1; r < n; ++r) acc.mul_(src(r));
-      break;
-    case ReduceOp::Max:
-      acc.copy_(src(0));
-      for (int64_t r = 1; r < n; ++r) at::maximum_out(acc, acc, src(r));
-      break;
-    case ReduceOp::Min:
-      acc.copy_(src(0));
-      for (int64_t r = 1; r < n; ++r) at::minimum_out(acc, acc, src(r));
-      break;
-  }
-  if (widen) out.copy_(acc);
-}
 
 std::vector<const char*> peer_ptrs(const Heap& h, int parity, size_t byte_off) {
   std::vector<const char*> p(h.size());
@@ -75,15 +34,7 @@ bool shm_collectives_enabled(const comm::Group& g) {
   return enabled && g.device() == "cpu" && g.size() >= 2 && g.size() <= kMaxRanks && g.on_one_host();
 }
 
-bool can_reduce(at::ScalarType dtype) {
-  switch (dtype) {
-    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
-    case at::kByte: case at::kChar: case at::kShort: case at::kInt: case at::kLong:
-      return true;
-    default:
-      return false;
-  }
-}
+bool can_reduce(at::ScalarType dtype) { return can_fold(dtype); }
 
 void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
   const int n = h.size(), me = h.rank();
