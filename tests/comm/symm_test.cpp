@@ -114,9 +114,9 @@ TEST(SymmHeap, AllocationsAreSymmetricAndFreed) {
   });
 }
 
-// Every collective over messages that take many chunks (1 MiB windows).
+// Every collective over messages that take many steps (256 KiB each).
 TEST(ShmCollectives, ManyChunksAllDtypes) {
-  ScopedEnv small("HP_SHM_SCRATCH_MIB", "1");
+  ScopedEnv small("HP_SHM_STEP_KIB", "256");
   for (int world : {2, 3, 4}) {
     run_local_ranks(world, [&](int rank) {
       auto g = current_world()->world_group();
@@ -166,7 +166,7 @@ TEST(ShmCollectives, ManyChunksAllDtypes) {
 // Same bits whatever the timing: the sum of random floats equals the fold in rank order,
 // on the one-shot and the sliced paths, for float32 and bfloat16 (folded in float32).
 TEST(ShmCollectives, ReductionOrderIsFixed) {
-  ScopedEnv small("HP_SHM_SCRATCH_MIB", "1");
+  ScopedEnv small("HP_SHM_STEP_KIB", "256");
   const int world = 4;
   for (int64_t numel : {int64_t{1000}, int64_t{300000}}) {
     for (auto dtype : {at::kFloat, at::kBFloat16}) {

@@ -43,7 +43,7 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
   const int64_t total = t.numel();
   char* data = static_cast<char*>(t.data_ptr());
   // Input in the first half of the window, folded slices in the second.
-  const int64_t chunk = static_cast<int64_t>(h.scratch_bytes() / 2 / elem);
+  const int64_t chunk = static_cast<int64_t>(h.step_bytes() / 2 / elem);
   const bool one_shot = total * elem <= kOneShotBytes;
   for (int64_t off = 0; off < total; off += chunk) {
     const int64_t len = std::min(chunk, total - off);
@@ -57,7 +57,7 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
     // Slices of 16 elements or more, so copies stay aligned.
     const int64_t per = ((len + n - 1) / n + 15) & ~int64_t{15};
     auto lo = [&](int r) { return std::min<int64_t>(len, r * per); };
-    const size_t folded = h.scratch_bytes() / 2;
+    const size_t folded = h.step_bytes() / 2;
     fold(h.scratch(me, p) + folded + lo(me) * elem, peer_ptrs(h, p, lo(me) * elem), lo(me + 1) - lo(me), dtype,
          op);
     h.barrier("all_reduce");
@@ -76,7 +76,7 @@ void reduce_scatter(Heap& h, const at::Tensor& in, at::Tensor out, const std::ve
   char* dst = static_cast<char*>(out.data_ptr());
   const int64_t start = std::accumulate(counts.begin(), counts.begin() + me, int64_t{0});
   const int64_t end = start + counts[me];
-  const int64_t chunk = static_cast<int64_t>(h.scratch_bytes() / elem);
+  const int64_t chunk = static_cast<int64_t>(h.step_bytes() / elem);
   for (int64_t off = 0; off < total; off += chunk) {
     const int64_t len = std::min(chunk, total - off);
     const int p = h.next_parity();
@@ -94,7 +94,7 @@ void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, void*
   for (int r = 1; r < n; ++r) at[r] = at[r - 1] + bytes[r - 1];
   char* dst = static_cast<char*>(out);
   std::memcpy(dst + at[me], in, bytes[me]);
-  const size_t window = h.scratch_bytes();
+  const size_t window = h.step_bytes();
   for (size_t off = 0; off < most; off += window) {
     const int p = h.next_parity();
     std::memcpy(h.scratch(me, p), static_cast<const char*>(in) + off, clamp_len(bytes[me], off, window));
@@ -126,7 +126,7 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
   char* dst = static_cast<char*>(out);
   std::memcpy(dst + out_at[me], src + in_at[me], send[me]);
   // Each step moves up to `piece` bytes of every pair; the window holds one slot per peer.
-  const size_t piece = h.scratch_bytes() / n / 64 * 64;
+  const size_t piece = h.step_bytes() / n / 64 * 64;
   for (size_t off = 0; off < most; off += piece) {
     const int p = h.next_parity();
     for (int s = 0; s < n; ++s)
@@ -138,7 +138,7 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
 }
 
 void broadcast(Heap& h, void* data, size_t bytes, int root) {
-  const size_t window = h.scratch_bytes();
+  const size_t window = h.step_bytes();
   char* d = static_cast<char*>(data);
   for (size_t off = 0; off < bytes; off += window) {
     const size_t len = std::min(window, bytes - off);

@@ -19,13 +19,14 @@ constexpr size_t kPage = 4096;
 
 size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
-size_t mib_from_env(const char* name, size_t fallback) {
+// `name` as a positive count of 2^shift bytes, else `fallback` of them.
+size_t bytes_from_env(const char* name, size_t fallback, int shift) {
   const char* v = std::getenv(name);
-  if (!v || !*v) return fallback << 20;
+  if (!v || !*v) return fallback << shift;
   char* end = nullptr;
-  long long mib = std::strtoll(v, &end, 10);
-  HP_CHECK(end && *end == '\0' && mib >= 1) << name << " must be a positive number of MiB, got '" << v << "'";
-  return static_cast<size_t>(mib) << 20;
+  long long x = std::strtoll(v, &end, 10);
+  HP_CHECK(end && *end == '\0' && x >= 1) << name << " must be a positive integer, got '" << v << "'";
+  return static_cast<size_t>(x) << shift;
 }
 
 inline void cpu_relax() {
@@ -51,7 +52,7 @@ Registry& registry() {
 
 void Backoff::pause() {
   ++spins_;
-  if (spins_ < 200) return cpu_relax();
+  if (spins_ < 16) return cpu_relax();
   if (waited() < std::chrono::milliseconds(2)) return std::this_thread::yield();
   std::this_thread::sleep_for(std::chrono::microseconds(50));
 }
@@ -67,8 +68,10 @@ std::shared_ptr<Heap> Heap::create(const comm::Group& g) {
   h->timeout_ = g.timeout();
   h->control_bytes_ = round_up(sizeof(Control), kPage);
   // Virtual sizes: tmpfs only backs the pages that are touched.
-  h->scratch_bytes_ = mib_from_env("HP_SHM_SCRATCH_MIB", 32);
-  h->user_bytes_ = mib_from_env("HP_SYMM_HEAP_MIB", 64);
+  h->scratch_bytes_ = bytes_from_env("HP_SHM_SCRATCH_MIB", 8, 20);
+  h->step_bytes_ = std::min(h->scratch_bytes_, bytes_from_env("HP_SHM_STEP_KIB", 256, 10) / 64 * 64);
+  HP_CHECK(h->step_bytes_ >= 64 * size_t(g.size())) << "HP_SHM_STEP_KIB is too small for " << g.size() << " ranks";
+  h->user_bytes_ = bytes_from_env("HP_SYMM_HEAP_MIB", 64, 20);
   const size_t total = h->control_bytes_ + 2 * h->scratch_bytes_ + h->user_bytes_;
 
   h->own_ = Segment::create(total, std::to_string(g.rank()));

@@ -66,6 +66,9 @@ class Heap {
   // The scratch window of `peer` for a step of the given parity: scratch_bytes() long.
   char* scratch(int peer, int parity) const { return peers_[peer] + control_bytes_ + parity * scratch_bytes_; }
   size_t scratch_bytes() const { return scratch_bytes_; }
+  // How much of the window a collective step uses: small enough that a step's data moves
+  // between caches rather than through DRAM, large enough that barriers stay rare.
+  size_t step_bytes() const { return step_bytes_; }
   char* user(int peer) const { return peers_[peer] + control_bytes_ + 2 * scratch_bytes_; }
   size_t user_bytes() const { return user_bytes_; }
 
@@ -101,7 +104,7 @@ class Heap {
   std::vector<int> global_ranks_;
   std::string what_;
   std::chrono::milliseconds timeout_{0};
-  size_t control_bytes_ = 0, scratch_bytes_ = 0, user_bytes_ = 0;
+  size_t control_bytes_ = 0, scratch_bytes_ = 0, step_bytes_ = 0, user_bytes_ = 0;
   Segment own_;
   std::vector<Segment> mapped_;  // peers' segments (own_ at our index is left empty)
   std::vector<char*> peers_;     // base of every rank's segment, ours included
