@@ -136,9 +136,9 @@ int main(int argc, char** argv) {
              median_seconds(*g, iters, {[&] { wait(raw.alltoall_base(out, x, none, none, o)); }, on_gloo(hp_call), hp_call}),
              ring);
     }
-    {  // all_to_all with uneven splits: rank r sends piece s of (r + s + 1) units
+    {  // all_to_all with uneven splits: rank r sends piece s of (r + s + 1) units, `bytes` on average
       std::vector<int64_t> send(n), recv(n);
-      const int64_t unit = std::max<int64_t>(1, numel / (n * (n + 1)));  // about `bytes` per rank
+      const int64_t unit = std::max<int64_t>(1, numel / (n * n));
       int64_t units = 0;
       for (int s = 0; s < n; ++s) units += rank + s + 1;
       for (int s = 0; s < n; ++s) send[s] = (rank + s + 1) * unit, recv[s] = (s + rank + 1) * unit;
