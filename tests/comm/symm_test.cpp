@@ -34,8 +34,11 @@ class ScopedEnv {
   const char* k_;
 };
 
+// This process's segments (tests that run alongside use other prefixes).
+std::string test_prefix() { return "/hp-" + std::to_string(::getuid()) + "-test" + std::to_string(::getpid()); }
+
 std::vector<std::string> our_segments() {
-  const std::string prefix = "hp-" + std::to_string(::getuid()) + "-";
+  const std::string prefix = test_prefix().substr(1) + "-";
   std::vector<std::string> found;
   if (DIR* d = ::opendir("/dev/shm")) {
     while (dirent* e = ::readdir(d))
@@ -218,8 +221,11 @@ TEST(ShmCollectives, SwitchedOffAndSpanningHostsUseGloo) {
 }
 
 TEST(ShmCollectives, NoSegmentOutlivesTheGroup) {
+  ScopedEnv prefix("HP_SHM_PREFIX", test_prefix().c_str());
   run_local_ranks(3, [&](int rank) {
     auto g = current_world()->world_group();
+    auto h = g->symm_heap();
+    EXPECT_EQ(h->what(), g->describe());
     all_reduce_(at::ones({4}), *g);
     // Names go as soon as every rank has mapped every segment.
     EXPECT_TRUE(our_segments().empty()) << our_segments().front();
