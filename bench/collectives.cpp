@@ -1,49 +1,68 @@
-// Bus bandwidth of hp's collectives against the raw c10d Gloo call on the same sizes,
-// in the same run. Run under hprun: `hprun --nproc-per-node 4 build/bin/bench_collectives`.
-// Bus bandwidth follows nccl-tests: algbw * 2(n-1)/n for all-reduce, * (n-1)/n otherwise.
+// hp's collectives over shared memory (hp/comm/symm, chosen for groups on one host)
+// against the same calls over Gloo (HP_SHM_COLLECTIVES=0), and against raw c10d Gloo
+// where c10d has the collective, in the same run. Run under hprun:
+//   hprun --nproc-per-node 4 build/bin/bench_collectives [max MiB]
+// Bus bandwidth follows nccl-tests: algbw * 2(n-1)/n for all-reduce, * (n-1)/n otherwise
+// (broadcast: * 1). The ratio is Gloo's median time over shared memory's.
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "hp/comm.h"
+#include "hp/comm/symm/collectives.h"
+#include "hp/comm/symm/symm.h"
 
 using namespace hp;
 using namespace hp::comm;
 
 namespace {
 
-// Median seconds of `base` and of `ours` over `iters` rounds. The two alternate, so both
-// see the same machine; every rank starts each run together and reports the slowest rank.
-std::pair<double, double> median_seconds(const Group& g, int iters, const std::function<void()>& base,
-                                         const std::function<void()>& ours) {
-  for (int i = 0; i < 3; ++i) {  // warm-up: connections, and the heap settling to its steady state
-    base();
-    ours();
-  }
+// Median seconds of each candidate over `iters` rounds. They alternate, so all see the
+// same machine; every rank starts each run together and reports the slowest rank. The
+// start is the shared-memory barrier when there is one: its ranks leave within
+// microseconds of each other, where Gloo's leave up to ~100 us apart, which would count
+// as latency.
+std::vector<double> median_seconds(const Group& g, int iters, const std::vector<std::function<void()>>& ops) {
+  const bool shm = symm::shm_collectives_enabled(g);
+  for (int i = 0; i < 3; ++i)  // warm-up: connections, segments, the heap settling
+    for (const auto& op : ops) op();
+  const size_t k = ops.size();
   std::vector<double> t;
   for (int i = 0; i < iters; ++i) {
-    for (const auto* op : {&base, &ours}) {
-      barrier(g);
+    for (const auto& op : ops) {
+      if (shm) symm::barrier(g);
+      else barrier(g);
       auto s = std::chrono::steady_clock::now();
-      (*op)();
+      op();
       t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
     }
   }
   at::Tensor v = at::tensor(t, at::kDouble);
   all_reduce_(v, g, ReduceOp::Max);
-  auto median = [&](int which) {
+  std::vector<double> out;
+  for (size_t which = 0; which < k; ++which) {
     std::vector<double> m;
-    for (int i = 0; i < iters; ++i) m.push_back(v[2 * i + which].item<double>());
+    for (int i = 0; i < iters; ++i) m.push_back(v[i * k + which].item<double>());
     std::nth_element(m.begin(), m.begin() + iters / 2, m.end());
-    return m[iters / 2];
+    out.push_back(m[iters / 2]);
+  }
+  return out;
+}
+
+// Runs `f` with hp's collectives on Gloo.
+std::function<void()> on_gloo(std::function<void()> f) {
+  return [f] {
+    ::setenv("HP_SHM_COLLECTIVES", "0", 1);
+    f();
+    ::setenv("HP_SHM_COLLECTIVES", "1", 1);
   };
-  return {median(0), median(1)};
 }
 
 void wait(const WorkPtr& w) { w->wait(); }
@@ -58,70 +77,84 @@ int main(int argc, char** argv) {
   Backend& raw = g->backend();
   const double ring = double(n - 1) / n;
   if (rank == 0) {
-    std::printf("# %d ranks, float32, median bus bandwidth in GB/s (higher is better)\n", n);
-    std::printf("%-16s %10s %12s %12s %8s\n", "collective", "size", "baseline", "hp", "ratio");
+    std::printf("# %d ranks, float32, shared memory %s; median time (us) and bus bandwidth (GB/s)\n", n,
+                symm::shm_collectives_enabled(*g) ? "on" : "UNAVAILABLE (group spans hosts?)");
+    std::printf("# c10d: the raw Gloo call where there is one; gloo: hp over Gloo; shm: hp over shared memory\n");
+    std::printf("%-15s %8s %10s %10s %10s %9s %9s %9s %8s\n", "collective", "size", "c10d_us", "gloo_us", "shm_us",
+                "c10d_bw", "gloo_bw", "shm_bw", "ratio");
   }
-  auto report = [&](const char* name, int64_t bytes, std::pair<double, double> t, double factor) {
-    const double base_s = t.first, hp_s = t.second;
+  auto report = [&](const char* name, int64_t bytes, std::vector<double> t, double factor) {
     if (rank != 0) return;
-    double base_bw = bytes * factor / base_s / 1e9, hp_bw = bytes * factor / hp_s / 1e9;
+    const bool has_c10d = t.size() == 3;
+    if (!has_c10d) t.insert(t.begin(), 0.0);
+    auto bw = [&](double s) { return s > 0 ? bytes * factor / s / 1e9 : 0.0; };
     char size[32];
     if (bytes >= (1 << 20)) std::snprintf(size, sizeof size, "%lld MiB", (long long)(bytes >> 20));
     else std::snprintf(size, sizeof size, "%lld KiB", (long long)(bytes >> 10));
-    std::printf("%-16s %10s %12.3f %12.3f %7.2fx\n", name, size, base_bw, hp_bw, hp_bw / base_bw);
+    // Against the faster Gloo of the two.
+    const double gloo = has_c10d ? std::min(t[0], t[1]) : t[1];
+    std::printf("%-15s %8s %10.1f %10.1f %10.1f %9.3f %9.3f %9.3f %7.1fx\n", name, size, t[0] * 1e6, t[1] * 1e6,
+                t[2] * 1e6, bw(t[0]), bw(t[1]), bw(t[2]), gloo / t[2]);
     std::fflush(stdout);
   };
 
   int64_t max_bytes = int64_t(64) << 20;
   if (argc > 1) max_bytes = int64_t(std::atoll(argv[1])) << 20;
+  ::setenv("HP_SHM_COLLECTIVES", "1", 1);
   for (int64_t bytes = 1 << 10; bytes <= max_bytes; bytes *= 4) {
     const int64_t numel = bytes / 4;
-    const int iters = bytes >= (16 << 20) ? 9 : bytes >= (1 << 20) ? 15 : 30;
+    const int iters = bytes >= (16 << 20) ? 9 : bytes >= (1 << 20) ? 15 : 40;
     at::Tensor x = at::rand({numel});
 
-    // all_reduce: hp vs c10d allreduce.
-    {
+    {  // all_reduce (Avg keeps the values bounded over the repetitions)
       std::vector<at::Tensor> v{x};
       c10d::AllreduceOptions o;
-      report("all_reduce", bytes,
-             median_seconds(*g, iters, [&] { wait(raw.allreduce(v, o)); }, [&] { all_reduce_(x, *g); }),
+      auto hp_call = [&] { all_reduce_(x, *g, ReduceOp::Avg); };
+      report("all_reduce", bytes, median_seconds(*g, iters, {[&] { wait(raw.allreduce(v, o)); }, on_gloo(hp_call), hp_call}),
              2 * ring);
     }
-    // all_to_all: hp (dimensional, equal splits) vs c10d alltoall_base.
-    {
-      at::Tensor out = at::empty_like(x);
-      std::vector<int64_t> none;
-      c10d::AllToAllOptions o;
-      at::Tensor x2 = x.view({n, numel / n});
-      report("all_to_all", bytes,
-             median_seconds(*g, iters, [&] { wait(raw.alltoall_base(out, x, none, none, o)); },
-                            [&] { all_to_all(x2, *g, 0, 0); }),
-             ring);
+    {  // reduce_scatter of a `bytes` input (c10d's Gloo has none)
+      auto hp_call = [&] { reduce_scatter(x, *g); };
+      report("reduce_scatter", bytes, median_seconds(*g, iters, {on_gloo(hp_call), hp_call}), ring);
     }
-    // all_gather to a `bytes` output: hp vs c10d's list all-gather.
-    {
+    {  // all_gather to a `bytes` output, against c10d's list all-gather
       at::Tensor part = x.narrow(0, 0, numel / n).clone();
       std::vector<std::vector<at::Tensor>> outs{std::vector<at::Tensor>(n)};
       for (auto& o : outs[0]) o = at::empty_like(part);
       std::vector<at::Tensor> in{part};
+      auto hp_call = [&] { all_gather(part, *g); };
       report("all_gather", bytes,
-             median_seconds(*g, iters, [&] { wait(raw.allgather(outs, in)); }, [&] { all_gather(part, *g); }),
+             median_seconds(*g, iters, {[&] { wait(raw.allgather(outs, in)); }, on_gloo(hp_call), hp_call}), ring);
+    }
+    {  // all_to_all, equal splits
+      at::Tensor out = at::empty_like(x);
+      std::vector<int64_t> none;
+      c10d::AllToAllOptions o;
+      at::Tensor x2 = x.view({n, numel / n});
+      auto hp_call = [&] { all_to_all(x2, *g, 0, 0); };
+      report("all_to_all", bytes,
+             median_seconds(*g, iters, {[&] { wait(raw.alltoall_base(out, x, none, none, o)); }, on_gloo(hp_call), hp_call}),
              ring);
     }
-    // reduce_scatter of a `bytes` input: hp vs all-reduce + slice (Gloo has none).
-    {
+    {  // all_to_all with uneven splits: rank r sends piece s of (r + s + 1) units, `bytes` on average
+      std::vector<int64_t> send(n), recv(n);
+      const int64_t unit = std::max<int64_t>(1, numel / (n * n));
+      int64_t units = 0;
+      for (int s = 0; s < n; ++s) units += rank + s + 1;
+      for (int s = 0; s < n; ++s) send[s] = (rank + s + 1) * unit, recv[s] = (s + rank + 1) * unit;
+      at::Tensor in = at::rand({units * unit});
+      int64_t got = 0;
+      for (auto r : recv) got += r;
+      at::Tensor out = at::empty({got});
+      auto hp_call = [&] { all_to_all_single_async(out, in, *g, recv, send).wait(); };
+      report("all_to_all_v", bytes, median_seconds(*g, iters, {on_gloo(hp_call), hp_call}), ring);
+    }
+    {  // broadcast from rank 0
       std::vector<at::Tensor> v{x};
-      c10d::AllreduceOptions o;
-      const int64_t chunk = numel / n;
-      report("reduce_scatter", bytes,
-             median_seconds(
-                 *g, iters,
-                 [&] {
-                   wait(raw.allreduce(v, o));
-                   x.narrow(0, rank * chunk, chunk).clone();
-                 },
-                 [&] { reduce_scatter(x, *g); }),
-             ring);
+      c10d::BroadcastOptions o;
+      auto hp_call = [&] { broadcast_(x, *g, 0); };
+      report("broadcast", bytes, median_seconds(*g, iters, {[&] { wait(raw.broadcast(v, o)); }, on_gloo(hp_call), hp_call}),
+             1.0);
     }
   }
   return 0;

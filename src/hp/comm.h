@@ -6,6 +6,7 @@
 #include "hp/comm/collectives.h"
 #include "hp/comm/device_mesh.h"
 #include "hp/comm/local_ranks.h"
+#include "hp/comm/symm/symm.h"
 #include "hp/comm/world.h"
 
 namespace hp {

@@ -1,11 +1,14 @@
 // Each collective against the reference arithmetic, world sizes 1 to 4 (3: uneven),
-// dtypes float32, bfloat16, float64, int64; ranks are threads over real Gloo.
+// dtypes float32, float16, bfloat16, float64, int32, int64; ranks are threads on one host,
+// so collectives go through shared memory, and through real Gloo when it is switched off
+// (HP_SHM_COLLECTIVES=0, the cases named *_gloo).
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
 #include "hp/base/error.h"
 #include "hp/comm.h"
+#include "hp/comm/symm/collectives.h"
 #include "rank_data.h"
 
 using namespace hp;
@@ -16,13 +19,24 @@ namespace {
 struct Case {
   int world;
   at::ScalarType dtype;
+  bool shm = true;
 };
 
 std::string case_name(const testing::TestParamInfo<Case>& info) {
-  return "w" + std::to_string(info.param.world) + "_" + std::string(c10::toString(info.param.dtype));
+  return "w" + std::to_string(info.param.world) + "_" + std::string(c10::toString(info.param.dtype)) +
+         (info.param.shm ? "" : "_gloo");
 }
 
-class Collectives : public testing::TestWithParam<Case> {};
+class Collectives : public testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { ::setenv("HP_SHM_COLLECTIVES", GetParam().shm ? "1" : "0", 1); }
+  void TearDown() override { ::unsetenv("HP_SHM_COLLECTIVES"); }
+};
+
+// The path the collectives of `g` take is the one the case asks for.
+void expect_path(const Group& g, bool shm) {
+  EXPECT_EQ(symm::shm_collectives_enabled(g), shm && g.size() > 1) << g.describe();
+}
 
 void expect_equal(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
   ASSERT_EQ(got.sizes(), want.sizes()) << what;
@@ -50,9 +64,10 @@ at::Tensor reference_reduce(int world, at::IntArrayRef shape, at::ScalarType dty
 }
 
 TEST_P(Collectives, AllReduceEveryOp) {
-  auto [world, dtype] = GetParam();
+  auto [world, dtype, shm] = GetParam();
   run_local_ranks(world, [&](int rank) {
     auto g = current_world()->world_group();
+    expect_path(*g, shm);
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max, ReduceOp::Min, ReduceOp::Product}) {
       at::Tensor x = rank_input(rank, {3, 5}, dtype);
       all_reduce_(x, *g, op);
@@ -66,9 +81,10 @@ TEST_P(Collectives, AllReduceEveryOp) {
 }
 
 TEST_P(Collectives, AllGatherUnevenAnyDim) {
-  auto [world, dtype] = GetParam();
+  auto [world, dtype, shm] = GetParam();
   run_local_ranks(world, [&](int rank) {
     auto g = current_world()->world_group();
+    expect_path(*g, shm);
     for (int64_t dim : {0, 1, -1}) {
       std::vector<int64_t> sizes;
       std::vector<at::Tensor> parts;
@@ -90,9 +106,10 @@ TEST_P(Collectives, AllGatherUnevenAnyDim) {
 }
 
 TEST_P(Collectives, ReduceScatterUnevenAnyDim) {
-  auto [world, dtype] = GetParam();
+  auto [world, dtype, shm] = GetParam();
   run_local_ranks(world, [&](int rank) {
     auto g = current_world()->world_group();
+    expect_path(*g, shm);
     for (int64_t dim : {0, 1}) {
       std::vector<int64_t> shape{7, 6};  // 7 rows: uneven over 2, 3 and 4 ranks
       shape[1] = dim == 1 ? 7 : 6;
@@ -111,9 +128,10 @@ TEST_P(Collectives, ReduceScatterUnevenAnyDim) {
 }
 
 TEST_P(Collectives, AllToAllEqualAndUneven) {
-  auto [world, dtype] = GetParam();
+  auto [world, dtype, shm] = GetParam();
   run_local_ranks(world, [&](int rank) {
     auto g = current_world()->world_group();
+    expect_path(*g, shm);
     // Uneven: rank r holds r + 2 columns and splits its 5 rows by chunk sizes.
     auto rows = chunk_sizes(5, world);
     std::vector<int64_t> cols;
@@ -136,9 +154,10 @@ TEST_P(Collectives, AllToAllEqualAndUneven) {
 }
 
 TEST_P(Collectives, BroadcastSendRecvBarrier) {
-  auto [world, dtype] = GetParam();
+  auto [world, dtype, shm] = GetParam();
   run_local_ranks(world, [&](int rank) {
     auto g = current_world()->world_group();
+    expect_path(*g, shm);
     const int src = world - 1;
     at::Tensor x = rank_input(rank, {3, 4}, dtype);
     broadcast_(x, *g, src);
@@ -156,9 +175,10 @@ TEST_P(Collectives, BroadcastSendRecvBarrier) {
 }
 
 TEST_P(Collectives, AsyncHandlesOverlap) {
-  auto [world, dtype] = GetParam();
+  auto [world, dtype, shm] = GetParam();
   run_local_ranks(world, [&](int rank) {
     auto g = current_world()->world_group();
+    expect_path(*g, shm);
     Pending a = all_gather_async(rank_input(rank, {2, 2}, dtype), *g);
     Pending b = reduce_scatter_async(rank_input(rank, {world * 2, 2}, dtype), *g);
     at::Tensor ga = a.wait(), gb = b.wait();
@@ -171,8 +191,11 @@ TEST_P(Collectives, AsyncHandlesOverlap) {
 INSTANTIATE_TEST_SUITE_P(WorldsAndDtypes, Collectives,
                          testing::Values(Case{1, at::kFloat}, Case{2, at::kFloat}, Case{3, at::kFloat},
                                          Case{4, at::kFloat}, Case{2, at::kBFloat16}, Case{3, at::kBFloat16},
-                                         Case{4, at::kBFloat16}, Case{2, at::kDouble}, Case{3, at::kDouble},
-                                         Case{4, at::kLong}, Case{3, at::kLong}, Case{1, at::kLong}),
+                                         Case{4, at::kBFloat16}, Case{2, at::kHalf}, Case{4, at::kHalf},
+                                         Case{2, at::kDouble}, Case{3, at::kDouble}, Case{4, at::kLong},
+                                         Case{3, at::kLong}, Case{1, at::kLong}, Case{3, at::kInt},
+                                         Case{4, at::kInt}, Case{4, at::kFloat, false},
+                                         Case{3, at::kBFloat16, false}, Case{2, at::kLong, false}),
                          case_name);
 
 TEST(CollectiveErrors, NameTheGroupAndSizes) {

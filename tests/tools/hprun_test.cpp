@@ -2,9 +2,12 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <dirent.h>
+
 #include <array>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -25,6 +28,23 @@ Result run(const std::string& args, const std::string& env = "") {
 
 const std::string probe = RANK_PROBE;
 
+// The job's shared-memory prefix the probe printed, and what of it is left in /dev/shm.
+std::vector<std::string> segments_left(const std::string& output) {
+  const std::string key = "shm prefix /";
+  auto at = output.find(key);
+  EXPECT_NE(at, std::string::npos) << output;
+  if (at == std::string::npos) return {};
+  const std::string stem = output.substr(at + key.size(), output.find('\n', at) - at - key.size()) + "-";
+  EXPECT_GT(stem.size(), 10u) << output;
+  std::vector<std::string> left;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d))
+      if (std::string(e->d_name).rfind(stem, 0) == 0) left.push_back(e->d_name);
+    ::closedir(d);
+  }
+  return left;
+}
+
 }  // namespace
 
 TEST(Hprun, FourRanksRendezvousAndAllReduce) {
@@ -32,6 +52,17 @@ TEST(Hprun, FourRanksRendezvousAndAllReduce) {
   EXPECT_EQ(r.code, 0) << r.output;
   for (int k = 0; k < 4; ++k)
     EXPECT_NE(r.output.find("[rank" + std::to_string(k) + "]: sum 6"), std::string::npos) << r.output;
+  EXPECT_TRUE(segments_left(r.output).empty()) << r.output;  // shared-memory collectives left nothing
+}
+
+TEST(Hprun, NoSharedMemoryLeftAfterSigkill) {
+  // Rank 1 dies holding a named segment; the others wait until hprun stops them.
+  Result r = run("--nproc-per-node 3 " + probe + " shm_signal 1");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank0]: shm sum 3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[rank1]: left /hp-"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("signal 9"), std::string::npos) << r.output;
+  EXPECT_TRUE(segments_left(r.output).empty()) << r.output;
 }
 
 TEST(Hprun, CrashingRankStopsTheOthersAndIsNamed) {

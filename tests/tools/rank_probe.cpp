@@ -3,6 +3,9 @@
 //   rank_probe crash R          rank R exits with code 3 after joining; the others wait forever
 //   rank_probe absent R         rank R never joins; the others must time out naming it
 //   rank_probe signal R         rank R kills itself with SIGKILL after joining
+//   rank_probe shm_signal R     all ranks all-reduce over shared memory, then rank R creates a
+//                               segment (as a rank dying mid-setup would leave) and kills itself
+// Every mode prints the job's shared-memory prefix first ("shm prefix /hp-...").
 #include <signal.h>
 #include <unistd.h>
 
@@ -14,6 +17,7 @@
 
 #include "hp/base/error.h"
 #include "hp/comm.h"
+#include "hp/comm/symm/segment.h"
 
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "ok";
@@ -21,6 +25,7 @@ int main(int argc, char** argv) {
   int rank = std::atoi(std::getenv("RANK") ? std::getenv("RANK") : "0");
   if (mode == "absent" && rank == target) return 0;
   try {
+    std::cout << "shm prefix " << hp::symm::segment_prefix() << std::endl;
     auto world = hp::init_distributed();
     auto g = world->world_group();
     if (mode == "ok") {
@@ -28,6 +33,16 @@ int main(int argc, char** argv) {
       hp::comm::all_reduce_(x, *g);
       std::cout << "sum " << x.item<double>() << std::endl;
       return 0;
+    }
+    if (mode == "shm_signal") {
+      at::Tensor x = at::ones({1000});
+      hp::comm::all_reduce_(x, *g);
+      std::cout << "shm sum " << x[0].item<double>() << std::endl;
+      if (rank == target) {
+        auto left = hp::symm::Segment::create(4096, "probe");
+        std::cout << "left " << left.name() << std::endl;
+        ::kill(::getpid(), SIGKILL);
+      }
     }
     if (rank == target) {
       if (mode == "crash") return 3;

@@ -1,10 +1,12 @@
 #include "supervisor.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -13,6 +15,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -87,8 +90,29 @@ std::string describe(int rank, pid_t pid, int status) {
   return who + " exited with code " + std::to_string(WEXITSTATUS(status));
 }
 
-pid_t spawn(const Options& opt, int rank, int local_rank, int port, int restart_count, int out_w,
-            int err_w) {
+// What every shared-memory segment of one attempt's ranks is named after (hp/comm/symm):
+// "/hp-<uid>-<random tag>". Ranks unlink their segments once mapped; a rank killed before
+// that leaves one, which remove_segments takes away when the attempt ends.
+std::string segment_prefix() {
+  std::random_device rd;
+  char tag[17];
+  std::snprintf(tag, sizeof tag, "%08x%08x", rd(), rd());
+  return "/hp-" + std::to_string(::getuid()) + "-" + tag;
+}
+
+void remove_segments(const std::string& prefix) {
+  const std::string stem = prefix.substr(1) + "-";
+  DIR* d = ::opendir("/dev/shm");
+  if (!d) return;
+  std::vector<std::string> names;
+  while (dirent* e = ::readdir(d))
+    if (std::string(e->d_name).rfind(stem, 0) == 0) names.push_back(e->d_name);
+  ::closedir(d);
+  for (const auto& n : names) ::shm_unlink(("/" + n).c_str());
+}
+
+pid_t spawn(const Options& opt, int rank, int local_rank, int port, int restart_count,
+            const std::string& shm_prefix, int out_w, int err_w) {
   pid_t pid = ::fork();
   HP_CHECK(pid >= 0) << "fork failed: " << std::strerror(errno);
   if (pid > 0) return pid;
@@ -107,6 +131,7 @@ pid_t spawn(const Options& opt, int rank, int local_rank, int port, int restart_
   set("MASTER_PORT", std::to_string(port));
   set("HP_RESTART_COUNT", std::to_string(restart_count));
   set("TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count));
+  set("HP_SHM_PREFIX", shm_prefix);
   // Like torchrun: ranks share the cores, so each gets its slice of threads unless told
   // otherwise (oversubscribed OpenMP/OpenBLAS pools spin and starve communication).
   const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN) / opt.nproc_per_node);
@@ -150,6 +175,7 @@ int free_port() {
 }
 
 Outcome run_attempt(const Options& opt, int master_port, int restart_count) {
+  const std::string shm_prefix = segment_prefix();
   std::vector<Rank> ranks(opt.nproc_per_node);
   for (int l = 0; l < opt.nproc_per_node; ++l) {
     int out[2], err[2];
@@ -157,7 +183,7 @@ Outcome run_attempt(const Options& opt, int master_port, int restart_count) {
         << "pipe failed: " << std::strerror(errno);
     Rank& r = ranks[l];
     r.rank = opt.node_rank * opt.nproc_per_node + l;
-    r.pid = spawn(opt, r.rank, l, master_port, restart_count, out[1], err[1]);
+    r.pid = spawn(opt, r.rank, l, master_port, restart_count, shm_prefix, out[1], err[1]);
     ::setpgid(r.pid, r.pid);  // also here: no race with the child's own call
     ::close(out[1]);
     ::close(err[1]);
@@ -246,6 +272,7 @@ Outcome run_attempt(const Options& opt, int master_port, int restart_count) {
       if (*fd >= 0) flush_lines(r.rank, *buf, to, true), ::close(*fd);
     }
   }
+  remove_segments(shm_prefix);
   return outcome;
 }
 

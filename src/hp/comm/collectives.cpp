@@ -7,6 +7,7 @@
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
+#include "hp/comm/symm/collectives.h"
 
 namespace hp::comm {
 namespace {
@@ -81,6 +82,43 @@ std::vector<int64_t> splits_or_empty(const std::vector<int64_t>& s) {
   return all_equal(s) ? std::vector<int64_t>{} : s;
 }
 
+// Groups on one host use shared memory (hp/comm/symm) for what it covers; Gloo otherwise.
+bool use_shm(const Group& g) { return symm::shm_collectives_enabled(g); }
+
+// Runs `body` on the group's symmetric heap (created on first use), naming the op on failure.
+template <typename F>
+void run_shm(const char* op, const Group& g, F&& body) {
+  try {
+    body(*g.symm_heap());
+  } catch (const std::exception& e) {
+    HP_FAIL() << what(op, g) << " (shared memory) failed: " << e.what();
+  }
+}
+
+// Elements per row (index along dim 0) of `t`.
+int64_t row_numel(const at::Tensor& t) {
+  int64_t n = 1;
+  for (int64_t d = 1; d < t.dim(); ++d) n *= t.size(d);
+  return n;
+}
+
+std::vector<size_t> split_bytes(const std::vector<int64_t>& rows, const at::Tensor& t, int n, const char* which,
+                                const Group& g) {
+  std::vector<size_t> b(n);
+  const int64_t row_bytes = row_numel(t) * static_cast<int64_t>(t.element_size());
+  if (rows.empty()) {
+    HP_CHECK(t.size(0) % n == 0) << "all_to_all on " << g.describe() << ": " << which << " has " << t.size(0)
+                                 << " rows, not divisible into " << n << " equal pieces";
+    for (auto& x : b) x = t.size(0) / n * row_bytes;
+    return b;
+  }
+  HP_CHECK(static_cast<int>(rows.size()) == n && sum(rows) == t.size(0))
+      << "all_to_all on " << g.describe() << ": " << which << " splits " << to_string_list(rows)
+      << " must have one entry per rank and add up to its " << t.size(0) << " rows";
+  for (int r = 0; r < n; ++r) b[r] = rows[r] * row_bytes;
+  return b;
+}
+
 }  // namespace
 
 std::vector<int64_t> chunk_sizes(int64_t n, int parts) {
@@ -96,6 +134,12 @@ Pending all_reduce_async(at::Tensor t, const Group& g, ReduceOp op) {
   const bool widen = t.scalar_type() == at::kBFloat16 && g.device() == "cpu";
   at::Tensor buf = widen ? t.to(at::kFloat) : t.contiguous();
   if (g.size() == 1) return Pending::done(t);
+  if (use_shm(g) && symm::can_reduce(t.scalar_type())) {
+    at::Tensor x = t.contiguous();
+    run_shm("all_reduce", g, [&](symm::Heap& h) { symm::all_reduce(h, x, op); });
+    if (!x.is_same(t)) t.copy_(x);
+    return Pending::done(t);
+  }
   std::vector<at::Tensor> bufs{buf};
   c10d::AllreduceOptions opts;
   opts.reduceOp = to_c10d(op);
@@ -129,6 +173,14 @@ Pending all_to_all_single_async(at::Tensor out, const at::Tensor& in, const Grou
     out.copy_(src.view(out.sizes()));
     return Pending::done(out);
   }
+  if (use_shm(g)) {
+    HP_CHECK(src.dim() >= 1 && out.dim() >= 1) << "all_to_all on " << g.describe() << " needs tensors with rows";
+    const int n = g.size();
+    auto send = split_bytes(in_splits, src, n, "input", g), recv = split_bytes(out_splits, out, n, "output", g);
+    run_shm("all_to_all", g,
+            [&](symm::Heap& h) { symm::all_to_all(h, src.data_ptr(), send, out.data_ptr(), recv); });
+    return Pending::done(out);
+  }
   at::Tensor out_w = wire(out), in_w = wire(src);
   c10d::AllToAllOptions opts;
   opts.timeout = g.timeout();
@@ -147,6 +199,16 @@ Pending all_gather_async(const at::Tensor& t, const Group& g, int64_t dim, std::
       << " must have one entry per rank, this rank's equal to its extent " << t.size(dim)
       << " along dim " << dim;
   if (n == 1) return Pending::done(t.clone());
+  if (use_shm(g)) {
+    at::Tensor rows = t.movedim(dim, 0).contiguous();
+    std::vector<int64_t> out_shape = rows.sizes().vec();
+    out_shape[0] = sum(sizes);
+    at::Tensor out = g.buffer(c10::multiply_integers(out_shape), t.options()).view(out_shape);
+    std::vector<size_t> bytes(n);
+    for (int r = 0; r < n; ++r) bytes[r] = sizes[r] * row_numel(rows) * t.element_size();
+    run_shm("all_gather", g, [&](symm::Heap& h) { symm::all_gather(h, rows.data_ptr(), bytes, out.data_ptr()); });
+    return Pending::done(dim == 0 ? out : out.movedim(0, dim).contiguous());
+  }
   // Every rank sends its rows to every rank: an all-to-all of n copies moves the bytes
   // of a ring all-gather and runs far faster than Gloo's list all-gather.
   at::Tensor rows = t.movedim(dim, 0);
@@ -177,6 +239,16 @@ Pending reduce_scatter_async(const at::Tensor& t, const Group& g, int64_t dim, R
       << "reduce_scatter on " << g.describe() << ": sizes " << to_string_list(sizes)
       << " must have one entry per rank and add up to extent " << t.size(dim) << " along dim " << dim;
   if (n == 1) return Pending::done(reduce_stack(t.unsqueeze(0), op));
+  if (use_shm(g) && symm::can_reduce(t.scalar_type())) {
+    at::Tensor rows = t.movedim(dim, 0).contiguous();
+    std::vector<int64_t> out_shape = rows.sizes().vec();
+    out_shape[0] = sizes[g.rank()];
+    at::Tensor out = g.buffer(c10::multiply_integers(out_shape), t.options()).view(out_shape);
+    std::vector<int64_t> counts(n);
+    for (int r = 0; r < n; ++r) counts[r] = sizes[r] * row_numel(rows);
+    run_shm("reduce_scatter", g, [&](symm::Heap& h) { symm::reduce_scatter(h, rows, out, counts, op); });
+    return Pending::done(dim == 0 ? out : out.movedim(0, dim).contiguous());
+  }
   // All-to-all hands rank r every rank's r-th piece; a local reduction (in rank order,
   // hence deterministic) finishes it. Same bytes as a ring reduce-scatter.
   at::Tensor rows = t.movedim(dim, 0).contiguous();
@@ -275,6 +347,11 @@ Pending broadcast_async(at::Tensor t, const Group& g, int src) {
                                        << " is outside the group";
   if (g.size() == 1) return Pending::done(t);
   at::Tensor buf = t.contiguous();
+  if (use_shm(g)) {
+    run_shm("broadcast", g, [&](symm::Heap& h) { symm::broadcast(h, buf.data_ptr(), buf.nbytes(), src); });
+    if (!buf.is_same(t)) t.copy_(buf);
+    return Pending::done(t);
+  }
   std::vector<at::Tensor> bufs{wire(buf)};
   c10d::BroadcastOptions opts;
   opts.rootRank = src;

@@ -6,13 +6,21 @@
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
+#include "hp/comm/symm/heap.h"
 
 namespace hp::comm {
 
 Group::Group(std::vector<int> ranks, int global_rank, BackendPtr backend,
-             std::chrono::milliseconds timeout, std::string device)
+             std::chrono::milliseconds timeout, std::string device, StorePtr store, bool on_one_host)
     : ranks_(std::move(ranks)), rank_(group_rank_of(global_rank)), backend_(std::move(backend)),
-      timeout_(timeout), device_(std::move(device)) {}
+      timeout_(timeout), device_(std::move(device)), store_(std::move(store)), on_one_host_(on_one_host) {}
+
+std::shared_ptr<symm::Heap> Group::symm_heap() const {
+  std::lock_guard<std::mutex> lock(heap_mu_);
+  HP_CHECK(on_one_host()) << "symmetric heap on " << describe() << ": the group's ranks are not all on one host";
+  if (!heap_) heap_ = symm::Heap::create(*this);
+  return heap_;
+}
 
 int Group::group_rank_of(int global_rank) const {
   auto it = std::find(ranks_.begin(), ranks_.end(), global_rank);

@@ -4,18 +4,25 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "hp/comm/backend.h"
 
+namespace hp::symm {
+class Heap;
+}
+
 namespace hp::comm {
 
 class Group {
  public:
+  // `store`: the group's own (prefixed) rendezvous store. `on_one_host`: every member
+  // runs on this host, so they can share memory.
   Group(std::vector<int> ranks, int global_rank, BackendPtr backend, std::chrono::milliseconds timeout,
-        std::string device);
+        std::string device, StorePtr store = {}, bool on_one_host = false);
 
   int rank() const { return rank_; }  // this process's index in the group
   int size() const { return static_cast<int>(ranks_.size()); }
@@ -26,6 +33,12 @@ class Group {
   std::chrono::milliseconds timeout() const { return timeout_; }
   const std::string& device() const { return device_; }
   std::string describe() const;  // "group [0, 2] (rank 1 of 2)"
+  const StorePtr& store() const { return store_; }
+  bool on_one_host() const { return on_one_host_ && store_; }
+
+  // The group's symmetric heap (hp/comm/symm), created on first use: a collective call,
+  // so every member must reach it at the same point of its sequence of collectives.
+  std::shared_ptr<symm::Heap> symm_heap() const;
 
   // A flat buffer of `numel` elements for a collective's output or staging. Buffers are
   // pooled and handed out again once nobody else holds their storage, so steady-state
@@ -38,6 +51,10 @@ class Group {
   BackendPtr backend_;
   std::chrono::milliseconds timeout_;
   std::string device_;
+  StorePtr store_;
+  bool on_one_host_;
+  mutable std::mutex heap_mu_;
+  mutable std::shared_ptr<symm::Heap> heap_;
   mutable std::mutex pool_mu_;
   mutable std::vector<at::Tensor> pool_;
 };

@@ -10,6 +10,8 @@
 
 #include <malloc.h>
 
+#include <algorithm>
+
 #include <thread>
 
 #include "hp/base/error.h"
@@ -108,9 +110,15 @@ std::shared_ptr<Group> World::group(const std::vector<int>& ranks, const std::st
               << " failed (did every member create it, within " << timeout_.count() << " ms?): "
               << e.what();
   }
-  auto g = std::make_shared<Group>(ranks, rank_, backend, timeout_, device);
+  auto g = std::make_shared<Group>(ranks, rank_, backend, timeout_, device, prefixed, on_one_host(ranks));
   groups_.emplace(key, g);
   return g;
+}
+
+bool World::on_one_host(const std::vector<int>& ranks) const {
+  if (loopback_) return true;
+  const int per_node = std::max(1, env_.local_world_size);
+  return std::all_of(ranks.begin(), ranks.end(), [&](int r) { return r / per_node == ranks.front() / per_node; });
 }
 
 std::shared_ptr<Group> World::world_group(const std::string& device) {

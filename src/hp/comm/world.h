@@ -28,6 +28,9 @@ class World {
   std::chrono::milliseconds timeout() const { return timeout_; }
   const DistEnv& env() const { return env_; }
   const StorePtr& store() const { return store_; }
+  // Whether all of `ranks` run on one host: all of them when the world is on loopback,
+  // else those of one node (rank / local world size, as launchers number them).
+  bool on_one_host(const std::vector<int>& ranks) const;
 
   // The group of `ranks` (this rank must be one). Every member must ask for the same
   // groups in the same order the first time: creating one is a rendezvous.

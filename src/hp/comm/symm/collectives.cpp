@@ -1,0 +1,152 @@
+#include "hp/comm/symm/collectives.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+
+#include "hp/base/error.h"
+#include "hp/comm/group.h"
+#include "hp/comm/symm/fold.h"
+
+namespace hp::symm {
+namespace {
+
+// Below this, every rank folds the whole message (one barrier) instead of its slice
+// followed by an all-gather (two barriers): latency matters more than bytes.
+constexpr size_t kOneShotBytes = 256 << 10;
+
+size_t clamp_len(size_t total, size_t off, size_t window) { return off >= total ? 0 : std::min(window, total - off); }
+
+std::vector<const char*> peer_ptrs(const Heap& h, int parity, size_t byte_off) {
+  std::vector<const char*> p(h.size());
+  for (int r = 0; r < h.size(); ++r) p[r] = h.scratch(r, parity) + byte_off;
+  return p;
+}
+
+}  // namespace
+
+bool shm_collectives_enabled(const comm::Group& g) {
+  const char* v = std::getenv("HP_SHM_COLLECTIVES");  // read each time: tests and benchmarks flip it
+  const bool enabled = !(v && std::string(v) == "0");
+  return enabled && g.device() == "cpu" && g.size() >= 2 && g.size() <= kMaxRanks && g.on_one_host();
+}
+
+bool can_reduce(at::ScalarType dtype) { return can_fold(dtype); }
+
+void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
+  const int n = h.size(), me = h.rank();
+  const auto dtype = t.scalar_type();
+  const size_t elem = t.element_size();
+  const int64_t total = t.numel();
+  char* data = static_cast<char*>(t.data_ptr());
+  // Input in the first half of the window, folded slices in the second.
+  const int64_t chunk = static_cast<int64_t>(h.step_bytes() / 2 / elem);
+  const bool one_shot = total * elem <= kOneShotBytes;
+  for (int64_t off = 0; off < total; off += chunk) {
+    const int64_t len = std::min(chunk, total - off);
+    const int p = h.next_parity();
+    std::memcpy(h.scratch(me, p), data + off * elem, len * elem);
+    h.barrier("all_reduce");
+    if (one_shot) {
+      fold(data + off * elem, peer_ptrs(h, p, 0), len, dtype, op);
+      continue;
+    }
+    // Slices of 16 elements or more, so copies stay aligned.
+    const int64_t per = ((len + n - 1) / n + 15) & ~int64_t{15};
+    auto lo = [&](int r) { return std::min<int64_t>(len, r * per); };
+    const size_t folded = h.step_bytes() / 2;
+    fold(h.scratch(me, p) + folded + lo(me) * elem, peer_ptrs(h, p, lo(me) * elem), lo(me + 1) - lo(me), dtype,
+         op);
+    h.barrier("all_reduce");
+    for (int r = 0; r < n; ++r)
+      std::memcpy(data + (off + lo(r)) * elem, h.scratch(r, p) + folded + lo(r) * elem, (lo(r + 1) - lo(r)) * elem);
+  }
+}
+
+void reduce_scatter(Heap& h, const at::Tensor& in, at::Tensor out, const std::vector<int64_t>& counts,
+                    ReduceOp op) {
+  const int me = h.rank();
+  const auto dtype = in.scalar_type();
+  const size_t elem = in.element_size();
+  const int64_t total = in.numel();
+  const char* src = static_cast<const char*>(in.data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+  const int64_t start = std::accumulate(counts.begin(), counts.begin() + me, int64_t{0});
+  const int64_t end = start + counts[me];
+  const int64_t chunk = static_cast<int64_t>(h.step_bytes() / elem);
+  for (int64_t off = 0; off < total; off += chunk) {
+    const int64_t len = std::min(chunk, total - off);
+    const int p = h.next_parity();
+    std::memcpy(h.scratch(me, p), src + off * elem, len * elem);
+    h.barrier("reduce_scatter");
+    const int64_t a = std::max(start, off), b = std::min(end, off + len);
+    if (a < b) fold(dst + (a - start) * elem, peer_ptrs(h, p, (a - off) * elem), b - a, dtype, op);
+  }
+}
+
+void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, void* out) {
+  const int n = h.size(), me = h.rank();
+  const size_t most = *std::max_element(bytes.begin(), bytes.end());
+  std::vector<size_t> at(n, 0);
+  for (int r = 1; r < n; ++r) at[r] = at[r - 1] + bytes[r - 1];
+  char* dst = static_cast<char*>(out);
+  std::memcpy(dst + at[me], in, bytes[me]);
+  const size_t window = h.step_bytes();
+  for (size_t off = 0; off < most; off += window) {
+    const int p = h.next_parity();
+    std::memcpy(h.scratch(me, p), static_cast<const char*>(in) + off, clamp_len(bytes[me], off, window));
+    h.barrier("all_gather");
+    for (int r = 0; r < n; ++r)
+      if (r != me) std::memcpy(dst + at[r] + off, h.scratch(r, p), clamp_len(bytes[r], off, window));
+  }
+}
+
+void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* out,
+                const std::vector<size_t>& recv) {
+  const int n = h.size(), me = h.rank();
+  const int row = h.next_exchange();
+  Control& mine = h.control(me);
+  for (int s = 0; s < n; ++s) mine.sizes[row][s] = send[s];
+  h.barrier("all_to_all");
+  size_t most = 0;
+  for (int r = 0; r < n; ++r) {
+    const Control& c = h.control(r);
+    HP_CHECK(c.sizes[row][me] == recv[r])
+        << "all_to_all on " << h.what() << ": expects " << recv[r] << " bytes from group rank " << r
+        << ", which sends " << c.sizes[row][me];
+    for (int s = 0; s < n; ++s)
+      if (r != s) most = std::max<size_t>(most, c.sizes[row][s]);
+  }
+  std::vector<size_t> in_at(n, 0), out_at(n, 0);
+  for (int r = 1; r < n; ++r) in_at[r] = in_at[r - 1] + send[r - 1], out_at[r] = out_at[r - 1] + recv[r - 1];
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  std::memcpy(dst + out_at[me], src + in_at[me], send[me]);
+  // Each step moves up to `piece` bytes of every pair; the window holds one slot per peer.
+  const size_t piece = h.step_bytes() / n / 64 * 64;
+  for (size_t off = 0; off < most; off += piece) {
+    const int p = h.next_parity();
+    for (int s = 0; s < n; ++s)
+      if (s != me) std::memcpy(h.scratch(me, p) + s * piece, src + in_at[s] + off, clamp_len(send[s], off, piece));
+    h.barrier("all_to_all");
+    for (int r = 0; r < n; ++r)
+      if (r != me) std::memcpy(dst + out_at[r] + off, h.scratch(r, p) + me * piece, clamp_len(recv[r], off, piece));
+  }
+}
+
+void broadcast(Heap& h, void* data, size_t bytes, int root) {
+  const size_t window = h.step_bytes();
+  char* d = static_cast<char*>(data);
+  for (size_t off = 0; off < bytes; off += window) {
+    const size_t len = std::min(window, bytes - off);
+    const int p = h.next_parity();
+    if (h.rank() == root) std::memcpy(h.scratch(root, p), d + off, len);
+    h.barrier("broadcast");
+    if (h.rank() != root) std::memcpy(d + off, h.scratch(root, p), len);
+  }
+}
+
+}  // namespace hp::symm

@@ -1,0 +1,45 @@
+// Collectives over the symmetric heap, for groups whose ranks share a host. They move
+// bytes with memcpy through each rank's scratch window, chunk by chunk, with one barrier
+// per chunk (two for a large all-reduce), and are synchronous.
+//
+// Reductions are deterministic: element i is always op(x_0[i], x_1[i], ..., x_{n-1}[i])
+// folded in rank order, with 16-bit floats accumulated in float32, whatever the timing.
+// A large all-reduce is a reduce-scatter (each rank folds its 1/n of every chunk, reading
+// its peers' inputs in place) followed by an all-gather of the folded slices.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "hp/base/reduce_op.h"
+#include "hp/comm/symm/heap.h"
+
+namespace hp::comm {
+class Group;
+}
+
+namespace hp::symm {
+
+// Whether hp::comm runs `g`'s collectives here: a cpu group of 2..kMaxRanks ranks on one
+// host, and HP_SHM_COLLECTIVES is not 0.
+bool shm_collectives_enabled(const comm::Group& g);
+// Whether the reductions here handle `dtype` (floating and integral types).
+bool can_reduce(at::ScalarType dtype);
+
+// `t`: contiguous, reduced in place.
+void all_reduce(Heap& h, at::Tensor t, ReduceOp op);
+// `in`: contiguous, every rank's the same numel; this rank's result, `counts[rank]`
+// elements starting at sum(counts[<rank]), goes to `out` (contiguous).
+void reduce_scatter(Heap& h, const at::Tensor& in, at::Tensor out, const std::vector<int64_t>& counts,
+                    ReduceOp op);
+// Rank r contributes bytes[r] bytes; `out` receives them all, back to back in rank order.
+void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, void* out);
+// send[s] bytes of `in` (back to back) go to rank s; recv[r] bytes from rank r land in
+// `out`, back to back in rank order. Every rank's sizes are checked against its peers'.
+void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* out,
+                const std::vector<size_t>& recv);
+void broadcast(Heap& h, void* data, size_t bytes, int root);
+
+}  // namespace hp::symm

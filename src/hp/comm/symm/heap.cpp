@@ -1,0 +1,241 @@
+#include "hp/comm/symm/heap.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <thread>
+
+#include "hp/base/error.h"
+#include "hp/base/strings.h"
+#include "hp/comm/group.h"
+
+namespace hp::symm {
+namespace {
+
+constexpr uint64_t kMagic = 0x68702d73796d6d31;  // "hp-symm1"
+constexpr size_t kPage = 4096;
+
+size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+// `name` as a positive count of 2^shift bytes, else `fallback` of them.
+size_t bytes_from_env(const char* name, size_t fallback, int shift) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback << shift;
+  char* end = nullptr;
+  long long x = std::strtoll(v, &end, 10);
+  HP_CHECK(end && *end == '\0' && x >= 1) << name << " must be a positive integer, got '" << v << "'";
+  return static_cast<size_t>(x) << shift;
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// User region start -> heap. Never destroyed: heaps held by the process-wide world die
+// during static destruction, in no fixed order with this file's statics.
+struct Registry {
+  std::mutex mu;
+  std::map<const char*, std::weak_ptr<Heap>> heaps;
+};
+Registry& registry() {
+  static Registry* r = new Registry();
+  return *r;
+}
+
+}  // namespace
+
+void Backoff::pause() {
+  ++spins_;
+  if (spins_ < 16) return cpu_relax();
+  if (waited() < std::chrono::milliseconds(2)) return std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
+
+std::shared_ptr<Heap> Heap::create(const comm::Group& g) {
+  HP_CHECK(g.size() <= kMaxRanks) << "symmetric heap on " << g.describe() << ": at most " << kMaxRanks
+                                  << " ranks per group";
+  std::shared_ptr<Heap> h(new Heap());
+  h->self_ = h;
+  h->rank_ = g.rank();
+  h->global_ranks_ = g.ranks();
+  h->what_ = g.describe();
+  h->timeout_ = g.timeout();
+  h->control_bytes_ = round_up(sizeof(Control), kPage);
+  // Virtual sizes: tmpfs only backs the pages that are touched.
+  h->scratch_bytes_ = bytes_from_env("HP_SHM_SCRATCH_MIB", 8, 20);
+  h->step_bytes_ = std::min(h->scratch_bytes_, bytes_from_env("HP_SHM_STEP_KIB", 256, 10) / 64 * 64);
+  HP_CHECK(h->step_bytes_ >= 64 * size_t(g.size())) << "HP_SHM_STEP_KIB is too small for " << g.size() << " ranks";
+  h->user_bytes_ = bytes_from_env("HP_SYMM_HEAP_MIB", 64, 20);
+  const size_t total = h->control_bytes_ + 2 * h->scratch_bytes_ + h->user_bytes_;
+
+  h->own_ = Segment::create(total, std::to_string(g.rank()));
+  auto* ctl = reinterpret_cast<Control*>(h->own_.data());
+  ctl->magic = kMagic;
+  ctl->pid = ::getpid();
+
+  // Exchange names through the group's store.
+  c10d::Store& store = *g.store();
+  const std::string key = "hp/symm/name/";
+  const std::string mine = h->own_.name();
+  store.set(key + std::to_string(g.rank()), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> keys;
+  for (int r = 0; r < g.size(); ++r) keys.push_back(key + std::to_string(r));
+  try {
+    store.wait(keys, g.timeout());
+  } catch (const std::exception& e) {
+    std::vector<int> missing;
+    for (int r = 0; r < g.size(); ++r)
+      if (!store.check({keys[r]})) missing.push_back(g.global_rank(r));
+    HP_FAIL() << "symmetric heap on " << g.describe() << ": ranks " << to_string_list(missing)
+              << " did not publish their segments within " << g.timeout().count() << " ms: " << e.what();
+  }
+  h->mapped_.resize(g.size());
+  h->peers_.resize(g.size());
+  for (int r = 0; r < g.size(); ++r) {
+    if (r == g.rank()) {
+      h->peers_[r] = h->own_.data();
+      continue;
+    }
+    std::vector<uint8_t> v = store.get(keys[r]);
+    h->mapped_[r] = Segment::open(std::string(v.begin(), v.end()), total);
+    h->peers_[r] = h->mapped_[r].data();
+    HP_CHECK(h->control(r).magic == kMagic)
+        << "symmetric heap on " << g.describe() << ": rank " << g.global_rank(r)
+        << "'s segment is not initialised";
+  }
+  // Once everyone has mapped every segment, no name is needed any more.
+  h->barrier("symmetric heap creation");
+  h->own_.unlink();
+
+  h->free_[0] = h->user_bytes_;
+  std::lock_guard<std::mutex> lock(registry().mu);
+  registry().heaps[h->user(h->rank_)] = h;
+  return h;
+}
+
+Heap::~Heap() {
+  std::lock_guard<std::mutex> lock(registry().mu);
+  if (!peers_.empty()) registry().heaps.erase(user(rank_));
+}
+
+std::shared_ptr<Heap> Heap::owning(const void* p) {
+  const char* c = static_cast<const char*>(p);
+  std::lock_guard<std::mutex> lock(registry().mu);
+  auto it = registry().heaps.upper_bound(c);
+  if (it == registry().heaps.begin()) return nullptr;
+  --it;
+  auto h = it->second.lock();
+  if (!h || c >= it->first + h->user_bytes_) return nullptr;
+  return h;
+}
+
+std::vector<int> Heap::late_peers(uint64_t epoch) const {
+  std::vector<int> late;
+  for (int r = 0; r < size(); ++r)
+    if (control(r).barrier.load(std::memory_order_acquire) < epoch) late.push_back(global_ranks_[r]);
+  return late;
+}
+
+void Heap::check_alive(const char* op) const {
+  for (int r = 0; r < size(); ++r) {
+    const pid_t pid = static_cast<pid_t>(control(r).pid);
+    HP_CHECK(!(::kill(pid, 0) != 0 && errno == ESRCH))
+        << op << " on " << what_ << ": rank " << global_ranks_[r] << " (pid " << pid << ") has died";
+  }
+}
+
+void Heap::fail_late(const char* op, const std::vector<int>& late, std::chrono::milliseconds waited) const {
+  HP_FAIL() << op << " on " << what_ << " timed out after " << waited.count() << " ms (timeout "
+            << timeout_.count() << " ms, HP_TIMEOUT_S): ranks " << to_string_list(late)
+            << " did not arrive";
+  std::abort();  // not reached: HP_FAIL throws
+}
+
+void Heap::barrier(const char* op) {
+  const uint64_t epoch = ++epoch_;
+  control(rank_).barrier.store(epoch, std::memory_order_release);
+  Backoff backoff;
+  auto last_check = std::chrono::steady_clock::now();
+  for (int r = 0; r < size(); ++r) {
+    // A peer is at most one barrier ahead (it needs our arrival to pass this one).
+    while (control(r).barrier.load(std::memory_order_acquire) < epoch) {
+      backoff.pause();
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_check < std::chrono::milliseconds(20)) continue;
+      last_check = now;
+      check_alive(op);
+      if (backoff.waited() > timeout_)
+        fail_late(op, late_peers(epoch),
+                  std::chrono::duration_cast<std::chrono::milliseconds>(backoff.waited()));
+    }
+  }
+}
+
+void Heap::signal(int peer, int slot, uint64_t value, SignalOp op) {
+  HP_CHECK(peer >= 0 && peer < size()) << "signal on " << what_ << ": peer " << peer << " is outside the group";
+  HP_CHECK(slot >= 0 && slot < kSignalSlots)
+      << "signal on " << what_ << ": slot " << slot << " outside [0, " << kSignalSlots << ")";
+  auto& word = control(peer).signals[slot];
+  if (op == SignalOp::Set) word.store(value, std::memory_order_release);
+  else word.fetch_add(value, std::memory_order_acq_rel);
+}
+
+uint64_t Heap::wait_signal(int slot, uint64_t value, std::chrono::milliseconds timeout) {
+  HP_CHECK(slot >= 0 && slot < kSignalSlots)
+      << "wait_signal on " << what_ << ": slot " << slot << " outside [0, " << kSignalSlots << ")";
+  auto& word = control(rank_).signals[slot];
+  Backoff backoff;
+  auto last_check = std::chrono::steady_clock::now();
+  for (;;) {
+    const uint64_t v = word.load(std::memory_order_acquire);
+    if (v >= value) return v;
+    backoff.pause();
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_check < std::chrono::milliseconds(20)) continue;
+    last_check = now;
+    check_alive("wait_signal");
+    HP_CHECK(backoff.waited() <= timeout)
+        << "wait_signal on " << what_ << " (rank " << global_ranks_[rank_] << "): slot " << slot
+        << " still holds " << v << " after " << timeout.count() << " ms, waiting for " << value;
+  }
+}
+
+size_t Heap::allocate(size_t bytes) {
+  bytes = round_up(std::max<size_t>(bytes, 1), 64);
+  std::lock_guard<std::mutex> lock(alloc_mu_);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < bytes) continue;
+    const size_t off = it->first, left = it->second - bytes;
+    free_.erase(it);
+    if (left) free_[off + bytes] = left;
+    used_[off] = bytes;
+    return off;
+  }
+  HP_FAIL() << "symmetric heap on " << what_ << " is full: cannot allocate " << bytes << " bytes of "
+            << user_bytes_ << " (raise HP_SYMM_HEAP_MIB)";
+  return 0;
+}
+
+void Heap::release(size_t offset) {
+  std::lock_guard<std::mutex> lock(alloc_mu_);
+  auto u = used_.find(offset);
+  if (u == used_.end()) return;
+  size_t off = offset, bytes = u->second;
+  used_.erase(u);
+  auto next = free_.find(off + bytes);
+  if (next != free_.end()) bytes += next->second, free_.erase(next);
+  auto prev = free_.lower_bound(off);
+  if (prev != free_.begin()) {
+    --prev;
+    if (prev->first + prev->second == off) off = prev->first, bytes += prev->second, free_.erase(prev);
+  }
+  free_[off] = bytes;
+}
+
+}  // namespace hp::symm

@@ -1,0 +1,131 @@
+// The symmetric heap of a process group whose ranks share a host: every rank owns one
+// shared-memory segment of the same size and maps all of its peers', so a rank reads and
+// writes any peer's memory with plain loads and stores.
+//
+// Each segment holds, in order: a control block (barrier counter, signal slots, a size
+// exchange area), a scratch window for collectives (two halves, used in alternate steps),
+// and the user heap that hp::symm::empty allocates from.
+//
+// Memory model: data moves with plain copies; ordering comes only from the 64-bit atomic
+// words of the control block (lock-free, hence address-free across processes, as
+// [atomics.lockfree] asks). A release store or read-modify-write of a word (barrier
+// arrival, signal) publishes every write this rank made before it; an acquire load that
+// observes the value (barrier wait, wait_signal) makes those writes visible. This holds on
+// any architecture C++ targets: on x86 the compiler emits plain moves, on Arm ldar/stlr.
+// Nothing else is ordered: data put to a peer without a signal or barrier after it may
+// be seen late or torn.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "hp/comm/symm/segment.h"
+
+namespace hp::comm {
+class Group;
+}
+
+namespace hp::symm {
+
+constexpr int kMaxRanks = 256;   // per group; larger groups on one host keep Gloo
+constexpr int kSignalSlots = 64;
+
+enum class SignalOp { Set, Add };
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory atomics must be lock-free");
+
+struct Control {
+  uint64_t magic;
+  int64_t pid;  // whose segment: a peer that has died is named at once
+  alignas(64) std::atomic<uint64_t> barrier;
+  alignas(64) std::atomic<uint64_t> signals[kSignalSlots];
+  // all_to_all: each rank publishes its send sizes here, in alternate rows per call.
+  alignas(64) uint64_t sizes[2][kMaxRanks];
+};
+
+class Heap {
+ public:
+  // Collective over `g` (every member calls it, in the same order as its other
+  // collectives): creates this rank's segment, publishes its name in the group's store,
+  // maps every peer's, and unlinks the name once all have mapped it.
+  static std::shared_ptr<Heap> create(const comm::Group& g);
+  ~Heap();
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(peers_.size()); }
+  const std::string& what() const { return what_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  Control& control(int peer) const { return *reinterpret_cast<Control*>(peers_[peer]); }
+  // The scratch window of `peer` for a step of the given parity: scratch_bytes() long.
+  char* scratch(int peer, int parity) const { return peers_[peer] + control_bytes_ + parity * scratch_bytes_; }
+  size_t scratch_bytes() const { return scratch_bytes_; }
+  // How much of the window a collective step uses: small enough that a step's data moves
+  // between caches rather than through DRAM, large enough that barriers stay rare.
+  size_t step_bytes() const { return step_bytes_; }
+  char* user(int peer) const { return peers_[peer] + control_bytes_ + 2 * scratch_bytes_; }
+  size_t user_bytes() const { return user_bytes_; }
+
+  // The parity of the next collective step. Every rank takes steps in the same order, so
+  // a window is written again only two steps later, after a barrier that all readers of
+  // its previous contents have passed.
+  int next_parity() { return static_cast<int>(steps_++ & 1); }
+  int next_exchange() { return static_cast<int>(exchanges_++ & 1); }
+
+  // Every rank arrives (release), then waits for all others (acquire). Fails naming the
+  // ranks that did not arrive within the group's timeout, or at once if one has died.
+  void barrier(const char* op = "barrier");
+  void signal(int peer, int slot, uint64_t value, SignalOp op);
+  // Waits until this rank's `slot` holds at least `value`; returns what it holds.
+  uint64_t wait_signal(int slot, uint64_t value, std::chrono::milliseconds timeout);
+
+  // The user heap: first fit, so ranks that allocate and free in the same order get the
+  // same offsets. Returns an offset into user().
+  size_t allocate(size_t bytes);
+  void release(size_t offset);
+
+  // The heap whose user region (on this rank) holds `p`, or null.
+  static std::shared_ptr<Heap> owning(const void* p);
+
+ private:
+  Heap() = default;
+  std::vector<int> late_peers(uint64_t epoch) const;
+  void check_alive(const char* op) const;
+  [[noreturn]] void fail_late(const char* op, const std::vector<int>& late,
+                              std::chrono::milliseconds waited) const;
+
+  int rank_ = 0;
+  std::vector<int> global_ranks_;
+  std::string what_;
+  std::chrono::milliseconds timeout_{0};
+  size_t control_bytes_ = 0, scratch_bytes_ = 0, step_bytes_ = 0, user_bytes_ = 0;
+  Segment own_;
+  std::vector<Segment> mapped_;  // peers' segments (own_ at our index is left empty)
+  std::vector<char*> peers_;     // base of every rank's segment, ours included
+  uint64_t epoch_ = 0;
+  uint64_t steps_ = 0;
+  uint64_t exchanges_ = 0;
+  std::mutex alloc_mu_;
+  std::map<size_t, size_t> free_;  // offset -> bytes
+  std::map<size_t, size_t> used_;
+  std::weak_ptr<Heap> self_;
+};
+
+// Spins briefly, then yields, then naps: ranks may outnumber cores.
+class Backoff {
+ public:
+  void pause();
+  std::chrono::steady_clock::duration waited() const { return std::chrono::steady_clock::now() - start_; }
+
+ private:
+  uint64_t spins_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace hp::symm

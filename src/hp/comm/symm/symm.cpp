@@ -1,0 +1,82 @@
+#include "hp/comm/symm/symm.h"
+
+#include <ATen/ATen.h>
+
+#include "hp/base/error.h"
+#include "hp/comm/group.h"
+
+namespace hp::symm {
+namespace {
+
+std::shared_ptr<Heap> heap_of(const at::Tensor& t, const char* op) {
+  auto h = t.defined() ? Heap::owning(t.data_ptr()) : nullptr;
+  HP_CHECK(h) << op << ": the tensor is not in a symmetric heap (allocate it with hp::symm::empty)";
+  return h;
+}
+
+std::shared_ptr<Heap> heap_of(const comm::Group& g, const char* op) {
+  HP_CHECK(g.on_one_host()) << op << " on " << g.describe() << ": the group spans hosts; symmetric memory "
+                            << "needs every rank on one host";
+  return g.symm_heap();
+}
+
+// Elements [offset, offset + numel) of peer's instance of `t`, flattened.
+at::Tensor peer_range(const at::Tensor& t, int peer, int64_t offset, int64_t numel, const char* op) {
+  auto h = heap_of(t, op);
+  HP_CHECK(peer >= 0 && peer < h->size()) << op << " on " << h->what() << ": peer " << peer
+                                          << " is outside the group";
+  HP_CHECK(t.is_contiguous()) << op << ": the symmetric tensor must be contiguous";
+  HP_CHECK(offset >= 0 && offset + numel <= t.numel())
+      << op << ": elements [" << offset << ", " << offset + numel << ") fall outside the symmetric tensor of "
+      << t.numel();
+  return peer_view(t, peer).view({-1}).narrow(0, offset, numel);
+}
+
+}  // namespace
+
+at::Tensor empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group& g) {
+  std::shared_ptr<Heap> h = heap_of(g, "hp::symm::empty");
+  const int64_t numel = c10::multiply_integers(shape);
+  HP_CHECK(numel >= 0) << "hp::symm::empty: bad shape " << shape;
+  const size_t off = h->allocate(numel * c10::elementSize(dtype));
+  return at::from_blob(
+      h->user(h->rank()) + off, shape, [h, off](void*) { h->release(off); },
+      at::TensorOptions().dtype(dtype));
+}
+
+bool is_symmetric(const at::Tensor& t) { return t.defined() && Heap::owning(t.data_ptr()) != nullptr; }
+
+at::Tensor peer_view(const at::Tensor& t, int peer) {
+  auto h = heap_of(t, "peer_view");
+  HP_CHECK(peer >= 0 && peer < h->size()) << "peer_view on " << h->what() << ": peer " << peer
+                                          << " is outside the group";
+  const char* p = static_cast<const char*>(t.data_ptr());
+  const size_t off = p - h->user(h->rank());
+  return at::from_blob(h->user(peer) + off, t.sizes(), t.strides(), [h](void*) {}, t.options());
+}
+
+void put(const at::Tensor& dst, const at::Tensor& src, int peer, int64_t dst_offset) {
+  HP_CHECK(src.scalar_type() == dst.scalar_type())
+      << "put: source dtype " << src.scalar_type() << " differs from the symmetric tensor's " << dst.scalar_type();
+  peer_range(dst, peer, dst_offset, src.numel(), "put").copy_(src.reshape({-1}));
+}
+
+void get(at::Tensor dst, const at::Tensor& src, int peer, int64_t src_offset) {
+  HP_CHECK(src.scalar_type() == dst.scalar_type())
+      << "get: destination dtype " << dst.scalar_type() << " differs from the symmetric tensor's "
+      << src.scalar_type();
+  at::Tensor from = peer_range(src, peer, src_offset, dst.numel(), "get");
+  dst.copy_(from.view(dst.sizes()));
+}
+
+void signal(const comm::Group& g, int peer, int slot, uint64_t value, SignalOp op) {
+  heap_of(g, "signal")->signal(peer, slot, value, op);
+}
+
+uint64_t wait_signal(const comm::Group& g, int slot, uint64_t value, std::chrono::milliseconds timeout) {
+  return heap_of(g, "wait_signal")->wait_signal(slot, value, timeout.count() > 0 ? timeout : g.timeout());
+}
+
+void barrier(const comm::Group& g) { heap_of(g, "hp::symm::barrier")->barrier("hp::symm::barrier"); }
+
+}  // namespace hp::symm

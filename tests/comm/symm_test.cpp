@@ -1,0 +1,235 @@
+// The symmetric heap (put/get/signal/barrier) and the shared-memory collectives beyond
+// what collectives_test covers: messages split over many chunks, the large all-reduce
+// path, bit-exact determinism, contention, and a peer that never arrives.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <dirent.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <numeric>
+#include <thread>
+
+#include "hp/base/error.h"
+#include "hp/comm.h"
+#include "hp/comm/symm/collectives.h"
+#include "hp/comm/symm/symm.h"
+#include "rank_data.h"
+
+using namespace hp;
+using namespace hp::comm;
+
+namespace {
+
+// Sets an environment variable for one test.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* k, const char* v) : k_(k) { ::setenv(k, v, 1); }
+  ~ScopedEnv() { ::unsetenv(k_); }
+
+ private:
+  const char* k_;
+};
+
+// This process's segments (tests that run alongside use other prefixes).
+std::string test_prefix() { return "/hp-" + std::to_string(::getuid()) + "-test" + std::to_string(::getpid()); }
+
+std::vector<std::string> our_segments() {
+  const std::string prefix = test_prefix().substr(1) + "-";
+  std::vector<std::string> found;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d))
+      if (std::string(e->d_name).rfind(prefix, 0) == 0) found.push_back(e->d_name);
+    ::closedir(d);
+  }
+  return found;
+}
+
+TEST(SymmHeap, PutSignalGetOneToFourRanks) {
+  for (int world : {1, 2, 3, 4}) {
+    run_local_ranks(world, [&](int rank) {
+      auto g = current_world()->world_group();
+      constexpr int64_t K = 1000;
+      at::Tensor box = symm::empty({world, K}, at::kFloat, *g);
+      EXPECT_TRUE(symm::is_symmetric(box));
+      box.fill_(-1);
+      symm::barrier(*g);  // nobody writes into a box before its owner has cleared it
+      for (int round = 1; round <= 3; ++round) {
+        at::Tensor mine = rank_input(rank, {K}, at::kFloat, round);
+        for (int peer = 0; peer < world; ++peer) {
+          symm::put(box, mine, peer, rank * K);
+          symm::signal(*g, peer, /*slot=*/0, 1, symm::SignalOp::Add);
+        }
+        // Every rank's add arrives (the same word, from all ranks at once), and with it its data.
+        symm::wait_signal(*g, 0, static_cast<uint64_t>(round * world));
+        for (int r = 0; r < world; ++r)
+          ASSERT_TRUE(at::equal(box[r], rank_input(r, {K}, at::kFloat, round))) << "round " << round << " from " << r;
+        symm::barrier(*g);  // all have read before anyone writes the next round
+      }
+      // get: the next rank's box, a range of it.
+      const int next = (rank + 1) % world;
+      at::Tensor got = at::empty({K / 2}, at::kFloat);
+      symm::get(got, box, next, 7);
+      at::Tensor want = symm::peer_view(box, next).view({-1}).narrow(0, 7, K / 2);
+      EXPECT_TRUE(at::equal(got, want));
+    });
+  }
+}
+
+TEST(SymmHeap, ContendedAddsAndSetsAreNeverLost) {
+  run_local_ranks(4, [&](int rank) {
+    auto g = current_world()->world_group();
+    constexpr int kAdds = 2000;
+    for (int i = 0; i < kAdds; ++i) symm::signal(*g, 0, /*slot=*/1, 1, symm::SignalOp::Add);
+    if (rank == 0) EXPECT_EQ(symm::wait_signal(*g, 1, 4 * kAdds), uint64_t{4 * kAdds});
+    // Set hands a value over: a ping-pong of increasing values around the ring.
+    const int n = g->size(), next = (rank + 1) % n;
+    for (uint64_t v = 1; v <= 50; ++v) {
+      if (rank == 0) symm::signal(*g, next, 2, v);
+      EXPECT_GE(symm::wait_signal(*g, 2, v), v);
+      if (rank != 0) symm::signal(*g, next, 2, v);
+    }
+    symm::barrier(*g);
+  });
+}
+
+TEST(SymmHeap, AllocationsAreSymmetricAndFreed) {
+  run_local_ranks(2, [&](int rank) {
+    auto g = current_world()->world_group();
+    auto h = g->symm_heap();
+    std::vector<size_t> offsets;
+    {
+      at::Tensor a = symm::empty({100}, at::kDouble, *g);
+      at::Tensor b = symm::empty({3, 5}, at::kHalf, *g);
+      offsets = {size_t(static_cast<char*>(a.data_ptr()) - h->user(rank)),
+                 size_t(static_cast<char*>(b.data_ptr()) - h->user(rank))};
+    }
+    // Both freed: the next allocation starts where the first did.
+    at::Tensor c = symm::empty({10}, at::kFloat, *g);
+    EXPECT_EQ(size_t(static_cast<char*>(c.data_ptr()) - h->user(rank)), offsets[0]);
+    EXPECT_THROW(symm::empty({int64_t(h->user_bytes())}, at::kFloat, *g), hp::Error);
+    EXPECT_THROW(symm::put(c, at::ones({11}), 0), hp::Error);          // past the end
+    EXPECT_THROW(symm::put(at::ones({4}), at::ones({4}), 0), hp::Error);  // not symmetric
+    EXPECT_THROW(symm::signal(*g, 5, 0, 1), hp::Error);
+  });
+}
+
+// Every collective over messages that take many steps (256 KiB each).
+TEST(ShmCollectives, ManyChunksAllDtypes) {
+  ScopedEnv small("HP_SHM_STEP_KIB", "256");
+  for (int world : {2, 3, 4}) {
+    run_local_ranks(world, [&](int rank) {
+      auto g = current_world()->world_group();
+      for (auto dtype : {at::kFloat, at::kBFloat16, at::kInt}) {
+        const int64_t rows = 320 * 1024 / 3 + 1;  // ~1.3 MiB of float32, uneven over ranks
+        at::Tensor x = rank_input(rank, {rows, 3}, dtype);
+        at::Tensor want = at::zeros({rows, 3}, at::kDouble);
+        for (int r = 0; r < world; ++r) want += rank_input(r, {rows, 3}, dtype).to(at::kDouble);
+        at::Tensor sum = all_reduce(x, *g);
+        ASSERT_TRUE(at::equal(sum, want.to(dtype))) << "all_reduce " << dtype;
+
+        auto sizes = chunk_sizes(rows, world);
+        int64_t off = 0;
+        for (int r = 0; r < rank; ++r) off += sizes[r];
+        at::Tensor rs = reduce_scatter(x, *g);
+        ASSERT_TRUE(at::equal(rs, want.to(dtype).narrow(0, off, sizes[rank]))) << "reduce_scatter " << dtype;
+
+        at::Tensor gathered = all_gather(rs, *g, 0, sizes);
+        ASSERT_TRUE(at::equal(gathered, want.to(dtype))) << "all_gather " << dtype;
+
+        at::Tensor b = x.clone();
+        broadcast_(b, *g, world - 1);
+        ASSERT_TRUE(at::equal(b, rank_input(world - 1, {rows, 3}, dtype))) << "broadcast " << dtype;
+
+        // Uneven all-to-all: rank r sends (r + s + 1) * 20000 rows to rank s.
+        std::vector<int64_t> send(world), recv(world);
+        for (int s = 0; s < world; ++s) send[s] = (rank + s + 1) * 20000, recv[s] = (s + rank + 1) * 20000;
+        int64_t total = 0;
+        for (auto v : send) total += v;
+        at::Tensor in = rank_input(rank, {total}, dtype);
+        at::Tensor out = at::empty({std::accumulate(recv.begin(), recv.end(), int64_t{0})}, in.options());
+        all_to_all_single_async(out, in, *g, recv, send).wait();
+        int64_t at_out = 0;
+        for (int s = 0; s < world; ++s) {
+          int64_t from = 0;
+          for (int d = 0; d < rank; ++d) from += (s + d + 1) * 20000;
+          ASSERT_TRUE(at::equal(out.narrow(0, at_out, recv[s]),
+                                rank_input(s, {from + recv[s]}, dtype).narrow(0, from, recv[s])))
+              << "all_to_all from " << s << " " << dtype;
+          at_out += recv[s];
+        }
+      }
+    });
+  }
+}
+
+// Same bits whatever the timing: the sum of random floats equals the fold in rank order,
+// on the one-shot and the sliced paths, for float32 and bfloat16 (folded in float32).
+TEST(ShmCollectives, ReductionOrderIsFixed) {
+  ScopedEnv small("HP_SHM_STEP_KIB", "256");
+  const int world = 4;
+  for (int64_t numel : {int64_t{1000}, int64_t{300000}}) {
+    for (auto dtype : {at::kFloat, at::kBFloat16}) {
+      std::vector<at::Tensor> inputs;
+      for (int r = 0; r < world; ++r) inputs.push_back(at::randn({numel}, at::kFloat).mul_(1e3).to(dtype));
+      at::Tensor fold = inputs[0].to(at::kFloat);
+      for (int r = 1; r < world; ++r) fold = fold + inputs[r].to(at::kFloat);
+      at::Tensor want = fold.to(dtype);
+      for (int trial = 0; trial < 2; ++trial) {
+        run_local_ranks(world, [&](int rank) {
+          auto g = current_world()->world_group();
+          if (rank == trial) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // skew the timing
+          at::Tensor got = all_reduce(inputs[rank], *g);
+          ASSERT_TRUE(at::equal(got, want)) << numel << " " << dtype << " rank " << rank;
+        });
+      }
+    }
+  }
+}
+
+TEST(ShmCollectives, AbsentPeerIsNamedAfterTheTimeout) {
+  try {
+    run_local_ranks(
+        3,
+        [&](int rank) {
+          auto g = current_world()->world_group();
+          all_reduce_(at::ones({4}), *g);  // the heap exists: the next wait is on the peers
+          if (rank != 2) all_reduce_(at::ones({4}), *g);
+        },
+        std::chrono::milliseconds(1500));
+    FAIL() << "no error";
+  } catch (const hp::Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("all_reduce on group [0, 1, 2]"), std::string::npos) << m;
+    EXPECT_NE(m.find("ranks [2] did not arrive"), std::string::npos) << m;
+  }
+}
+
+TEST(ShmCollectives, SwitchedOffAndSpanningHostsUseGloo) {
+  run_local_ranks(2, [&](int rank) {
+    auto g = current_world()->world_group();
+    EXPECT_TRUE(symm::shm_collectives_enabled(*g));
+  });
+  // Two nodes of one rank each: a group of both spans hosts.
+  World spanning(0, 2, c10::make_intrusive<c10d::HashStore>(), std::chrono::seconds(5), /*loopback=*/false,
+                 DistEnv{0, 2, 0, 1, 0});
+  EXPECT_FALSE(spanning.on_one_host({0, 1}));
+  EXPECT_TRUE(spanning.on_one_host({1}));
+}
+
+TEST(ShmCollectives, NoSegmentOutlivesTheGroup) {
+  ScopedEnv prefix("HP_SHM_PREFIX", test_prefix().c_str());
+  run_local_ranks(3, [&](int rank) {
+    auto g = current_world()->world_group();
+    auto h = g->symm_heap();
+    EXPECT_EQ(h->what(), g->describe());
+    all_reduce_(at::ones({4}), *g);
+    // Names go as soon as every rank has mapped every segment.
+    EXPECT_TRUE(our_segments().empty()) << our_segments().front();
+  });
+}
+
+}  // namespace
