@@ -144,6 +144,49 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, const std::stri
   EXPECT_TRUE(at::allclose(got, want, kRtol, kAtol)) << what << ": max abs diff " << (got - want).abs().max().item<double>();
 }
 
+// This rank's model (encoder or decoder, parallelized as the layout says) and its stage.
+struct Built {
+  std::unique_ptr<nn::VisionEncoder> enc;
+  std::unique_ptr<nn::Llama> dec;
+  pipeline::MeshStageOptions options;
+  nn::Module& model() { return enc ? static_cast<nn::Module&>(*enc) : static_cast<nn::Module&>(*dec); }
+  std::string prefix() const { return enc ? "encoder." : "decoder."; }
+};
+
+Built build_stage(const Layout& L, const DeviceMesh& mesh, bool encoder, std::shared_ptr<const comm::Group> group) {
+  Built b;
+  pipeline::MeshStageOptions& o = b.options;
+  o.num_stages = 2;
+  o.group = std::move(group);
+  if (encoder) {
+    manual_seed(kEncoderSeed);
+    b.enc = std::make_unique<nn::VisionEncoder>(vision_config(), mesh);
+    if (L.enc_fully_shard) {
+      for (auto& [n, mod] : b.enc->named_modules())
+        if (name_matches("layers.*", n)) fully_shard(*mod, mesh);
+      FSDPModule root = fully_shard(*b.enc, mesh);
+      o.set_requires_gradient_sync = [root](bool on) mutable { root.set_requires_gradient_sync(on); };
+    }
+    o.stage_index = 0;
+    o.input_placements = L.enc_input;
+    o.forward = [enc = b.enc.get()](const DTensor& images) { return (*enc)(images); };
+    o.parameters = b.enc->parameters();
+  } else {
+    manual_seed(kDecoderSeed);
+    b.dec = std::make_unique<nn::Llama>(decoder_config(), mesh);
+    if (mesh.size(1) > 1) parallelize_llama(*b.dec, mesh["tp"]);
+    o.stage_index = 1;
+    o.input_placements = L.dec_input;
+    o.forward = [](const DTensor& image_tokens) { return image_tokens; };
+    o.loss = [dec = b.dec.get(), mesh, placements = L.dec_input](const DTensor& image_tokens,
+                                                                 const at::Tensor& tokens) {
+      return nn::image_text_loss(*dec, image_tokens, distribute_tensor(tokens, mesh, placements));
+    };
+    o.parameters = b.dec->parameters();
+  }
+  return b;
+}
+
 struct Case {
   Layout layout;
   std::string kind;
@@ -167,40 +210,11 @@ TEST_P(MpmdMatchesReference, LossGradsAndParamsEqualSingleProcess) {
       const RunResult& ref = reference(m);
       const std::string where = L.name + " " + kind + " m=" + std::to_string(m) + " rank " + std::to_string(rank);
       auto sched = schedule::make_schedule(kind, 2, m);
-      std::unique_ptr<nn::VisionEncoder> enc;
-      std::unique_ptr<nn::Llama> dec;
-      pipeline::MeshStageOptions o;
-      o.num_stages = 2;
-      o.group = group;
-      if (encoder) {
-        manual_seed(kEncoderSeed);
-        enc = std::make_unique<nn::VisionEncoder>(vision_config(), mesh);
-        if (L.enc_fully_shard) {
-          for (auto& [n, mod] : enc->named_modules())
-            if (name_matches("layers.*", n)) fully_shard(*mod, mesh);
-          FSDPModule root = fully_shard(*enc, mesh);
-          o.set_requires_gradient_sync = [root](bool on) mutable { root.set_requires_gradient_sync(on); };
-        }
-        o.stage_index = 0;
-        o.input_placements = L.enc_input;
-        o.forward = [&](const DTensor& images) { return (*enc)(images); };
-        o.parameters = enc->parameters();
-      } else {
-        manual_seed(kDecoderSeed);
-        dec = std::make_unique<nn::Llama>(decoder_config(), mesh);
-        if (mesh.size(1) > 1) parallelize_llama(*dec, mesh["tp"]);
-        o.stage_index = 1;
-        o.input_placements = L.dec_input;
-        o.forward = [](const DTensor& image_tokens) { return image_tokens; };
-        o.loss = [&](const DTensor& image_tokens, const at::Tensor& tokens) {
-          return nn::image_text_loss(*dec, image_tokens, distribute_tensor(tokens, mesh, L.dec_input));
-        };
-        o.parameters = dec->parameters();
-      }
-      nn::Module& model = encoder ? static_cast<nn::Module&>(*enc) : static_cast<nn::Module&>(*dec);
-      const std::string prefix = encoder ? "encoder." : "decoder.";
+      Built b = build_stage(L, mesh, encoder, group);
+      nn::Module& model = b.model();
+      const std::string prefix = b.prefix();
       auto opt = adamw(model.parameters());
-      pipeline::PipelineRuntime rt({pipeline::mesh_stage(mesh, o)}, sched, {enc_shape, dec_shape});
+      pipeline::PipelineRuntime rt({pipeline::mesh_stage(mesh, b.options)}, sched, {enc_shape, dec_shape});
       for (int step = 0; step < kSteps; ++step) {
         double loss = rt.step(encoder ? data().images[step] : at::Tensor(),
                               encoder ? at::Tensor() : data().tokens[step]).item<double>();
@@ -225,6 +239,62 @@ std::vector<Case> cases() {
     for (std::string k : {"gpipe", "1f1b"}) out.push_back({l, k});
   return out;
 }
+
+// Microbatches whose shapes differ: images of 8, 4 and 12 pixels (4, 1 and 9 image tokens
+// cross between the stages) with captions of 6, 3 and 5 tokens, in one step.
+class MpmdVariableShapes : public testing::TestWithParam<Case> {};
+
+TEST_P(MpmdVariableShapes, ImageTokenCountChangesPerMicrobatch) {
+  const Layout& L = GetParam().layout;
+  const std::string kind = GetParam().kind;
+  const std::vector<int64_t> sizes{8, 4, 12}, texts{6, 3, 5};
+  const int m = static_cast<int>(sizes.size());
+  std::vector<at::Tensor> images, tokens;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  for (int i = 0; i < m; ++i) {
+    images.push_back(at::randn({4, 3, sizes[i], sizes[i]}, gen, at::kFloat));
+    tokens.push_back(at::randint(decoder_config().vocab, {4, texts[i] + 1}, gen, at::kLong));
+  }
+  double ref_loss = 0;
+  std::map<std::string, at::Tensor> ref_grads;
+  comm::run_local_ranks(1, [&](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    manual_seed(kEncoderSeed);
+    nn::VisionEncoder enc(vision_config(), mesh);
+    manual_seed(kDecoderSeed);
+    nn::Llama dec(decoder_config(), mesh);
+    const std::vector<Placement> r{Replicate()};
+    at::Tensor loss = at::zeros({}, at::kFloat);
+    for (int i = 0; i < m; ++i)
+      loss = loss + nn::image_text_loss(dec, enc(distribute_tensor(images[i], mesh, r)),
+                                        distribute_tensor(tokens[i], mesh, r)).to_local();
+    loss = loss / double(m);
+    loss.backward();
+    ref_loss = loss.item<double>();
+    for (auto& [n, p] : enc.named_parameters()) ref_grads["encoder." + n] = p->grad()->full_tensor();
+    for (auto& [n, p] : dec.named_parameters()) ref_grads["decoder." + n] = p->grad()->full_tensor();
+  });
+
+  const MeshShape enc_shape = mesh_shape(L.enc_dims, L.enc_names, 0);
+  const MeshShape dec_shape = mesh_shape(L.dec_dims, {"dp", "tp"}, static_cast<int>(enc_shape.size()));
+  comm::run_local_ranks(L.world(), [&](int rank) {
+    const bool encoder = enc_shape.contains(rank);
+    DeviceMesh mesh("cpu", encoder ? enc_shape : dec_shape);
+    Built b = build_stage(L, mesh, encoder, comm::current_world()->world_group());
+    pipeline::PipelineRuntime rt({pipeline::mesh_stage(mesh, b.options)}, schedule::make_schedule(kind, 2, m),
+                                 {enc_shape, dec_shape});
+    const std::string where = L.name + " " + kind + " rank " + std::to_string(rank);
+    double loss = rt.step(encoder ? images : std::vector<at::Tensor>{},
+                          encoder ? std::vector<at::Tensor>{} : tokens).item<double>();
+    EXPECT_NEAR(loss, ref_loss, kRtol * std::abs(ref_loss)) << where;
+    for (auto& [n, p] : b.model().named_parameters())
+      expect_close(p->grad()->full_tensor(), ref_grads.at(b.prefix() + n), where + " gradient of " + b.prefix() + n);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, MpmdVariableShapes, testing::ValuesIn(std::vector<Case>{
+                             {layouts()[0], "1f1b"}, {layouts()[1], "gpipe"}, {layouts()[2], "1f1b"}}),
+                         [](const testing::TestParamInfo<Case>& i) { return i.param.layout.name; });
 
 INSTANTIATE_TEST_SUITE_P(Layouts, MpmdMatchesReference, testing::ValuesIn(cases()),
                          [](const testing::TestParamInfo<Case>& i) {
