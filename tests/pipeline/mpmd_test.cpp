@@ -1,14 +1,15 @@
 // MPMD pipelines: a vision encoder stage and a Llama decoder stage on meshes of different
 // sizes and layouts (1 rank + tp=2, 1 rank + dp=2, dp=2 with fully_shard + tp=2), under
-// GPipe and 1F1B with 1 to 4 microbatches, against the single-process model on the same
-// numbers: the loss of two steps, every gradient of the first step and every parameter
-// after two AdamW steps. float32; relative 1e-5 with an absolute floor of 1e-6 for values
-// near zero.
+// GPipe and 1F1B (and ZB-H1's split backwards where no fully_shard is involved) with 1 to
+// 4 microbatches, against the single-process model on the same numbers: the loss of two
+// steps, every gradient of the first step and every parameter after two AdamW steps.
+// float32; relative 1e-5 with an absolute floor of 1e-6 for values near zero.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 
@@ -235,8 +236,11 @@ TEST_P(MpmdMatchesReference, LossGradsAndParamsEqualSingleProcess) {
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  for (const Layout& l : layouts())
+  for (const Layout& l : layouts()) {
     for (std::string k : {"gpipe", "1f1b"}) out.push_back({l, k});
+    // Split backwards (I then W) too, where no fully_shard needs whole backwards.
+    if (!l.enc_fully_shard) out.push_back({l, "zb-h1"});
+  }
   return out;
 }
 
@@ -298,7 +302,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MpmdVariableShapes, testing::ValuesIn(std::vec
 
 INSTANTIATE_TEST_SUITE_P(Layouts, MpmdMatchesReference, testing::ValuesIn(cases()),
                          [](const testing::TestParamInfo<Case>& i) {
-                           return i.param.layout.name + "_" + (i.param.kind == "1f1b" ? "one_f_one_b" : i.param.kind);
+                           std::string k = i.param.kind == "1f1b" ? "one_f_one_b" : i.param.kind;
+                           std::replace(k.begin(), k.end(), '-', '_');
+                           return i.param.layout.name + "_" + k;
                          });
 
 }  // namespace
