@@ -18,8 +18,8 @@ struct LlamaConfig {
   int64_t max_seq = 128;
   double rope_theta = 10000;
   bool tied_embeddings = false;
-  bool causal = true;  // false: every position attends to all others (an encoder's blocks)
   double norm_eps = 1e-6;
+  bool causal = true;  // false: every position attends to all others (an encoder's blocks)
 
   static LlamaConfig tiny() { return {}; }
   int64_t head_dim() const { return dim / heads; }
