@@ -19,6 +19,7 @@ struct LlamaConfig {
   double rope_theta = 10000;
   bool tied_embeddings = false;
   double norm_eps = 1e-6;
+  bool causal = true;  // false: every position attends to all others (an encoder's blocks)
 
   static LlamaConfig tiny() { return {}; }
   int64_t head_dim() const { return dim / heads; }

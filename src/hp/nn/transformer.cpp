@@ -69,7 +69,8 @@ DTensor Attention::forward(const DTensor& x) {
   DTensor k = repeat_kv(apply_rotary(heads(*k_proj_, c_.kv_heads), c_.rope_theta), c_.heads / c_.kv_heads);
   DTensor v = repeat_kv(heads(*v_proj_, c_.kv_heads), c_.heads / c_.kv_heads);
   DTensor scores = matmul(q, transpose(k, 2, 3));
-  DTensor out = matmul(causal_softmax(scores), v);  // [B, H, S, Dh]
+  DTensor probs = c_.causal ? causal_softmax(scores) : softmax(scores, -1);
+  DTensor out = matmul(probs, v);  // [B, H, S, Dh]
   return (*o_proj_)(view(transpose(out, 1, 2), {b, s, c_.heads * hd}));
 }
 
@@ -103,11 +104,15 @@ Llama::Llama(const LlamaConfig& c, const DeviceMesh& mesh) : c_(c) {
   if (!c.tied_embeddings) output_ = register_module("output", std::make_shared<Linear>(c.dim, c.vocab, mesh));
 }
 
-DTensor Llama::forward(const DTensor& ids) {
-  DTensor h = (*tok_embeddings_)(ids);
-  for (auto& layer : layers_) h = (*layer)(h);
-  h = (*norm_)(h);
-  return output_ ? (*output_)(h) : linear(h, tok_embeddings_->weight());
+DTensor Llama::forward(const DTensor& ids) { return forward_embeddings(embed(ids)); }
+
+DTensor Llama::embed(const DTensor& ids) { return (*tok_embeddings_)(ids); }
+
+DTensor Llama::forward_embeddings(const DTensor& h) {
+  DTensor x = h;
+  for (auto& layer : layers_) x = (*layer)(x);
+  x = (*norm_)(x);
+  return output_ ? (*output_)(x) : linear(x, tok_embeddings_->weight());
 }
 
 DTensor Llama::loss(const DTensor& ids, const DTensor& targets) {

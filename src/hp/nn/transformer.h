@@ -43,6 +43,10 @@ class Llama : public Module {
  public:
   Llama(const LlamaConfig& c, const DeviceMesh& mesh);
   DTensor forward(const DTensor& ids) override;  // [B, S] ids -> [B, S, vocab] logits
+  // The two halves of forward, for inputs that are not all tokens (image tokens
+  // prepended to text). They bypass this module's own hooks (its blocks' still run).
+  DTensor embed(const DTensor& ids);               // [B, S] -> [B, S, dim]
+  DTensor forward_embeddings(const DTensor& h);    // [B, S, dim] -> [B, S, vocab] logits
   // Mean next-token cross-entropy of `targets` [B, S].
   DTensor loss(const DTensor& ids, const DTensor& targets);
   const LlamaConfig& config() const { return c_; }

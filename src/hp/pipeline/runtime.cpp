@@ -46,21 +46,26 @@ typename Map::mapped_type take(Map& m, const Key& k) {
 class StepRun {
  public:
   StepRun(const std::map<int, const PipelineStage*>& stages, const schedule::Schedule& s,
-          const comm::Group& g, const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets)
-      : stages_(stages), s_(s), g_(g), rank_(g.rank()), inputs_(inputs), targets_(targets) {}
+          const comm::Group& g, const std::vector<std::vector<int>>& members, int rank,
+          const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets)
+      : stages_(stages), s_(s), g_(g), members_(members), rank_(rank),
+        leader_(members.at(rank).front() == g.rank()), inputs_(inputs), targets_(targets) {}
 
   // Returns the sum of this rank's scaled microbatch losses (0 without the last stage).
   double run(StepStats& stats) {
     const auto& list = s_.actions.at(rank_);
+    for (size_t i = 0; i < list.size(); ++i)
+      if (list[i].type == ActionType::B || list[i].type == ActionType::I) last_backward_[list[i].stage] = i;
     // Activation headers are tiny and their order is known: post them all now.
     for (const Action& a : list)
       if (a.type == ActionType::RECV_F)
         act_recv_.emplace(Key{a.stage, a.microbatch},
-                          detail::ActivationRecv(g_, a.peer, tag(Message::kActHeader, a.stage - 1, a.microbatch),
+                          detail::ActivationRecv(g_, leader(a.peer), tag(Message::kActHeader, a.stage - 1, a.microbatch),
                                                  tag(Message::kAct, a.stage - 1, a.microbatch)));
     for (size_t i = 0; i < list.size(); ++i) {
       try {
         for (auto& [k, r] : act_recv_) r.progress(/*wait=*/false);
+        action_ = i;
         execute(list[i], stats);
       } catch (const std::exception& e) {
         HP_FAIL() << "pipeline rank " << rank_ << ", action #" << i << " " << schedule::to_string(list[i])
@@ -79,6 +84,7 @@ class StepRun {
  private:
   int tag(Message kind, int stage, int mb) const { return detail::message_tag(kind, stage, mb, s_.num_microbatches); }
   bool local(int stage) const { return s_.rank_of(stage) == rank_; }
+  int leader(int schedule_rank) const { return members_.at(schedule_rank).front(); }
 
   void execute(const Action& a, StepStats& stats) {
     Key k{a.stage, a.microbatch};
@@ -94,15 +100,21 @@ class StepRun {
         break;
       case ActionType::SEND_F: {
         HP_CHECK(work_.count(k)) << "SEND_F before its F";
-        for (auto& p : detail::send_activation(work_.at(k).output, g_, a.peer, tag(Message::kActHeader, a.stage, a.microbatch),
-                                               tag(Message::kAct, a.stage, a.microbatch)))
-          sends_.push_back(std::move(p));
+        if (!leader_) return;  // the other ranks of this mesh hold the same whole tensor
+        for (int peer : members_.at(a.peer))
+          for (auto& p : detail::send_activation(work_.at(k).output, g_, peer, tag(Message::kActHeader, a.stage, a.microbatch),
+                                                 tag(Message::kAct, a.stage, a.microbatch)))
+            sends_.push_back(std::move(p));
         return;
       }
-      case ActionType::SEND_B:
+      case ActionType::SEND_B: {
         HP_CHECK(grad_to_send_.count(k)) << "SEND_B before its B or I";
-        sends_.push_back(comm::send_async(take(grad_to_send_, k), g_, a.peer, tag(Message::kGrad, a.stage - 1, a.microbatch)));
+        at::Tensor g = take(grad_to_send_, k);
+        if (!leader_) return;
+        for (int peer : members_.at(a.peer))
+          sends_.push_back(comm::send_async(g, g_, peer, tag(Message::kGrad, a.stage - 1, a.microbatch)));
         return;
+      }
       case ActionType::RECV_F:
         act_recv_.at(k).progress(/*wait=*/true);  // the data itself is waited for by F
         return;
@@ -143,7 +155,7 @@ class StepRun {
         local_act_[{s + 1, mb}] = w.output.detach();
       } else {  // the grad of this output will come back with the output's shape
         at::Tensor buf = at::empty(w.output.sizes(), w.output.options().requires_grad(false));
-        grad_recv_.emplace(k, comm::recv_async(buf, g_, s_.rank_of(s + 1), tag(Message::kGrad, s, mb)));
+        grad_recv_.emplace(k, comm::recv_async(buf, g_, leader(s_.rank_of(s + 1)), tag(Message::kGrad, s, mb)));
       }
     }
     work_[k] = std::move(w);
@@ -162,6 +174,7 @@ class StepRun {
         w.grad_output = take(grad_recv_, k).wait();
       }
     }
+    if (st.set_requires_gradient_sync) st.set_requires_gradient_sync(last_backward_.at(s) == action_);
     if (full) {
       detail::run_backward(st, w);
     } else {
@@ -181,7 +194,9 @@ class StepRun {
   const std::map<int, const PipelineStage*>& stages_;
   const schedule::Schedule& s_;
   const comm::Group& g_;
-  int rank_;
+  const std::vector<std::vector<int>>& members_;
+  int rank_;     // schedule rank
+  bool leader_;  // the first rank of this schedule rank's mesh: it sends for all of them
   const std::vector<at::Tensor>& inputs_;
   const std::vector<at::Tensor>& targets_;
 
@@ -192,12 +207,18 @@ class StepRun {
   std::map<Key, comm::Pending> grad_recv_;
   std::map<Key, at::Tensor> grad_to_send_;
   std::vector<comm::Pending> sends_;
+  std::map<int, size_t> last_backward_;  // stage -> index of its last B or I in the list
+  size_t action_ = 0;
   double loss_sum_ = 0;
 };
 
 }  // namespace
 
 PipelineRuntime::PipelineRuntime(std::vector<PipelineStage> stages, schedule::Schedule sched)
+    : PipelineRuntime(std::move(stages), std::move(sched), {}) {}
+
+PipelineRuntime::PipelineRuntime(std::vector<PipelineStage> stages, schedule::Schedule sched,
+                                 std::vector<MeshShape> rank_meshes)
     : stages_(std::move(stages)), schedule_(std::move(sched)) {
   HP_CHECK(!stages_.empty()) << "pipeline runtime: no stages given";
   group_ = stages_[0].group;
@@ -210,10 +231,42 @@ PipelineRuntime::PipelineRuntime(std::vector<PipelineStage> stages, schedule::Sc
         << "pipeline stage " << st.stage_index << " says " << st.num_stages << " stages but schedule '"
         << schedule_.name << "' has " << schedule_.num_stages;
   }
-  rank_ = group_->rank();
-  HP_CHECK(schedule_.num_ranks == group_->size())
-      << "schedule '" << schedule_.name << "' is for " << schedule_.num_ranks << " ranks but the pipeline "
-      << group_->describe() << " has " << group_->size();
+  if (rank_meshes.empty()) {  // one rank per schedule rank, in group order
+    HP_CHECK(schedule_.num_ranks == group_->size())
+        << "schedule '" << schedule_.name << "' is for " << schedule_.num_ranks << " ranks but the pipeline "
+        << group_->describe() << " has " << group_->size();
+    for (int r = 0; r < group_->size(); ++r) members_.push_back({r});
+  } else {
+    HP_CHECK(static_cast<int>(rank_meshes.size()) == schedule_.num_ranks)
+        << "schedule '" << schedule_.name << "' is for " << schedule_.num_ranks << " ranks but "
+        << rank_meshes.size() << " stage meshes were given";
+    std::vector<int> seen(group_->size(), -1);
+    for (int r = 0; r < schedule_.num_ranks; ++r) {
+      std::vector<int> m;
+      for (int global : rank_meshes[r].ranks()) {
+        int gr = group_->group_rank_of(global);
+        HP_CHECK(seen[gr] < 0) << "rank " << global << " is in the meshes of both schedule ranks " << seen[gr]
+                               << " and " << r << " (" << rank_meshes[seen[gr]].to_string() << ", "
+                               << rank_meshes[r].to_string() << ")";
+        seen[gr] = r;
+        m.push_back(gr);
+      }
+      members_.push_back(m);
+    }
+    for (int gr = 0; gr < group_->size(); ++gr)
+      HP_CHECK(seen[gr] >= 0) << "rank " << group_->global_rank(gr) << " of the pipeline " << group_->describe()
+                              << " is in no stage mesh";
+  }
+  for (int r = 0; r < static_cast<int>(members_.size()); ++r)
+    for (int gr : members_[r])
+      if (gr == group_->rank()) rank_ = r;
+  for (const auto& st : stages_) {
+    if (!st.mesh) continue;
+    HP_CHECK(!rank_meshes.empty() && *st.mesh == rank_meshes[rank_])
+        << "pipeline stage " << st.stage_index << " runs on " << st.mesh->to_string() << " but schedule rank "
+        << rank_ << " is given "
+        << (rank_meshes.empty() ? std::string("no stage mesh") : rank_meshes[rank_].to_string());
+  }
   if (!schedule_.has_comm()) schedule_ = schedule::lower_communication(schedule_);
   schedule::validate(schedule_);
 
@@ -221,6 +274,12 @@ PipelineRuntime::PipelineRuntime(std::vector<PipelineStage> stages, schedule::Sc
   for (const auto& st : stages_) mine.push_back(st.stage_index);
   std::sort(mine.begin(), mine.end());
   std::vector<int> want = schedule_.stages_of(rank_);
+  for (const auto& st : stages_)
+    if (st.set_requires_gradient_sync)
+      for (const Action& a : schedule_.actions[rank_])
+        HP_CHECK(a.type != ActionType::I && a.type != ActionType::W)
+            << "pipeline stage " << st.stage_index << " holds a data-parallel wrapper, which needs full backwards, "
+            << "but schedule '" << schedule_.name << "' splits them (" << schedule::to_string(a) << ")";
   HP_CHECK(mine == want) << "pipeline rank " << rank_ << " was given stages " << list_str(mine) << " but schedule '"
                          << schedule_.name << "' puts stages " << list_str(want) << " on it";
 }
@@ -258,10 +317,10 @@ at::Tensor PipelineRuntime::step(const std::vector<at::Tensor>& inputs, const st
   }
   stats_ = StepStats{};
   double t0 = now_s();
-  double loss = StepRun(by_index, schedule_, *group_, inputs, targets).run(stats_);
+  double loss = StepRun(by_index, schedule_, *group_, members_, rank_, inputs, targets).run(stats_);
   // Every pipeline rank gets the loss, so that each can log it.
   at::Tensor l = at::full({1}, loss, at::kDouble);
-  if (group_->size() > 1) comm::broadcast_(l, *group_, schedule_.rank_of(schedule_.num_stages - 1));
+  if (group_->size() > 1) comm::broadcast_(l, *group_, members_.at(schedule_.rank_of(schedule_.num_stages - 1)).front());
   stats_.wall = now_s() - t0;
   return l.reshape({});
 }

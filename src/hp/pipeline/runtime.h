@@ -9,6 +9,15 @@
 //   RECV_* receives posted early (activation headers at step start, grads right
 //          after the F they belong to) and waited just before use
 // Adjacent stages on one rank (the turn of a V) hand tensors over without comm.
+//
+// MPMD: a schedule rank may stand for several ranks (a stage mesh, `rank_meshes`), all of
+// which execute that schedule rank's actions. Activations and their grads cross from one
+// mesh to the next whole: the first rank of the sending mesh (its leader) sends the whole
+// tensor to every rank of the receiving mesh, which takes its piece locally (mesh_stage.h).
+// Whole tensors rather than per-receiver pieces because it is correct for any pair of
+// layouts, uneven shards included, with one message per receiver and no planning; the
+// price is bytes (a receiving rank gets the whole activation, not its piece), small next
+// to the stage's compute for the activation sizes between pipeline stages.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -41,10 +50,14 @@ class PipelineRuntime {
   // schedule's rank count; the group rank is the schedule rank. An unlowered schedule
   // is lowered here. Throws hp::Error if the schedule is invalid or does not fit.
   PipelineRuntime(std::vector<PipelineStage> stages, schedule::Schedule schedule);
+  // MPMD: schedule rank r runs on the global ranks of rank_meshes[r]; together they are
+  // exactly the ranks of the stages' group. A stage with a mesh must be on its rank's mesh.
+  PipelineRuntime(std::vector<PipelineStage> stages, schedule::Schedule schedule,
+                  std::vector<MeshShape> rank_meshes);
 
   // Splits `inputs` and `targets` on dim 0 into num_microbatches() equal pieces and runs
-  // one step. Only the first stage's rank reads `inputs` and only the last stage's rank
-  // reads `targets`; other ranks may pass undefined tensors. Returns the loss, the mean
+  // one step. Only the first stage's ranks read `inputs` and only the last stage's ranks
+  // read `targets` (whole, on each of them); other ranks may pass undefined tensors. Returns the loss, the mean
   // of the microbatch losses, on every pipeline rank (a 0-dim double tensor).
   at::Tensor step(const at::Tensor& inputs, const at::Tensor& targets);
   // The same with the microbatches given one by one (their shapes may differ).
@@ -59,7 +72,8 @@ class PipelineRuntime {
   std::vector<PipelineStage> stages_;
   schedule::Schedule schedule_;
   std::shared_ptr<const comm::Group> group_;
-  int rank_ = 0;
+  std::vector<std::vector<int>> members_;  // per schedule rank: its group ranks, leader first
+  int rank_ = 0;                           // this rank's schedule rank
   StepStats stats_;
 };
 

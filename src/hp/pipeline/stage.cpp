@@ -35,8 +35,10 @@ std::pair<at::Tensor, at::Tensor> root(const PipelineStage& st, const StageWork&
   return {w.output, w.grad_output};
 }
 
-at::Tensor or_zeros(const at::Tensor& g, const at::Tensor& like) {
-  return g.defined() ? g : at::zeros_like(like);
+// The grad of the stage input as the previous stage expects it: whole, on every rank.
+at::Tensor input_grad_of(const PipelineStage& st, const at::Tensor& g, const at::Tensor& input) {
+  at::Tensor whole = g.defined() ? g : at::zeros_like(input);
+  return st.gather_input_grad ? st.gather_input_grad(whole) : whole;
 }
 
 }  // namespace
@@ -62,7 +64,7 @@ void run_backward(const PipelineStage& st, StageWork& w) {
   auto [out, grad] = root(st, w);
   torch::autograd::backward({out}, grad.defined() ? torch::autograd::variable_list{grad}
                                                   : torch::autograd::variable_list{});
-  if (!st.is_first()) w.input_grad = or_zeros(w.input.grad(), w.input);
+  if (!st.is_first()) w.input_grad = input_grad_of(st, w.input.grad(), w.input);
 }
 
 void run_backward_input(const PipelineStage& st, StageWork& w) {
@@ -72,7 +74,7 @@ void run_backward_input(const PipelineStage& st, StageWork& w) {
                                  grad.defined() ? torch::autograd::variable_list{grad}
                                                 : torch::autograd::variable_list{},
                                  /*retain_graph=*/true, /*create_graph=*/false, /*allow_unused=*/true);
-  w.input_grad = or_zeros(g[0], w.input);
+  w.input_grad = input_grad_of(st, g[0], w.input);
 }
 
 void run_backward_weight(const PipelineStage& st, StageWork& w) {

@@ -6,9 +6,11 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "hp/comm/group.h"
+#include "hp/topology/mesh_shape.h"
 
 namespace hp::pipeline {
 
@@ -22,7 +24,17 @@ struct PipelineStage {
   ForwardFn forward;
   std::vector<at::Tensor> parameters;  // leaves with requires_grad; grads accumulate in .grad
   LossFn loss;                         // the last stage only
-  std::shared_ptr<const comm::Group> group;  // every pipeline rank, in schedule rank order
+  std::shared_ptr<const comm::Group> group;  // every rank of every stage
+  // MPMD: the stage runs on every rank of `mesh` (global ranks), each executing the same
+  // actions; activations travel between stages whole (see mesh_stage.h). Unset: one rank.
+  std::optional<MeshShape> mesh;
+  // This rank's part of the input gradient (input-shaped) to the whole input gradient: a
+  // collective on the stage mesh. Unset: the identity (one rank per stage).
+  std::function<at::Tensor(const at::Tensor& input_grad)> gather_input_grad;
+  // Called before each backward with whether it is this stage's last in the step: a
+  // data-parallel wrapper inside the stage (fully_shard) then reduces gradients once.
+  // Needs full backwards (B); split ones (I + W) are refused.
+  std::function<void(bool last)> set_requires_gradient_sync;
 
   bool is_first() const { return stage_index == 0; }
   bool is_last() const { return stage_index == num_stages - 1; }

@@ -1,0 +1,46 @@
+// A pipeline stage on a sub-mesh (MPMD): the stage's model code works on DTensors over
+// its own DeviceMesh (tensor parallel, fully_shard, data parallel inside), while the
+// pipeline moves whole plain tensors between stages (runtime.h says why).
+//
+// Each rank of the mesh takes its piece of the whole input as the stage declares it
+// (`input_placements`, no communication), runs the model, and hands on the whole output
+// (DTensor::full_tensor, differentiable, so the output grad comes back into the stage's
+// own layout). The input grad is gathered whole on every rank of the mesh before it goes
+// back to the previous stage. The last stage's loss stays a DTensor until it is a
+// replicated scalar, so a vocabulary-sharded loss (loss parallel) needs no gather.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "hp/pipeline/stage.h"
+#include "hp/tensor/dtensor.h"
+
+namespace hp::pipeline {
+
+using DTensorForwardFn = std::function<DTensor(const DTensor& input)>;
+// (stage output, whole target microbatch) -> the microbatch loss, Replicate on every mesh dim.
+using DTensorLossFn = std::function<DTensor(const DTensor& output, const at::Tensor& target)>;
+
+struct MeshStageOptions {
+  int stage_index = 0;
+  int num_stages = 1;
+  std::vector<Placement> input_placements;  // one per mesh dim; Shard or Replicate
+  DTensorForwardFn forward;
+  std::vector<DTensor*> parameters;  // e.g. module.parameters(); their local tensors get the grads
+  DTensorLossFn loss;                // the last stage only
+  std::shared_ptr<const comm::Group> group;  // every rank of every stage
+  // fully_shard inside the stage: gradients are reduced in the step's last backward only.
+  std::function<void(bool)> set_requires_gradient_sync;
+};
+
+// The stage on `mesh` (this rank must be in it). Throws hp::Error on bad placements.
+PipelineStage mesh_stage(const DeviceMesh& mesh, MeshStageOptions options);
+
+// This rank's piece of `whole` laid out as `spec` (differentiable narrows, no copy).
+at::Tensor local_piece(const at::Tensor& whole, const ShardSpec& spec, const std::vector<int64_t>& coord);
+
+}  // namespace hp::pipeline
