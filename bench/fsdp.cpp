@@ -1,7 +1,9 @@
 // The same model and batch on every rank of the job, one run: step time and memory of our
 // DDP, of fully_shard (with and without prefetch), and of Muon against AdamW on the sharded
 // model; the modes take turns so that drift hits all alike.
-//   build/bin/hprun --nproc-per-node 4 build/bin/bench_fsdp [steps] [rounds]
+//   build/bin/hprun --nproc-per-node 4 build/bin/bench_fsdp [steps] [rounds] [micro-steps]
+// micro-steps > 1 accumulates gradients over that many batches per optimizer step (no
+// communication until the last), as large-batch training does.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -29,6 +31,8 @@ struct Result {
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 8;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
+  const int micro = argc > 3 ? std::atoi(argv[3]) : 1;
+  HP_CHECK(steps > 0 && rounds > 0 && micro > 0) << "bench_fsdp: steps, rounds and micro-steps must be > 0";
   track_cpu_memory();
   comm::init_distributed();
   const int64_t world = comm::current_world()->size();
@@ -60,14 +64,24 @@ int main(int argc, char** argv) {
       std::vector<Placement> rows{Shard(0)};
       Result& r = results[mode];
       reset_cpu_memory_peak();
+      auto sync_gradients = [&](bool on) {
+        if (ddp) ddp->set_requires_gradient_sync(on);
+        if (fsdp) fsdp->set_requires_gradient_sync(on);
+      };
       for (int step = 0; step < steps + 2; ++step) {
-        at::Tensor tokens = (hp::rand({batch, seq + 1}, at::kDouble) * c.vocab).floor().to(at::kLong);
-        DTensor ids = distribute_tensor(tokens.narrow(1, 0, seq).contiguous(), mesh, rows);
-        DTensor targets = distribute_tensor(tokens.narrow(1, 1, seq).contiguous(), mesh, rows);
+        std::vector<std::pair<DTensor, DTensor>> batches;
+        for (int m = 0; m < micro; ++m) {
+          at::Tensor tokens = (hp::rand({batch, seq + 1}, at::kDouble) * c.vocab).floor().to(at::kLong);
+          batches.emplace_back(distribute_tensor(tokens.narrow(1, 0, seq).contiguous(), mesh, rows),
+                               distribute_tensor(tokens.narrow(1, 1, seq).contiguous(), mesh, rows));
+        }
         comm::barrier(mesh.group(0));
         if (step == steps + 1) reset_cpu_memory_peak();
         auto t0 = std::chrono::steady_clock::now();
-        model.loss(ids, targets).to_local().backward();
+        for (int m = 0; m < micro; ++m) {
+          sync_gradients(m + 1 == micro);
+          model.loss(batches[m].first, batches[m].second).to_local().backward();
+        }
         opt->step();
         if (step == steps + 1) {  // what a rank holds between backward and zero_grad
           double bytes = 0;
@@ -88,8 +102,8 @@ int main(int argc, char** argv) {
     return v[v.size() / 2];
   };
   const double ddp = median(results["ddp adamw"].ms);
-  std::printf("%d ranks, %d rounds x %d steps, batch %lld x seq %lld, Llama dim %lld layers %lld (3.0M parameters)\n",
-              int(world), rounds, steps, (long long)batch, (long long)seq, (long long)c.dim, (long long)c.layers);
+  std::printf("%d ranks, %d rounds x %d steps of %d micro-steps, batch %lld x seq %lld, Llama dim %lld layers %lld (3.0M parameters)\n",
+              int(world), rounds, steps, micro, (long long)batch, (long long)seq, (long long)c.dim, (long long)c.layers);
   std::printf("%-24s %10s %10s %16s %16s\n", "mode", "ms/step", "vs ddp", "state MiB/rank", "peak MiB/rank");
   for (const std::string& mode : modes) {
     const Result& r = results[mode];
