@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -159,4 +160,22 @@ TEST(CheckpointFiles, MissingTensorsAndOtherShapesAreNamed) {
     }
   });
   EXPECT_FALSE(Checkpointer(CheckpointOptions{fresh_dir("empty")}).latest_step().has_value());
+}
+
+// Loading hashes each checksum block piece by piece as it reads; the result must be the
+// one-shot hash the saver wrote, for any split of the block.
+TEST(CheckpointFiles, StreamingChecksumEqualsOneShot) {
+  std::vector<uint8_t> bytes(3 * kBlockBytes + 12345);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  const uint64_t whole = checksum(bytes.data(), bytes.size());
+  StreamingChecksum hash;
+  for (size_t piece : {size_t(1), size_t(63), size_t(4096), size_t(256 << 10), size_t(kBlockBytes), bytes.size()}) {
+    hash.reset();
+    for (size_t p = 0; p < bytes.size(); p += piece) hash.update(bytes.data() + p, std::min(piece, bytes.size() - p));
+    EXPECT_EQ(hash.digest(), whole) << "pieces of " << piece << " bytes";
+  }
+  bytes[bytes.size() / 2] ^= 1;  // and it still sees a flipped bit
+  hash.reset();
+  hash.update(bytes.data(), bytes.size());
+  EXPECT_NE(hash.digest(), whole);
 }

@@ -9,5 +9,8 @@
 namespace hp::checkpoint {
 
 uint64_t checksum_avx2(const void* data, size_t n) { return XXH3_64bits(data, n); }
+void checksum_update_avx2(void* state, const void* data, size_t n) {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state), data, n);
+}
 
 }  // namespace hp::checkpoint

@@ -53,15 +53,39 @@ std::string hex(uint64_t x) {
   return buf;
 }
 
-uint64_t checksum_avx2(const void* data, size_t n);  // checksum_avx2.cpp
+// checksum_avx2.cpp: the same functions built for AVX2.
+uint64_t checksum_avx2(const void* data, size_t n);
+void checksum_update_avx2(void* state, const void* data, size_t n);
 
-uint64_t checksum(const void* data, size_t n) {
+namespace {
+bool use_avx2() {
 #if defined(__x86_64__) && defined(HP_CHECKSUM_AVX2)
   static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) return checksum_avx2(data, n);
+  return avx2;
+#else
+  return false;
 #endif
-  return XXH3_64bits(data, n);
 }
+}  // namespace
+
+uint64_t checksum(const void* data, size_t n) {
+  return use_avx2() ? checksum_avx2(data, n) : XXH3_64bits(data, n);
+}
+
+StreamingChecksum::StreamingChecksum() : state_(XXH3_createState()) {
+  HP_CHECK(state_ != nullptr) << "checkpoint: out of memory for a checksum state";
+  reset();
+}
+StreamingChecksum::~StreamingChecksum() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+void StreamingChecksum::reset() { XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_)); }
+// The state's layout is the library's in both builds; only the update loop differs.
+void StreamingChecksum::update(const void* data, size_t n) {
+  if (use_avx2())
+    checksum_update_avx2(state_, data, n);
+  else
+    XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, n);
+}
+uint64_t StreamingChecksum::digest() const { return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_)); }
 
 std::string to_json(const Metadata& m) {
   json tensors = json::object();

@@ -58,6 +58,22 @@ std::string safetensors_header(const std::vector<std::string>& keys, const std::
 uint64_t checksum(const void* data, size_t n);
 std::string hex(uint64_t x);
 
+// checksum() of bytes fed in pieces (equal to checksum() of them back to back), so that a
+// reader can hash each piece right after reading it, while it is in the core's own cache.
+class StreamingChecksum {
+ public:
+  StreamingChecksum();
+  ~StreamingChecksum();
+  StreamingChecksum(const StreamingChecksum&) = delete;
+  StreamingChecksum& operator=(const StreamingChecksum&) = delete;
+  void reset();
+  void update(const void* data, size_t n);
+  uint64_t digest() const;
+
+ private:
+  void* state_;  // an XXH3 state
+};
+
 // POSIX file helpers that name the path in their errors.
 void write_all(int fd, const void* data, size_t n, const std::string& path);
 void write_file_synced(const std::string& path, const std::string& content);

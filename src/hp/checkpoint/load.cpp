@@ -52,9 +52,14 @@ class OpenFiles {
   std::map<std::string, int> fds_;
 };
 
+// Bytes read at a time inside a checksum block: small enough to be hashed from the core's
+// L2 cache right after the read put them there (a whole 1 MiB block would be hashed from
+// L3 or memory).
+constexpr int64_t kReadPieceBytes = 256 << 10;
+
 // Reads bytes [lo, hi) of `chunk` (counted from its start) into `out`, verifying each
-// checksum block that [lo, hi) touches right after reading it, while it is in cache. A
-// block that [lo, hi) covers only in part is read into `scratch` and its part copied.
+// checksum block that [lo, hi) touches, hashed piece by piece as it is read. A block that
+// [lo, hi) covers only in part is read into `scratch` and its part copied.
 void read_checked(OpenFiles& files, const std::string& dir, const std::string& name, const Chunk& chunk, int64_t lo,
                   int64_t hi, uint8_t* out, std::vector<uint8_t>& scratch) {
   const int64_t chunk_bytes = chunk.end - chunk.begin;
@@ -63,12 +68,18 @@ void read_checked(OpenFiles& files, const std::string& dir, const std::string& n
     return;
   }
   scratch.resize(kBlockBytes);
+  StreamingChecksum hash;
   for (int64_t k = lo / kBlockBytes; k * kBlockBytes < hi; ++k) {
     const int64_t bs = k * kBlockBytes, be = std::min(chunk_bytes, bs + kBlockBytes);
     const bool whole = lo <= bs && be <= hi;
     uint8_t* dst = whole ? out + (bs - lo) : scratch.data();
-    files.read(chunk.file, chunk.begin + bs, chunk.begin + be, dst, name);
-    const uint64_t sum = checksum(dst, static_cast<size_t>(be - bs));
+    hash.reset();
+    for (int64_t p = bs; p < be; p += kReadPieceBytes) {
+      const int64_t pe = std::min(be, p + kReadPieceBytes);
+      files.read(chunk.file, chunk.begin + p, chunk.begin + pe, dst + (p - bs), name);
+      hash.update(dst + (p - bs), static_cast<size_t>(pe - p));
+    }
+    const uint64_t sum = hash.digest();
     HP_CHECK(sum == chunk.checksums[k]) << "checkpoint file " << dir << "/" << chunk.file
                                         << " is corrupt: tensor " << name << " (chunk at "
                                         << to_string_list(chunk.offsets) << "), block " << k << " has checksum "
