@@ -36,9 +36,12 @@ at::Tensor newton_schulz(const at::Tensor& g, int steps) {
   const bool tall = x.size(0) > x.size(1);
   if (tall) x = x.t();
   x = x / (x.norm() + 1e-7);
+  // x <- a x + (b s + c s^2) x with s = x x^T, as two fused multiply-adds: no separate
+  // passes over the matrices for the scalings and sums.
   for (int i = 0; i < steps; ++i) {
-    at::Tensor s = at::matmul(x, x.t());
-    x = a * x + at::matmul(b * s + c * at::matmul(s, s), x);
+    at::Tensor s = at::mm(x, x.t());
+    at::Tensor poly = at::addmm(s, s, s, /*beta=*/b, /*alpha=*/c);
+    x = at::addmm(x, poly, x, /*beta=*/a, /*alpha=*/1);
   }
   return tall ? x.t().contiguous() : x;
 }
