@@ -7,12 +7,18 @@
 // calibrated by timing one middle stage alone through the runtime's own stage code,
 // then fed to simulate() as a uniform cost model.
 //
-//   bench_pipeline [ranks=4] [microbatches=8] [dim=512] [rows per microbatch=128]
+//   bench_pipeline [ranks=4] [microbatches=8] [dim=512] [rows per microbatch=128] [device ms=0]
 //
 // With fewer cores than ranks the ranks share cores and the measured times exceed
 // the prediction by up to ranks/cores: the table prints the core count, and a
 // second prediction from the unit costs as measured inside the steps (same
 // contention), which isolates the cost of the runtime and the transfers.
+//
+// device ms > 0 emulates a device per rank: each block still does its (small) arithmetic,
+// and its forward, input-gradient and weight-gradient parts each also wait that many ms
+// without using a core, as a host thread waits on its accelerator's kernels. The ranks
+// then no longer compete for cores, so the table measures what the schedule and the
+// runtime (dependencies, transfers, bookkeeping) make of fixed unit costs.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -24,6 +30,8 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include <torch/csrc/autograd/custom_function.h>
 
 #include "hp/comm.h"
 #include "hp/pipeline.h"
@@ -37,6 +45,26 @@ constexpr int kBlocks = 8;
 
 struct Config {
   int ranks = 4, microbatches = 8, dim = 512, rows = 128;
+  double device_ms = 0;  // > 0: emulated device time per block and phase
+};
+
+void wait_device(double ms) { std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms)); }
+
+// Identity whose forward waits `fwd` ms and whose backward waits `bwd` ms. On the
+// activation path it stands for a block's forward and input-gradient kernels; on a
+// weight (fwd 0) for its weight-gradient kernel, which autograd runs only when the
+// weight's gradient is asked for (B and W, not I).
+struct DeviceWait : torch::autograd::Function<DeviceWait> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, double fwd, double bwd) {
+    ctx->saved_data["bwd"] = bwd;
+    wait_device(fwd);
+    return x.clone();
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list g) {
+    wait_device(ctx->saved_data["bwd"].toDouble());
+    return {g[0], at::Tensor(), at::Tensor()};
+  }
 };
 
 double now_s() {
@@ -53,9 +81,16 @@ pipeline::PipelineStage make_stage(const Config& c, int s, int num_stages, int b
     st.parameters.push_back((at::randn({c.dim, c.dim}) / std::sqrt(double(c.dim))).requires_grad_(true));
     st.parameters.push_back(at::zeros({c.dim}).requires_grad_(true));
   }
-  st.forward = [p = st.parameters](const at::Tensor& x) {
+  st.forward = [p = st.parameters, ms = c.device_ms](const at::Tensor& x) {
     at::Tensor y = x;
-    for (size_t i = 0; i < p.size(); i += 2) y = at::tanh(at::linear(y, p[i], p[i + 1]));
+    for (size_t i = 0; i < p.size(); i += 2) {
+      if (ms > 0) {
+        y = DeviceWait::apply(y, ms, ms);
+        y = at::tanh(at::linear(y, DeviceWait::apply(p[i], 0.0, ms), p[i + 1]));
+      } else {
+        y = at::tanh(at::linear(y, p[i], p[i + 1]));
+      }
+    }
     return y;
   };
   st.loss = [](const at::Tensor& out, const at::Tensor& t) { return (out - t).pow(2).mean(); };
@@ -181,10 +216,14 @@ int main(int argc, char** argv) {
   if (argc > 2) c.microbatches = std::atoi(argv[2]);
   if (argc > 3) c.dim = std::atoi(argv[3]);
   if (argc > 4) c.rows = std::atoi(argv[4]);
+  if (argc > 5) c.device_ms = std::atof(argv[5]);
   at::manual_seed(0);
   std::printf("pipeline bench: %d ranks as threads, %d microbatches, MLP %d blocks of %dx%d, %d rows per "
               "microbatch, float32, %u cores\n",
               c.ranks, c.microbatches, kBlocks, c.dim, c.dim, c.rows, std::thread::hardware_concurrency());
+  if (c.device_ms > 0)
+    std::printf("emulated devices: every block's forward, input-gradient and weight-gradient parts wait %.2f ms\n",
+                c.device_ms);
   std::printf("%-17s %6s %22s %8s %8s %8s %8s %22s %8s  %s\n", "schedule", "stages", "alone: unit ms F/B/I/W",
               "sim ms", "meas ms", "meas/sim", "sim idle", "in step: unit ms", "sim ms", "measured idle per rank");
   for (const auto& kind : schedule::schedule_kinds()) {
