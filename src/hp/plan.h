@@ -8,6 +8,7 @@
 #include "hp/plan/model_desc.h"
 #include "hp/plan/pipeline_bubble.h"
 #include "hp/plan/pipeline_stages.h"
+#include "hp/plan/rank_correlation.h"
 #include "hp/plan/report.h"
 #include "hp/plan/search.h"
 #include "hp/plan/strategy.h"

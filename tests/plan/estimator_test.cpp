@@ -85,3 +85,21 @@ TEST(Estimator, FsdpFitsWhatReplicationCannot) {
   EXPECT_FALSE(dp.fits);  // 16 bytes per parameter on every rank: 128 GB
   EXPECT_TRUE(fsdp.fits);
 }
+
+TEST(Estimator, WithoutOverlapDataParallelCommunicationIsAllExposed) {
+  const ModelDesc m = model_preset("llama3-8b");
+  const ClusterSpec c = load_cluster("superpod-384");
+  EstimatorOptions serial;
+  serial.overlap_communication = false;
+  for (const char* text : {"dp=48,tp=8", "dp=48,tp=8,fsdp=1"}) {
+    const Strategy s = resolve_strategy(parse_strategy(text), m, 384);
+    Estimate hidden = Estimator(m, c).estimate(s), exposed = Estimator(m, c, serial).estimate(s);
+    double data_seconds = 0;
+    for (const auto& item : exposed.comm)
+      if (item.group == "dp*ep*cp") data_seconds += item.seconds;
+    EXPECT_GT(data_seconds, 0) << text;
+    EXPECT_NEAR(exposed.time.dp + exposed.time.fsdp, data_seconds, 1e-9 * data_seconds) << text;
+    EXPECT_LT(hidden.time.dp + hidden.time.fsdp, exposed.time.dp + exposed.time.fsdp) << text;
+    EXPECT_DOUBLE_EQ(hidden.time.compute, exposed.time.compute) << text;
+  }
+}

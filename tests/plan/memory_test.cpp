@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "hp/base/error.h"
 #include "hp/plan/memory.h"
 
 using namespace hp::plan;
@@ -61,4 +62,32 @@ TEST(Memory, ExpertsSplitOverEp) {
   StageParams a = stage_params(m, e1, st[0]), b = stage_params(m, e8, st[0]);
   EXPECT_DOUBLE_EQ(a.expert, 8 * b.expert);
   EXPECT_DOUBLE_EQ(a.dense, b.dense);
+}
+
+// hp::nn's eager layer, counted by hand for the bench_3m model (h 256, 8 heads of 32,
+// 4 kv heads, ffn 688) at seq 256, t = 1: norms 2 * (3h + 1) = 1538; attention
+// q + kv + q + 2q (keys and values repeated) + 8 * 256 probabilities + q = 3456; SwiGLU 4f = 2752.
+TEST(Memory, EagerActivationsByHand) {
+  ModelDesc m{.name = "bench_3m", .layers = 4, .hidden = 256, .heads = 8, .kv_heads = 4, .ffn = 688, .vocab = 256,
+              .seq_len = 256};
+  EXPECT_DOUBLE_EQ(eager_layer_activation_elements(m, 1), 1538 + 3456 + 2752);
+  // t = 2 with sequence parallelism: each norm h/2 + 1/2 + h/2 + the gathered h = 512.5;
+  // attention 128 + 64 + 128 + 256 + 4 * 256 + 128 = 1728; SwiGLU 4 * 344 = 1376.
+  EXPECT_DOUBLE_EQ(eager_layer_activation_elements(m, 2), 1025 + 1728 + 1376);
+  m.experts = 8, m.top_k = 2, m.moe_ffn = 64;
+  EXPECT_THROW(eager_layer_activation_elements(m, 1), hp::Error);
+}
+
+TEST(Memory, Fp32EagerNumericsCountBytesAndBuckets) {
+  ModelDesc m = model_preset("tiny");
+  auto st = split_stages(m, 1, 1, "1f1b");
+  const Numerics n = numerics_preset("fp32-eager");
+  Strategy ddp = resolve_strategy(parse_strategy("dp=2"), m, 2);
+  MemoryBreakdown b = stage_memory(m, ddp, st[0], 0, n);
+  EXPECT_DOUBLE_EQ(b.params, b.grads);
+  EXPECT_DOUBLE_EQ(b.optimizer, 2 * b.params);  // m and v, no master copy
+  EXPECT_DOUBLE_EQ(b.ddp_buckets, b.grads);
+  Strategy single = resolve_strategy(parse_strategy("dp=1"), m, 1);
+  EXPECT_DOUBLE_EQ(stage_memory(m, single, st[0], 0, n).ddp_buckets, 0);
+  EXPECT_THROW(numerics_preset("fp8"), hp::Error);
 }

@@ -70,7 +70,9 @@ at::Tensor all_reduce_sum(const at::Tensor& t, const Group& g) {
 }
 
 at::Tensor all_reduce_sum_backward(const at::Tensor& t, const Group& g) {
-  at::Tensor out = t.detach().clone();
+  // An alias, not a copy: the identity needs no bytes of its own, and a copy would be kept
+  // for backward by every op that saves its input (each column-parallel projection).
+  at::Tensor out = t.detach();
   return attach_backward(out, t, [&g](const at::Tensor& grad) {
     return comm::all_reduce(grad, g, ReduceOp::Sum);
   }, "IdentityAllReduceBackward");

@@ -90,7 +90,7 @@ MemoryBreakdown Estimator::memory(const Strategy& s) const {
   auto stages = split_stages(model_, s.pp, s.virtual_stages, s.schedule);
   MemoryBreakdown worst;
   for (int64_t i = 0; i < s.pp; ++i) {
-    MemoryBreakdown mem = stage_memory(model_, s, stages[i], i);
+    MemoryBreakdown mem = stage_memory(model_, s, stages[i], i, options_.numerics);
     if (i == 0 || mem.total() > worst.total()) worst = mem;
   }
   return worst;
@@ -107,32 +107,34 @@ Estimate Estimator::estimate(const Strategy& s) {
   const size_t levels = e.level_names.size();
 
   RankGroups& groups = groups_for(s);
+  const Numerics& nm = options_.numerics;
   const double rate = cluster_.device.tflops * 1e12 * options_.compute_efficiency;
   const double t = s.tp, mb = s.microbatches;
   const double tokens = double(s.micro_batch) * m.seq_len / s.cp;  // per rank per microbatch, before SP
   const bool full = s.recompute == Recompute::Full;
 
   // Per-layer, per-microbatch communication, the same on every stage.
-  const double tp_bytes = tokens * m.hidden * kActivationBytes;
+  const double tp_bytes = tokens * m.hidden * nm.activation_bytes;
   const double tp_calls = full ? 6 : 4;  // each of all-gather and reduce-scatter: 2 fwd, 2 bwd, 2 recompute
   double tp_layer = 0;
   if (s.tp > 1)
     tp_layer = tp_calls * (groups.cost(GroupKind::TP, Collective::AllGather, tp_bytes).seconds +
                            groups.cost(GroupKind::TP, Collective::ReduceScatter, tp_bytes).seconds);
   const double kv_local = double(m.kv_dim()) / std::min<double>(t, m.kv_heads);
-  const double cp_bytes = double(s.micro_batch) * m.seq_len * 2 * kv_local * kActivationBytes;
+  const double cp_bytes = double(s.micro_batch) * m.seq_len * 2 * kv_local * nm.activation_bytes;
   const double cp_ag_calls = full ? 3 : 2, cp_rs_calls = 1;  // k,v gathered fwd and bwd; dk,dv scattered
   double cp_layer = 0;
   if (s.cp > 1)
     cp_layer = cp_ag_calls * groups.cost(GroupKind::CP, Collective::AllGather, cp_bytes).seconds +
                cp_rs_calls * groups.cost(GroupKind::CP, Collective::ReduceScatter, cp_bytes).seconds;
   const double attn_layer = tokens / t * attention_flops_per_token(m) / s.cp * (full ? 4 : 3) / rate;
-  const double cp_layer_exposed = std::max(0.0, cp_layer - attn_layer);
-  const double ep_bytes = tokens / t * m.top_k * m.hidden * kActivationBytes;
+  const bool overlap = options_.overlap_communication;
+  const double cp_layer_exposed = overlap ? std::max(0.0, cp_layer - attn_layer) : cp_layer;
+  const double ep_bytes = tokens / t * m.top_k * m.hidden * nm.activation_bytes;
   const double ep_calls = full ? 6 : 4;  // dispatch + combine: fwd, bwd, recompute
   double ep_layer = 0;
   if (s.ep > 1) ep_layer = ep_calls * groups.cost(GroupKind::EP, Collective::AllToAll, ep_bytes).seconds;
-  const double pp_bytes = tokens / t * m.hidden * kActivationBytes;
+  const double pp_bytes = tokens / t * m.hidden * nm.activation_bytes;
 
   auto stages = split_stages(m, s.pp, s.virtual_stages, s.schedule);
   auto stage_time = [&](const StageContents& st) {
@@ -151,16 +153,16 @@ Estimate Estimator::estimate(const Strategy& s) {
     if (s.fsdp) {
       double c = 0;
       if (groups.size(GroupKind::DenseGrad) > 1 && p.dense > 0)
-        c += 2 * groups.cost(GroupKind::DenseGrad, Collective::AllGather, p.dense * kParamBytes).seconds +
-             groups.cost(GroupKind::DenseGrad, Collective::ReduceScatter, p.dense * kGradBytes).seconds;
+        c += 2 * groups.cost(GroupKind::DenseGrad, Collective::AllGather, p.dense * nm.param_bytes).seconds +
+             groups.cost(GroupKind::DenseGrad, Collective::ReduceScatter, p.dense * nm.grad_bytes).seconds;
       if (groups.size(GroupKind::ExpertGrad) > 1 && p.expert > 0)
-        c += 2 * groups.cost(GroupKind::ExpertGrad, Collective::AllGather, p.expert * kParamBytes).seconds +
-             groups.cost(GroupKind::ExpertGrad, Collective::ReduceScatter, p.expert * kGradBytes).seconds;
-      r.fsdp = std::max(0.0, c - r.compute);
+        c += 2 * groups.cost(GroupKind::ExpertGrad, Collective::AllGather, p.expert * nm.param_bytes).seconds +
+             groups.cost(GroupKind::ExpertGrad, Collective::ReduceScatter, p.expert * nm.grad_bytes).seconds;
+      r.fsdp = overlap ? std::max(0.0, c - r.compute) : c;
     } else {
-      double c = groups.cost(GroupKind::DenseGrad, Collective::AllReduce, p.dense * kGradBytes).seconds +
-                 groups.cost(GroupKind::ExpertGrad, Collective::AllReduce, p.expert * kGradBytes).seconds;
-      r.dp = std::max(0.0, c - r.compute * 2.0 / 3.0);  // hidden behind the last backward
+      double c = groups.cost(GroupKind::DenseGrad, Collective::AllReduce, p.dense * nm.grad_bytes).seconds +
+                 groups.cost(GroupKind::ExpertGrad, Collective::AllReduce, p.expert * nm.grad_bytes).seconds;
+      r.dp = overlap ? std::max(0.0, c - r.compute * 2.0 / 3.0) : c;  // hidden behind the last backward
     }
     return r;
   };
@@ -224,18 +226,18 @@ Estimate Estimator::estimate(const Strategy& s) {
   const size_t first_data_item = items.size();
   if (s.fsdp) {
     add_item(items, "fsdp all_gather params", Collective::AllGather, GroupKind::DenseGrad, groups,
-             p.dense * kParamBytes, 2 * mb, 0, levels);
+             p.dense * nm.param_bytes, 2 * mb, 0, levels);
     add_item(items, "fsdp reduce_scatter grads", Collective::ReduceScatter, GroupKind::DenseGrad, groups,
-             p.dense * kGradBytes, mb, 0, levels);
+             p.dense * nm.grad_bytes, mb, 0, levels);
     add_item(items, "fsdp all_gather experts", Collective::AllGather, GroupKind::ExpertGrad, groups,
-             p.expert * kParamBytes, 2 * mb, 0, levels);
+             p.expert * nm.param_bytes, 2 * mb, 0, levels);
     add_item(items, "fsdp reduce_scatter expert grads", Collective::ReduceScatter, GroupKind::ExpertGrad, groups,
-             p.expert * kGradBytes, mb, 0, levels);
+             p.expert * nm.grad_bytes, mb, 0, levels);
   } else {
-    add_item(items, "dp grad all_reduce", Collective::AllReduce, GroupKind::DenseGrad, groups, p.dense * kGradBytes,
+    add_item(items, "dp grad all_reduce", Collective::AllReduce, GroupKind::DenseGrad, groups, p.dense * nm.grad_bytes,
              1, 0, levels);
     add_item(items, "dp expert grad all_reduce", Collective::AllReduce, GroupKind::ExpertGrad, groups,
-             p.expert * kGradBytes, 1, 0, levels);
+             p.expert * nm.grad_bytes, 1, 0, levels);
   }
   // Share this rank's exposed data-parallel time over its items by their length.
   double data_seconds = 0;

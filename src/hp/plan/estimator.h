@@ -13,6 +13,7 @@
 //   pp send/recv                                     exposed on the fill and drain path only
 //   dp gradient all-reduce                           hidden behind the last backward
 //   fsdp all-gather / reduce-scatter                 hidden behind each microbatch's compute
+// (dp, fsdp and cp fully exposed when EstimatorOptions::overlap_communication is false).
 #pragma once
 
 #include <memory>
@@ -30,6 +31,11 @@ struct EstimatorOptions {
   double compute_efficiency = 0.55;       // achieved / peak FLOP/s of the matmuls (a guess)
   double usable_memory_fraction = 0.9;    // the rest: allocator slack, runtime, comm buffers (a guess)
   double selective_recompute_cost = 0.03;  // extra forward share for re-running norms/activations (a guess)
+  Numerics numerics;                        // bytes per element, what activations are kept
+  // Whether data-parallel and cp communication runs beside compute (devices with copy
+  // engines and spare links). false: it costs the step its whole time, as on CPU ranks
+  // that share their cores with the copies.
+  bool overlap_communication = true;
 };
 
 struct CommItem {

@@ -2,7 +2,21 @@
 
 #include <algorithm>
 
+#include "hp/base/error.h"
+#include "hp/base/strings.h"
+
 namespace hp::plan {
+
+std::vector<std::string> numerics_preset_names() { return {"bf16-flash", "fp32-eager"}; }
+
+Numerics numerics_preset(const std::string& name) {
+  if (name == "bf16-flash") return Numerics{};
+  if (name == "fp32-eager")
+    return Numerics{.name = name, .param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4,
+                    .eager = true, .ddp_buckets = true};
+  HP_FAIL() << "unknown numerics '" << name << "'; presets: " << to_string_list(numerics_preset_names());
+  return {};
+}
 
 double layer_activation_bytes_per_token(const ModelDesc& m, bool moe_layer, Recompute r) {
   const double h = m.hidden, q = m.q_dim(), kv = m.kv_dim();
@@ -21,6 +35,24 @@ double layer_activation_bytes_per_token(const ModelDesc& m, bool moe_layer, Reco
   double all = attn + ffn_in + ffn;
   if (r == Recompute::Selective) all -= 4 * h + cheap_ffn;
   return all;
+}
+
+double eager_layer_activation_elements(const ModelDesc& m, int64_t tp) {
+  HP_CHECK(!m.is_moe()) << "the eager activation count covers dense layers only, not " << m.name;
+  const double t = double(tp), h = m.hidden, q = m.q_dim() / t, kv = m.kv_dim() / t, f = m.ffn / t;
+  const double heads = m.heads / t, s = m.seq_len;
+  const bool grouped = m.kv_heads < m.heads;
+  // Each RMSNorm keeps its input, 1/rms and the normalised input (sequence-sharded under
+  // sequence parallelism), and its weighted output: the input of the projections, which
+  // keep it whole (all-gathered) when tp > 1.
+  const double norm = h / t + 1 / t + h / t + h;
+  // q, k, v projections; rotary keeps its inputs; the scaled q, the keys and values
+  // (repeated to every head when grouped) feed the two matmuls; the s x s softmax output;
+  // the heads' output, transposed and copied, feeds o_proj.
+  const double attn = q + kv + q + (grouped ? 2 * q : 2 * kv) + heads * s + q;
+  // SwiGLU: gate and up projections, silu's output, their product (down_proj's input).
+  const double mlp = 4 * f;
+  return 2 * norm + attn + mlp;
 }
 
 StageParams stage_params(const ModelDesc& m, const Strategy& s, const StageContents& st) {
@@ -48,7 +80,8 @@ StageParams stage_params(const ModelDesc& m, const Strategy& s, const StageConte
   return p;
 }
 
-MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageContents& st, int64_t index) {
+MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageContents& st, int64_t index,
+                             const Numerics& n) {
   MemoryBreakdown mem;
   mem.stage = index;
   const StageParams p = stage_params(m, s, st);
@@ -56,28 +89,42 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
   if (s.fsdp) {
     held = p.dense / double(s.dp * s.ep * s.cp) + p.expert / double(s.dp * s.cp);
     // Two units gathered (the one running, the one prefetched) and one unsharded gradient.
-    mem.fsdp_buffers = p.largest_unit * (2 * kParamBytes + kGradBytes);
+    mem.fsdp_buffers = p.largest_unit * (2 * n.param_bytes + n.grad_bytes);
+  } else if (n.ddp_buckets && s.data_replicas() > 1) {
+    mem.ddp_buckets = held * n.grad_bytes;
   }
-  mem.params = held * kParamBytes;
-  mem.grads = held * kGradBytes;
-  mem.optimizer = held * kOptimizerBytes;
+  mem.params = held * n.param_bytes;
+  mem.grads = held * n.grad_bytes;
+  mem.optimizer = held * n.optimizer_bytes;
 
   // Tokens of one microbatch on this rank, before the sequence-parallel split over tp.
   const double tokens = double(s.micro_batch) * m.seq_len / s.cp;
   const double t = s.tp;
   double per_mb = 0;
-  if (st.dense_layers) per_mb += st.dense_layers * layer_activation_bytes_per_token(m, false, s.recompute);
-  if (st.moe_layers) per_mb += st.moe_layers * layer_activation_bytes_per_token(m, true, s.recompute);
-  per_mb *= tokens / t;
+  if (n.eager) {
+    // Eager ops keep everything unless the whole layer is recomputed (its input kept).
+    const double per_token = s.recompute == Recompute::Full ? m.hidden / t : eager_layer_activation_elements(m, s.tp);
+    per_mb = st.layers() * per_token * n.activation_bytes * tokens;
+  } else {
+    if (st.dense_layers) per_mb += st.dense_layers * layer_activation_bytes_per_token(m, false, s.recompute);
+    if (st.moe_layers) per_mb += st.moe_layers * layer_activation_bytes_per_token(m, true, s.recompute);
+    per_mb *= tokens / t;
+  }
   const double inflight = inflight_microbatches(s.schedule, s.pp, s.microbatches, s.virtual_stages, index);
   mem.activations = inflight * per_mb;
-  if (s.recompute == Recompute::Full && st.layers() > 0) {
+  if (s.recompute == Recompute::Full && st.layers() > 0 && n.eager) {
+    mem.activations += tokens * eager_layer_activation_elements(m, s.tp) * n.activation_bytes;
+  } else if (s.recompute == Recompute::Full && st.layers() > 0) {
     // The backward of one layer rematerializes all of it.
     const bool moe = st.moe_layers > 0;
     mem.activations += tokens / t * layer_activation_bytes_per_token(m, moe, Recompute::None);
   }
-  // bf16 logits kept for the loss's backward plus their fp32 copy, one microbatch.
-  if (st.head) mem.logits = tokens * double(m.vocab) / t * (2 + 4);
+  // bf16 logits kept for the loss's backward plus their fp32 copy, one microbatch; eager
+  // fp32: the final norm's tensors, the logits and their log-softmax.
+  if (st.head && n.eager)
+    mem.logits = tokens * (3 * m.hidden / t + 1 / t + m.hidden + 2 * double(m.vocab) / t) * n.activation_bytes;
+  else if (st.head)
+    mem.logits = tokens * double(m.vocab) / t * (2 + 4);
   return mem;
 }
 

@@ -1,10 +1,10 @@
 // Per-rank memory of one pipeline rank: weights, gradients, optimizer states,
 // activations and the transient buffers of fully sharded units.
-// Precision: bf16 weights and activations, fp32 gradients, AdamW with fp32 master
-// weights, m and v (12 bytes per parameter).
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "hp/plan/model_desc.h"
 #include "hp/plan/pipeline_stages.h"
@@ -12,10 +12,23 @@
 
 namespace hp::plan {
 
-constexpr double kParamBytes = 2;
-constexpr double kGradBytes = 4;
-constexpr double kOptimizerBytes = 12;
-constexpr double kActivationBytes = 2;
+// How a runtime stores a step: bytes per element, and which activations it keeps.
+struct Numerics {
+  std::string name = "bf16-flash";
+  double param_bytes = 2;       // the weights computed with
+  double grad_bytes = 4;
+  double optimizer_bytes = 12;  // AdamW: fp32 master weights, m and v
+  double activation_bytes = 2;
+  // false: fused kernels (flash attention, fused norms), counted by
+  // layer_activation_bytes_per_token. true: hp::nn's eager ops, which keep the s x s
+  // attention probabilities and each unfused op's inputs (eager_layer_activation_elements).
+  bool eager = false;
+  bool ddp_buckets = false;     // data parallelism keeps a flat copy of the gradients
+};
+// "bf16-flash": a GPU run in bfloat16 with fp32 master weights (the default).
+// "fp32-eager": hp::nn on CPUs: float32 throughout, AdamW's m and v, our DDP's buckets.
+std::vector<std::string> numerics_preset_names();
+Numerics numerics_preset(const std::string& name);  // throws listing the presets
 
 // Saved activations of one layer per token, before the tp split, in bytes. With flash
 // attention (no s^2 scores kept), h = hidden, q/kv = projection widths, f = ffn:
@@ -30,6 +43,10 @@ constexpr double kActivationBytes = 2;
 // scores); sequence parallelism divides all of them by tp.
 double layer_activation_bytes_per_token(const ModelDesc& m, bool moe_layer, Recompute r);
 
+// Elements one dense layer of hp::nn's Llama keeps for backward per token of a rank's
+// microbatch, with tp = `tp` (sequence parallel when tp > 1); see memory.cpp for the count.
+double eager_layer_activation_elements(const ModelDesc& m, int64_t tp);
+
 // Parameters (elements) that one rank of a pipeline stage holds before any FSDP sharding.
 struct StageParams {
   double dense = 0;    // replicated over dp*ep*cp
@@ -40,11 +57,13 @@ StageParams stage_params(const ModelDesc& m, const Strategy& s, const StageConte
 
 struct MemoryBreakdown {
   double params = 0, grads = 0, optimizer = 0, activations = 0, logits = 0, fsdp_buffers = 0;  // bytes
+  double ddp_buckets = 0;  // flat gradient copies of data parallelism (Numerics::ddp_buckets)
   int64_t stage = 0;  // pipeline rank this breakdown is for
-  double total() const { return params + grads + optimizer + activations + logits + fsdp_buffers; }
+  double total() const { return params + grads + optimizer + activations + logits + fsdp_buffers + ddp_buckets; }
 };
 
 // Memory of pipeline rank `index` (holding `stage`) under resolved strategy `s`.
-MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageContents& stage, int64_t index);
+MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageContents& stage, int64_t index,
+                             const Numerics& n = {});
 
 }  // namespace hp::plan

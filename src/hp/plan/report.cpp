@@ -36,7 +36,7 @@ nlohmann::json memory_json(const MemoryBreakdown& mem) {
   return {{"stage", mem.stage},           {"params", mem.params},
           {"grads", mem.grads},           {"optimizer", mem.optimizer},
           {"activations", mem.activations}, {"logits", mem.logits},
-          {"fsdp_buffers", mem.fsdp_buffers}, {"total", mem.total()}};
+          {"fsdp_buffers", mem.fsdp_buffers}, {"ddp_buckets", mem.ddp_buckets}, {"total", mem.total()}};
 }
 
 nlohmann::json estimate_json(const Estimate& e) {
@@ -112,6 +112,7 @@ std::string format_dryrun(const Estimate& e, const ModelDesc& m, const ClusterSp
   row("activations", mem.activations);
   row("logits", mem.logits);
   row("fsdp buffers", mem.fsdp_buffers);
+  if (mem.ddp_buckets > 0) row("ddp buckets", mem.ddp_buckets);
   out += fmt::format("  {:<16} {:>12} of {} usable: {}\n\n", "total", human_bytes(mem.total()),
                      human_bytes(e.usable_memory), e.fits ? "fits" : "DOES NOT FIT");
 

@@ -57,10 +57,10 @@ at::Tensor local_amax(const at::Tensor& t, const std::vector<int64_t>& dims, boo
   return t.amax(dims, keepdim);
 }
 
-// Identity forward; the gradient is multiplied by `factor` on its way back.
+// Identity forward (an alias of x); the gradient is multiplied by `factor` on its way back.
 at::Tensor scale_backward(const at::Tensor& x, double factor) {
   return comm::autograd::attach_backward(
-      x.detach().clone(), x, [factor](const at::Tensor& grad) { return grad * factor; }, "ScaleBackward");
+      x.detach(), x, [factor](const at::Tensor& grad) { return grad * factor; }, "ScaleBackward");
 }
 
 }  // namespace
