@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cstring>
+#include <functional>
 #include <iostream>
 
 #include "hp/base/error.h"
@@ -24,6 +25,29 @@ Checkpointer::~Checkpointer() {
   }
 }
 
+namespace {
+
+// Copies every piece into `buffers` (reused when shapes repeat) and points the piece at
+// its copy. `versions`, when given, are the pieces' version counters at save(): a piece
+// changed since then fails the save, naming the tensor.
+void take_snapshot(SaveJob& job, std::vector<at::Tensor>& buffers, const std::vector<int64_t>* versions) {
+  buffers.resize(job.pieces.size());
+  for (size_t i = 0; i < job.pieces.size(); ++i) {
+    auto& p = job.pieces[i];
+    at::Tensor& buf = buffers[i];
+    if (!buf.defined() || buf.sizes() != p.data.sizes() || buf.scalar_type() != p.data.scalar_type())
+      buf = at::empty_like(p.data, at::MemoryFormat::Contiguous);
+    std::memcpy(buf.data_ptr(), p.data.data_ptr(), static_cast<size_t>(p.bytes));  // both contiguous
+    HP_CHECK(!versions || p.data._version() == (*versions)[i])
+        << "checkpoint step " << job.step << ": tensor '" << p.tensor
+        << "' changed while its snapshot was taken; call Checkpointer::wait_for_snapshot() before updating "
+           "the saved state (the optimizer step)";
+    p.data = buf;
+  }
+}
+
+}  // namespace
+
 void Checkpointer::save(int64_t step, const State& state) {
   wait();
   SaveJob job = plan_save(options_.dir, step, options_.keep, state);
@@ -31,23 +55,46 @@ void Checkpointer::save(int64_t step, const State& state) {
     write_and_commit(job);
     return;
   }
-  // Snapshot: the live tensors change as soon as training goes on.
-  buffers_.resize(job.pieces.size());
-  for (size_t i = 0; i < job.pieces.size(); ++i) {
-    auto& p = job.pieces[i];
-    at::Tensor& buf = buffers_[i];
-    if (!buf.defined() || buf.sizes() != p.data.sizes() || buf.scalar_type() != p.data.scalar_type())
-      buf = at::empty_like(p.data, at::MemoryFormat::Contiguous);
-    std::memcpy(buf.data_ptr(), p.data.data_ptr(), static_cast<size_t>(p.bytes));  // both contiguous
-    p.data = buf;
+  const bool deferred = options_.defer_snapshot;
+  std::vector<int64_t> versions;
+  if (deferred) {
+    for (const auto& p : job.pieces) versions.push_back(p.data._version());
+    std::lock_guard<std::mutex> lock(mu_);
+    snapshot_taken_ = false;
+  } else {
+    // Here: the live tensors change as soon as training goes on.
+    take_snapshot(job, buffers_, nullptr);
   }
-  writer_ = std::thread([this, job = std::move(job)] {
+  writer_ = std::thread([this, deferred, job = std::move(job), versions = std::move(versions)]() mutable {
+    auto snapshot_done = [this] {
+      std::lock_guard<std::mutex> lock(mu_);
+      snapshot_taken_ = true;
+      snapshot_cv_.notify_all();
+    };
     try {
-      write_and_commit(job);
+      // A failed snapshot fails the save on every rank, as a failed write does.
+      std::function<void()> prepare;
+      if (deferred)
+        prepare = [&] {
+          try {
+            take_snapshot(job, buffers_, &versions);
+          } catch (...) {
+            snapshot_done();
+            throw;
+          }
+          snapshot_done();
+        };
+      write_and_commit(job, prepare);
     } catch (...) {
       error_ = std::current_exception();
     }
+    snapshot_done();
   });
+}
+
+void Checkpointer::wait_for_snapshot() {
+  std::unique_lock<std::mutex> lock(mu_);
+  snapshot_cv_.wait(lock, [this] { return snapshot_taken_; });
 }
 
 void Checkpointer::wait() {

@@ -1,11 +1,17 @@
 // Checkpoints of one run under a root directory: root/step-N, the last `keep` kept.
 // save() with async = true copies this rank's chunks into CPU buffers (reused from save to
 // save) and returns; a background thread writes and publishes them while training goes on.
-// A save waits for the previous one first; wait() and the destructor wait too.
+// With defer_snapshot the copy too runs on that thread, beside the next forward and
+// backward, which only read the state: call wait_for_snapshot() before anything changes a
+// saved tensor (the optimizer step). A tensor that changes before its copy is taken fails
+// that save (its version counter tells), so a missing call never publishes a torn
+// checkpoint. A save waits for the previous one first; wait() and the destructor wait too.
 #pragma once
 
 #include <cstdint>
+#include <condition_variable>
 #include <exception>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -19,6 +25,7 @@ struct CheckpointOptions {
   std::string dir;
   int64_t keep = 2;   // published checkpoints kept; 0 = all
   bool async = false;
+  bool defer_snapshot = false;  // with async: snapshot on the writer thread (see above)
 };
 
 class Checkpointer {
@@ -32,6 +39,9 @@ class Checkpointer {
   void save(int64_t step, const State& state);
   // Until the last save is published; rethrows its error.
   void wait();
+  // Until the last save's snapshot is taken (at once when it was taken in save()); after
+  // it the saved tensors may change. A snapshot that failed is reported by wait().
+  void wait_for_snapshot();
 
   std::optional<int64_t> latest_step() const;
   // Loads the latest published checkpoint into `state`; returns its step, none if there is none.
@@ -44,6 +54,9 @@ class Checkpointer {
   std::thread writer_;
   std::exception_ptr error_;
   std::vector<at::Tensor> buffers_;  // snapshot of each piece, reused when shapes repeat
+  std::mutex mu_;
+  std::condition_variable snapshot_cv_;
+  bool snapshot_taken_ = true;
 };
 
 }  // namespace hp::checkpoint

@@ -186,11 +186,12 @@ SaveJob plan_save(const std::string& root, int64_t step, int64_t keep, const Sta
   return job;
 }
 
-void write_and_commit(const SaveJob& job) {
+void write_and_commit(const SaveJob& job, const std::function<void()>& prepare) {
   const std::string tmp = tmp_dir(job.root, job.step);
   const std::string part_key = job.key + "/part/" + std::to_string(job.rank);
   std::exception_ptr failed;
   try {
+    if (prepare) prepare();
     fs::create_directories(tmp);
     job.store->set(part_key, bytes_of(to_json(write_rank_file(job, tmp))));
   } catch (const std::exception& e) {

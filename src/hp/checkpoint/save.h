@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,8 +47,9 @@ SaveJob plan_save(const std::string& root, int64_t step, int64_t keep, const Sta
 
 // Writes this rank's file, then rank 0 writes metadata.json and renames the directory
 // into place once every rank's file is on disk; returns when it is published (or throws,
-// on every rank, if any rank failed).
-void write_and_commit(const SaveJob& job);
+// on every rank, if any rank failed). `prepare` (e.g. taking the snapshot the pieces
+// point to) runs first and fails the save like a failed write.
+void write_and_commit(const SaveJob& job, const std::function<void()>& prepare = {});
 
 // root/step-00000042
 std::string step_dir(const std::string& root, int64_t step);

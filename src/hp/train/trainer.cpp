@@ -95,7 +95,8 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
   checkpoint::State state;
   const auto& cc = cfg.checkpoint;
   if (!cc.dir.empty()) {
-    ckpt.emplace(checkpoint::CheckpointOptions{cc.dir, cc.keep, cc.async});
+    // The snapshot of an asynchronous save is copied beside the next forward and backward.
+    ckpt.emplace(checkpoint::CheckpointOptions{cc.dir, cc.keep, cc.async, /*defer_snapshot=*/cc.async});
     state.add_module(model);
     state.add_optimizer(*opt, model.named_parameters());
     if (cc.resume && ckpt->load_latest(state)) result.first_step = restore_position(state, *opt, loader);
@@ -112,6 +113,7 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
     DTensor loss = model.loss(ids, targets);
     loss.to_local().backward();
     const double norm = cfg.train.grad_clip > 0 ? optim::clip_grad_norm_(params, cfg.train.grad_clip) : 0;
+    if (ckpt) ckpt->wait_for_snapshot();  // the step below changes what the last save copies
     opt->step();
     opt->zero_grad();
     const double value = loss.to_local().item<double>();  // Replicate: the same on every rank
