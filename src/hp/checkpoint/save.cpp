@@ -199,9 +199,13 @@ void write_and_commit(const SaveJob& job, const std::function<void()>& prepare) 
     job.store->set(part_key, bytes_of(std::string("error: ") + e.what()));
   }
   store_barrier(job, "written");
-  if (failed) std::rethrow_exception(failed);
-
   const std::string done_key = job.key + "/published";
+  if (failed) {
+    // The others wait for rank 0 to publish: tell them it will not.
+    if (job.rank == 0) job.store->set(done_key, bytes_of("error: rank 0 failed to write its part"));
+    std::rethrow_exception(failed);
+  }
+
   if (job.rank == 0) {
     try {
       publish(job, tmp);
