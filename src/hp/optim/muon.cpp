@@ -29,23 +29,6 @@ at::Tensor block(const at::Tensor& full, const Piece& p) {
 
 }  // namespace
 
-at::Tensor newton_schulz(const at::Tensor& g, int steps) {
-  HP_CHECK(g.dim() == 2) << "newton_schulz: a matrix is needed, got shape " << g.sizes();
-  const double a = 3.4445, b = -4.7750, c = 2.0315;  // quintic coefficients with a fast rise near 0
-  at::Tensor x = g.to(at::kFloat);
-  const bool tall = x.size(0) > x.size(1);
-  if (tall) x = x.t();
-  x = x / (x.norm() + 1e-7);
-  // x <- a x + (b s + c s^2) x with s = x x^T, as two fused multiply-adds: no separate
-  // passes over the matrices for the scalings and sums.
-  for (int i = 0; i < steps; ++i) {
-    at::Tensor s = at::mm(x, x.t());
-    at::Tensor poly = at::addmm(s, s, s, /*beta=*/b, /*alpha=*/c);
-    x = at::addmm(x, poly, x, /*beta=*/a, /*alpha=*/1);
-  }
-  return tall ? x.t().contiguous() : x;
-}
-
 // The parameters on one mesh, each with its owner and every rank's piece, and the split
 // sizes of the two all-to-alls (to the owners, back from them), fixed by the layouts.
 struct Muon::Exchange {

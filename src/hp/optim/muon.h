@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "hp/optim/newton_schulz.h"
 #include "hp/optim/optimizer.h"
 
 namespace hp::optim {
@@ -24,9 +25,6 @@ struct MuonOptions {
   int ns_steps = 5;
   double weight_decay = 0;
 };
-
-// The quintic Newton-Schulz iteration on a full matrix (float32).
-at::Tensor newton_schulz(const at::Tensor& g, int steps);
 
 class Muon : public Optimizer {
  public:
