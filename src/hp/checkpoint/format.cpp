@@ -53,23 +53,32 @@ std::string hex(uint64_t x) {
   return buf;
 }
 
-// checksum_avx2.cpp: the same functions built for AVX2.
+// checksum_avx2.cpp, checksum_avx512.cpp: the same functions built for wider vectors.
 uint64_t checksum_avx2(const void* data, size_t n);
 void checksum_update_avx2(void* state, const void* data, size_t n);
+uint64_t checksum_avx512(const void* data, size_t n);
+void checksum_update_avx512(void* state, const void* data, size_t n);
 
 namespace {
-bool use_avx2() {
-#if defined(__x86_64__) && defined(HP_CHECKSUM_AVX2)
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  return avx2;
+enum class Simd { none, avx2, avx512 };
+Simd simd() {
+#if defined(__x86_64__) && defined(HP_CHECKSUM_SIMD)
+  static const Simd best = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") ? Simd::avx512
+                           : __builtin_cpu_supports("avx2")                                        ? Simd::avx2
+                                                                                                   : Simd::none;
+  return best;
 #else
-  return false;
+  return Simd::none;
 #endif
 }
 }  // namespace
 
 uint64_t checksum(const void* data, size_t n) {
-  return use_avx2() ? checksum_avx2(data, n) : XXH3_64bits(data, n);
+  switch (simd()) {
+    case Simd::avx512: return checksum_avx512(data, n);
+    case Simd::avx2: return checksum_avx2(data, n);
+    default: return XXH3_64bits(data, n);
+  }
 }
 
 StreamingChecksum::StreamingChecksum() : state_(XXH3_createState()) {
@@ -78,12 +87,13 @@ StreamingChecksum::StreamingChecksum() : state_(XXH3_createState()) {
 }
 StreamingChecksum::~StreamingChecksum() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
 void StreamingChecksum::reset() { XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_)); }
-// The state's layout is the library's in both builds; only the update loop differs.
+// The state's layout is the library's in every build; only the update loop differs.
 void StreamingChecksum::update(const void* data, size_t n) {
-  if (use_avx2())
-    checksum_update_avx2(state_, data, n);
-  else
-    XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, n);
+  switch (simd()) {
+    case Simd::avx512: return checksum_update_avx512(state_, data, n);
+    case Simd::avx2: return checksum_update_avx2(state_, data, n);
+    default: XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, n);
+  }
 }
 uint64_t StreamingChecksum::digest() const { return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_)); }
 
