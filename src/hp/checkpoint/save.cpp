@@ -190,19 +190,21 @@ void write_and_commit(const SaveJob& job, const std::function<void()>& prepare) 
   const std::string tmp = tmp_dir(job.root, job.step);
   const std::string part_key = job.key + "/part/" + std::to_string(job.rank);
   std::exception_ptr failed;
+  std::string why;
   try {
     if (prepare) prepare();
     fs::create_directories(tmp);
     job.store->set(part_key, bytes_of(to_json(write_rank_file(job, tmp))));
   } catch (const std::exception& e) {
     failed = std::current_exception();
-    job.store->set(part_key, bytes_of(std::string("error: ") + e.what()));
+    why = e.what();
+    job.store->set(part_key, bytes_of("error: " + why));
   }
   store_barrier(job, "written");
   const std::string done_key = job.key + "/published";
   if (failed) {
-    // The others wait for rank 0 to publish: tell them it will not.
-    if (job.rank == 0) job.store->set(done_key, bytes_of("error: rank 0 failed to write its part"));
+    // The others wait for rank 0 to publish: tell them it will not, and why.
+    if (job.rank == 0) job.store->set(done_key, bytes_of("error: rank 0 failed to write its part: " + why));
     std::rethrow_exception(failed);
   }
 
