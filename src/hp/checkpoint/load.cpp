@@ -67,11 +67,11 @@ void read_checked(OpenFiles& files, const std::string& dir, const std::string& n
     files.read(chunk.file, chunk.begin + lo, chunk.begin + hi, out, name);
     return;
   }
-  scratch.resize(kBlockBytes);
   StreamingChecksum hash;
   for (int64_t k = lo / kBlockBytes; k * kBlockBytes < hi; ++k) {
     const int64_t bs = k * kBlockBytes, be = std::min(chunk_bytes, bs + kBlockBytes);
     const bool whole = lo <= bs && be <= hi;
+    if (!whole && scratch.size() < static_cast<size_t>(kBlockBytes)) scratch.resize(kBlockBytes);
     uint8_t* dst = whole ? out + (bs - lo) : scratch.data();
     hash.reset();
     for (int64_t p = bs; p < be; p += kReadPieceBytes) {
@@ -138,10 +138,11 @@ int64_t copy_overlap(OpenFiles& files, const std::string& dir, const std::string
   return count;
 }
 
-// Fills `dst`, the box [lo, lo + size) of tensor `name`.
+// Fills `dst`, the box [lo, lo + size) of tensor `name`. `scratch` holds blocks read only
+// in part; it is sized on first need (loads that read whole blocks never touch it).
 void fill(OpenFiles& files, const std::string& dir, const std::string& name, const TensorMeta& meta,
-          const std::vector<int64_t>& lo, const std::vector<int64_t>& size, at::Tensor& dst) {
-  std::vector<uint8_t> scratch;
+          const std::vector<int64_t>& lo, const std::vector<int64_t>& size, at::Tensor& dst,
+          std::vector<uint8_t>& scratch) {
   int64_t covered = 0;
   for (const auto& c : meta.chunks) covered += copy_overlap(files, dir, name, meta, c, lo, size, dst, scratch);
   HP_CHECK(covered == dst.numel()) << "checkpoint " << dir << ": the chunks of tensor " << name << " cover "
@@ -153,6 +154,7 @@ void fill(OpenFiles& files, const std::string& dir, const std::string& name, con
 
 void load_from(const Metadata& m, const std::string& dir, State& state, bool convert) {
   OpenFiles files(dir);
+  std::vector<uint8_t> scratch;
   at::NoGradGuard no_grad;
   for (auto& e : state.tensors) {
     auto it = m.tensors.find(e.name);
@@ -167,10 +169,10 @@ void load_from(const Metadata& m, const std::string& dir, State& state, bool con
     if (e.local.numel() == 0) continue;
     const auto lo = e.spec.global_offset(e.coord);
     if (stored == e.local.scalar_type()) {
-      fill(files, dir, e.name, meta, lo, e.local.sizes().vec(), e.local);
+      fill(files, dir, e.name, meta, lo, e.local.sizes().vec(), e.local, scratch);
     } else {
       at::Tensor piece = at::empty(e.local.sizes(), at::TensorOptions().dtype(stored));
-      fill(files, dir, e.name, meta, lo, e.local.sizes().vec(), piece);
+      fill(files, dir, e.name, meta, lo, e.local.sizes().vec(), piece, scratch);
       e.local.copy_(piece);
     }
   }
@@ -187,9 +189,10 @@ at::Tensor read_tensor(const std::string& dir, const std::string& name) {
   auto it = m.tensors.find(name);
   HP_CHECK(it != m.tensors.end()) << "checkpoint " << dir << " has no tensor " << name;
   OpenFiles files(dir);
+  std::vector<uint8_t> scratch;
   at::Tensor out = at::empty(it->second.shape, at::TensorOptions().dtype(dtype_from_name(it->second.dtype)));
   if (out.numel() > 0)
-    fill(files, dir, name, it->second, std::vector<int64_t>(out.dim(), 0), out.sizes().vec(), out);
+    fill(files, dir, name, it->second, std::vector<int64_t>(out.dim(), 0), out.sizes().vec(), out, scratch);
   return out;
 }
 
