@@ -1,9 +1,10 @@
 // The same model and batch on every rank of the job, one run: step time and memory of our
 // DDP, of fully_shard (with and without prefetch), and of Muon against AdamW on the sharded
 // model; the modes take turns so that drift hits all alike.
-//   build/bin/hprun --nproc-per-node 4 build/bin/bench_fsdp [steps] [rounds] [micro-steps]
+//   build/bin/hprun --nproc-per-node 4 build/bin/bench_fsdp [steps] [rounds] [micro-steps] [modes]
 // micro-steps > 1 accumulates gradients over that many batches per optimizer step (no
-// communication until the last), as large-batch training does.
+// communication until the last), as large-batch training does. `modes`: a comma-separated
+// subset of the modes below (default all), e.g. "fsdp adamw,fsdp muon".
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <map>
 #include <string>
 
+#include "hp/base/strings.h"
 #include "hp/optim/chained.h"
 #include "hp/parallel.h"
 #include "hp/tensor/memory_stats.h"
@@ -22,6 +24,7 @@ namespace {
 
 struct Result {
   std::vector<double> ms;
+  std::vector<double> opt_ms;  // the optimizer step alone
   double state_mib = 0;  // parameters, gradients and optimizer states a rank holds
   double peak_mib = 0;   // every CPU tensor alive at the worst moment of a step
 };
@@ -41,7 +44,17 @@ int main(int argc, char** argv) {
   c.vocab = 256, c.dim = 256, c.layers = 4, c.heads = 8, c.kv_heads = 4, c.ffn_dim = 688, c.max_seq = 128;
   const int64_t batch = 4 * world, seq = 128;
 
-  const std::vector<std::string> modes{"ddp adamw", "fsdp adamw", "fsdp adamw no-prefetch", "fsdp muon"};
+  std::vector<std::string> modes{"ddp adamw", "fsdp adamw", "fsdp adamw no-prefetch", "fsdp muon"};
+  if (argc > 4) {
+    std::vector<std::string> chosen;
+    for (const std::string& m : split(argv[4], ','))
+      if (!m.empty()) chosen.push_back(m);
+    for (const std::string& m : chosen)
+      HP_CHECK(std::find(modes.begin(), modes.end(), m) != modes.end())
+          << "bench_fsdp: unknown mode '" << m << "'; the modes are " << to_string_list(modes);
+    modes = chosen;
+  }
+  HP_CHECK(!modes.empty()) << "bench_fsdp: no mode chosen";
   std::map<std::string, Result> results;
   for (int round = 0; round < rounds; ++round)
     for (const std::string& mode : modes) {
@@ -82,7 +95,9 @@ int main(int argc, char** argv) {
           sync_gradients(m + 1 == micro);
           model.loss(batches[m].first, batches[m].second).to_local().backward();
         }
+        auto t1 = std::chrono::steady_clock::now();
         opt->step();
+        const double opt_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t1).count();
         if (step == steps + 1) {  // what a rank holds between backward and zero_grad
           double bytes = 0;
           for (DTensor* p : model.parameters())
@@ -92,7 +107,10 @@ int main(int argc, char** argv) {
           r.peak_mib = double(cpu_memory_peak()) / (1 << 20);
         }
         opt->zero_grad();
-        if (step >= 2) r.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        if (step >= 2) {
+          r.ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+          r.opt_ms.push_back(opt_ms);
+        }
       }
     }
 
@@ -101,17 +119,23 @@ int main(int argc, char** argv) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  const double ddp = median(results["ddp adamw"].ms);
+  const auto base = results.count("ddp adamw") ? results["ddp adamw"] : results[modes[0]];
+  const double ddp = median(base.ms);
   std::printf("%d ranks, %d rounds x %d steps of %d micro-steps, batch %lld x seq %lld, Llama dim %lld layers %lld (3.0M parameters)\n",
               int(world), rounds, steps, micro, (long long)batch, (long long)seq, (long long)c.dim, (long long)c.layers);
-  std::printf("%-24s %10s %10s %16s %16s\n", "mode", "ms/step", "vs ddp", "state MiB/rank", "peak MiB/rank");
+  std::printf("%-24s %10s %10s %12s %16s %16s\n", "mode", "ms/step", "vs first", "optimizer ms", "state MiB/rank",
+              "peak MiB/rank");
   for (const std::string& mode : modes) {
     const Result& r = results[mode];
-    std::printf("%-24s %10.1f %9.2fx %16.2f %16.1f\n", mode.c_str(), median(r.ms), median(r.ms) / ddp, r.state_mib,
-                r.peak_mib);
+    std::printf("%-24s %10.1f %9.2fx %12.1f %16.2f %16.1f\n", mode.c_str(), median(r.ms), median(r.ms) / ddp,
+                median(r.opt_ms), r.state_mib, r.peak_mib);
   }
-  std::printf("prefetch: %.2fx the step time without it; muon: %.2fx adamw's step time (fully_shard)\n",
-              median(results["fsdp adamw"].ms) / median(results["fsdp adamw no-prefetch"].ms),
-              median(results["fsdp muon"].ms) / median(results["fsdp adamw"].ms));
+  auto ratio = [&](const char* a, const char* b) {
+    return results.count(a) && results.count(b) ? median(results[a].ms) / median(results[b].ms) : 0.0;
+  };
+  if (ratio("fsdp adamw", "fsdp adamw no-prefetch") > 0)
+    std::printf("prefetch: %.2fx the step time without it\n", ratio("fsdp adamw", "fsdp adamw no-prefetch"));
+  if (ratio("fsdp muon", "fsdp adamw") > 0)
+    std::printf("muon: %.2fx adamw's step time (fully_shard)\n", ratio("fsdp muon", "fsdp adamw"));
   return 0;
 }
