@@ -2,7 +2,7 @@
 // redistribution. Run: build/bin/hprun --nproc-per-node 4 build/bin/first_program
 #include <iostream>
 
-#include "hp/tensor.h"
+#include "hp/hp.h"
 
 int main() {
   hp::init_distributed();
