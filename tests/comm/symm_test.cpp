@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <numeric>
 #include <thread>
@@ -163,6 +164,40 @@ TEST(ShmCollectives, ManyChunksAllDtypes) {
         }
       }
     });
+  }
+}
+
+// All-to-all reads pieces of 64 KiB and more once, straight from the sender's buffer, where
+// the kernel lets ranks read each other (cross_memory.h), else through the windows: both
+// give every rank its pieces, and HP_SHM_SINGLE_COPY=0 chooses the windows.
+TEST(ShmCollectives, AllToAllSingleCopyAndWindowsAgree) {
+  const int world = 3;
+  for (const bool single : {true, false}) {
+    ScopedEnv env("HP_SHM_SINGLE_COPY", single ? "1" : "0");
+    std::vector<int> used(world, -1);
+    run_local_ranks(world, [&](int rank) {
+      auto g = current_world()->world_group();
+      for (const int64_t unit : {int64_t{10}, int64_t{30000}}) {  // below and above 64 KiB a piece
+        std::vector<int64_t> send(world), recv(world);
+        for (int s = 0; s < world; ++s) send[s] = (rank + s + 1) * unit, recv[s] = (s + rank + 1) * unit;
+        at::Tensor in = rank_input(rank, {std::accumulate(send.begin(), send.end(), int64_t{0})}, at::kFloat);
+        at::Tensor out = at::empty({std::accumulate(recv.begin(), recv.end(), int64_t{0})}, in.options());
+        all_to_all_single_async(out, in, *g, recv, send).wait();
+        int64_t at_out = 0;
+        for (int s = 0; s < world; ++s) {
+          int64_t from = 0;
+          for (int d = 0; d < rank; ++d) from += (s + d + 1) * unit;
+          ASSERT_TRUE(at::equal(out.narrow(0, at_out, recv[s]),
+                                rank_input(s, {from + recv[s]}, at::kFloat).narrow(0, from, recv[s])))
+              << "from " << s << ", pieces of " << unit << " floats, single copy " << single;
+          at_out += recv[s];
+        }
+      }
+      used[rank] = g->symm_heap()->single_copy();
+    });
+    for (int r = 0; r < world; ++r) EXPECT_EQ(used[r], used[0]) << "ranks disagree on the path";
+    if (!single) EXPECT_EQ(used[0], 0) << "HP_SHM_SINGLE_COPY=0 must keep to the windows";
+    std::printf("HP_SHM_SINGLE_COPY=%d: single copy %s\n", int(single), used[0] ? "used" : "not used");
   }
 }
 

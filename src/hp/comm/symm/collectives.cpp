@@ -9,6 +9,7 @@
 
 #include "hp/base/error.h"
 #include "hp/comm/group.h"
+#include "hp/comm/symm/cross_memory.h"
 #include "hp/comm/symm/fold.h"
 
 namespace hp::symm {
@@ -17,6 +18,10 @@ namespace {
 // Below this, every rank folds the whole message (one barrier) instead of its slice
 // followed by an all-gather (two barriers): latency matters more than bytes.
 constexpr size_t kOneShotBytes = 256 << 10;
+
+// From this size of the largest piece, all-to-all reads each piece once from its sender's
+// buffer (a system call per peer and one more barrier) instead of twice through windows.
+constexpr size_t kSingleCopyBytes = 64 << 10;
 
 size_t clamp_len(size_t total, size_t off, size_t window) { return off >= total ? 0 : std::min(window, total - off); }
 
@@ -110,6 +115,7 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
   const int row = h.next_exchange();
   Control& mine = h.control(me);
   for (int s = 0; s < n; ++s) mine.sizes[row][s] = send[s];
+  mine.send_addr[row] = reinterpret_cast<uint64_t>(in);
   h.barrier("all_to_all");
   size_t most = 0;
   for (int r = 0; r < n; ++r) {
@@ -125,6 +131,22 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   std::memcpy(dst + out_at[me], src + in_at[me], send[me]);
+  if (h.single_copy() && most >= kSingleCopyBytes) {
+    // Each piece read once, straight from its sender's buffer; the sizes every rank
+    // published say where it starts. The barrier keeps the senders' buffers unchanged
+    // until every reader is done.
+    for (int r = 0; r < n; ++r) {
+      if (r == me || recv[r] == 0) continue;
+      const Control& c = h.control(r);
+      uint64_t from = c.send_addr[row];
+      for (int s = 0; s < me; ++s) from += c.sizes[row][s];
+      HP_CHECK(read_peer(c.pid, from, dst + out_at[r], recv[r]))
+          << "all_to_all on " << h.what() << ": cannot read " << recv[r] << " bytes from group rank " << r
+          << " (pid " << c.pid << ")";
+    }
+    h.barrier("all_to_all");
+    return;
+  }
   // Each step moves up to `piece` bytes of every pair; the window holds one slot per peer.
   const size_t piece = h.step_bytes() / n / 64 * 64;
   for (size_t off = 0; off < most; off += piece) {

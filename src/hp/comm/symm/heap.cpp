@@ -10,6 +10,7 @@
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
 #include "hp/comm/group.h"
+#include "hp/comm/symm/cross_memory.h"
 
 namespace hp::symm {
 namespace {
@@ -78,6 +79,8 @@ std::shared_ptr<Heap> Heap::create(const comm::Group& g) {
   auto* ctl = reinterpret_cast<Control*>(h->own_.data());
   ctl->magic = kMagic;
   ctl->pid = ::getpid();
+  h->probe_word_ = kMagic;
+  ctl->probe_addr = reinterpret_cast<uint64_t>(&h->probe_word_);
 
   // Exchange names through the group's store.
   c10d::Store& store = *g.store();
@@ -112,11 +115,25 @@ std::shared_ptr<Heap> Heap::create(const comm::Group& g) {
   // Once everyone has mapped every segment, no name is needed any more.
   h->barrier("symmetric heap creation");
   h->own_.unlink();
+  h->decide_single_copy();
 
   h->free_[0] = h->user_bytes_;
   std::lock_guard<std::mutex> lock(registry().mu);
   registry().heaps[h->user(h->rank_)] = h;
   return h;
+}
+
+void Heap::decide_single_copy() {
+  const char* v = std::getenv("HP_SHM_SINGLE_COPY");
+  bool ok = !(v && std::string(v) == "0");
+  for (int r = 0; r < size() && ok; ++r) {
+    uint64_t word = 0;
+    ok = read_peer(control(r).pid, control(r).probe_addr, &word, sizeof word) && word == kMagic;
+  }
+  control(rank_).can_read_peers = ok;
+  barrier("single-copy probe");
+  single_copy_ = true;
+  for (int r = 0; r < size(); ++r) single_copy_ = single_copy_ && control(r).can_read_peers;
 }
 
 Heap::~Heap() {

@@ -45,8 +45,14 @@ struct Control {
   int64_t pid;  // whose segment: a peer that has died is named at once
   alignas(64) std::atomic<uint64_t> barrier;
   alignas(64) std::atomic<uint64_t> signals[kSignalSlots];
-  // all_to_all: each rank publishes its send sizes here, in alternate rows per call.
+  // all_to_all: each rank publishes its send sizes here, in alternate rows per call, and
+  // the address of its send buffer for single-copy reads.
   alignas(64) uint64_t sizes[2][kMaxRanks];
+  uint64_t send_addr[2];
+  // Single-copy probe at creation: an address in this rank's private memory holding
+  // kMagic, and whether this rank could read every peer's.
+  uint64_t probe_addr;
+  uint64_t can_read_peers;
 };
 
 class Heap {
@@ -71,6 +77,9 @@ class Heap {
   size_t step_bytes() const { return step_bytes_; }
   char* user(int peer) const { return peers_[peer] + control_bytes_ + 2 * scratch_bytes_; }
   size_t user_bytes() const { return user_bytes_; }
+  // Whether every rank can read every peer's private memory (cross_memory.h), decided
+  // together at creation; HP_SHM_SINGLE_COPY=0 turns it off.
+  bool single_copy() const { return single_copy_; }
 
   // The parity of the next collective step. Every rank takes steps in the same order, so
   // a window is written again only two steps later, after a barrier that all readers of
@@ -95,6 +104,7 @@ class Heap {
 
  private:
   Heap() = default;
+  void decide_single_copy();  // collective, at the end of create()
   std::vector<int> late_peers(uint64_t epoch) const;
   void check_alive(const char* op) const;
   [[noreturn]] void fail_late(const char* op, const std::vector<int>& late,
@@ -111,6 +121,8 @@ class Heap {
   uint64_t epoch_ = 0;
   uint64_t steps_ = 0;
   uint64_t exchanges_ = 0;
+  bool single_copy_ = false;
+  uint64_t probe_word_ = 0;  // read by peers to test single-copy reads
   std::mutex alloc_mu_;
   std::map<size_t, size_t> free_;  // offset -> bytes
   std::map<size_t, size_t> used_;

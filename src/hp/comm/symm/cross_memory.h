@@ -1,0 +1,16 @@
+// Single-copy reads from a peer process's private memory (Linux cross-memory attach,
+// process_vm_readv): a collective whose data sits in ordinary buffers then moves each byte
+// once, straight from the sender's buffer into the receiver's, instead of twice through a
+// shared window.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace hp::symm {
+
+// Copies `bytes` at address `remote` of process `pid` into `local`. False if the kernel
+// refuses (no permission to read that process, or no such address); never partial.
+bool read_peer(int64_t pid, uint64_t remote, void* local, size_t bytes);
+
+}  // namespace hp::symm
