@@ -20,6 +20,7 @@ TEST(FakeBackend, CollectivesCompleteAndAreLogged) {
   EXPECT_EQ(tp.ranks(), (std::vector<int>{4, 5}));
   EXPECT_TRUE(dp.is_fake());
   EXPECT_FALSE(dp.on_one_host());  // no shared-memory path
+  EXPECT_THROW(dp.symm_heap(), std::exception);  // nor a symmetric heap
 
   auto meta = at::TensorOptions().device(at::kMeta);
   at::Tensor x = at::empty({6, 3}, meta);
