@@ -5,5 +5,6 @@
 #include "hp/train/config.h"
 #include "hp/train/corpus.h"
 #include "hp/train/data.h"
+#include "hp/train/dry_run.h"
 #include "hp/train/tokenizer.h"
 #include "hp/train/trainer.h"

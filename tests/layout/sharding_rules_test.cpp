@@ -301,3 +301,16 @@ TEST(ShardingRules, DecisionsAreCached) {
   propagate(Op::transpose(0, 1), {x.with_placements({Replicate()})});
   EXPECT_EQ(propagation_cache_size(), 2u);
 }
+
+TEST(ShardingRules, ViewKeepsAShardThatItsOwnRanksDivide) {
+  // Logits [B, S, V] -> [B*S, V] with one row per dp rank on a dp x tp mesh: the rows stay
+  // split over dp (B = 4 divides over dp = 4, though not over the whole mesh of 8).
+  MeshShape m({4, 2});
+  ShardSpec logits({4, 16, 8}, 4, m, {Shard(0), Shard(2)});
+  auto d = propagate(Op::view({64, 8}), {logits});
+  EXPECT_EQ(d->output.placements(), (std::vector<Placement>{Shard(0), Shard(1)}));
+  EXPECT_EQ(d->cost.seconds, 0);
+  // Both mesh dims on the batch: 8 ranks split 4 rows unevenly, so the view needs a move.
+  d = propagate(Op::view({64, 8}), {logits.with_placements({Shard(0), Shard(0)})});
+  EXPECT_GT(d->cost.seconds, 0);
+}

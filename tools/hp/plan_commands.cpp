@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "hp/base/error.h"
 #include "hp/plan.h"
 
 namespace hp::cli {
@@ -16,6 +17,9 @@ struct PlanArgs {
   int64_t global_batch = 2048;
   int top = 10;
   bool json = false;
+  bool real = false;  // run the trainer on a fake world and meta tensors
+  int rank = 0;
+  int64_t steps = 1;
 };
 
 }  // namespace
@@ -25,15 +29,29 @@ void add_plan_commands(CLI::App& app) {
 
   auto* dry = app.add_subcommand("dryrun", "estimate memory, communication and step time of one strategy");
   dry->add_option("--model", args->model, "model preset or TOML file")->required();
-  dry->add_option("--topology", args->topology, "topology preset or TOML file")->required();
+  dry->add_option("--topology", args->topology, "topology preset or TOML file (with --real: default cluster-16k)");
   dry->add_option("--strategy", args->strategy, "e.g. \"dp=8,tp=8,pp=6,mb=16,fsdp=1,recompute=full,schedule=1f1b\"")
       ->required();
   dry->add_option("--devices", args->devices, "devices to use (default: all of the topology)");
   dry->add_flag("--json", args->json, "print JSON");
+  dry->add_flag("--real", args->real,
+                "run the trainer's real steps as one rank, on a fake process group and meta tensors "
+                "(dp, tp and fsdp; world = --devices)");
+  dry->add_option("--rank", args->rank, "with --real: the rank to run")->capture_default_str();
+  dry->add_option("--steps", args->steps, "with --real: training steps to run")->capture_default_str();
   dry->callback([args] {
+    HP_CHECK(!args->topology.empty() || args->real) << "dryrun: --topology is required (unless --real)";
     plan::ModelDesc m = plan::load_model(args->model);
-    plan::ClusterSpec c = plan::load_cluster(args->topology);
+    plan::ClusterSpec c = plan::load_cluster(args->topology.empty() ? "cluster-16k" : args->topology);
     const int64_t n = args->devices > 0 ? args->devices : c.num_devices();
+    if (args->real) {
+#ifdef HP_WITH_TRAIN
+      run_real_dryrun(m, c, plan::parse_strategy(args->strategy), n, args->rank, args->steps, args->json);
+      return;
+#else
+      HP_FAIL() << "dryrun --real needs hp built with LibTorch (HP_WITH_TORCH=ON)";
+#endif
+    }
     plan::Strategy s = plan::resolve_strategy(plan::parse_strategy(args->strategy), m, n);
     plan::Estimator est(m, c);
     plan::Estimate e = est.estimate(s);

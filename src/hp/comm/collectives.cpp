@@ -130,6 +130,7 @@ std::vector<int64_t> chunk_sizes(int64_t n, int parts) {
 }
 
 Pending all_reduce_async(at::Tensor t, const Group& g, ReduceOp op) {
+  g.record("all_reduce", t);
   // Reduce 16-bit floats in float32: Gloo lacks bfloat16, and it is more accurate.
   const bool widen = t.scalar_type() == at::kBFloat16 && g.device() == "cpu";
   at::Tensor buf = widen ? t.to(at::kFloat) : t.contiguous();
@@ -162,8 +163,10 @@ at::Tensor all_reduce(const at::Tensor& t, const Group& g, ReduceOp op) {
   return all_reduce_async(t.clone(), g, op).wait();
 }
 
-Pending all_to_all_single_async(at::Tensor out, const at::Tensor& in, const Group& g,
-                                std::vector<int64_t> out_splits, std::vector<int64_t> in_splits) {
+// all_to_all_single without a log entry: the carrier of all_gather, reduce_scatter and
+// all_to_all, which record themselves.
+static Pending all_to_all_single_unlogged(at::Tensor out, const at::Tensor& in, const Group& g,
+                                          std::vector<int64_t> out_splits, std::vector<int64_t> in_splits) {
   HP_CHECK(out.scalar_type() == in.scalar_type())
       << "all_to_all on " << g.describe() << ": output dtype " << out.scalar_type()
       << " differs from input dtype " << in.scalar_type();
@@ -190,7 +193,14 @@ Pending all_to_all_single_async(at::Tensor out, const at::Tensor& in, const Grou
   return Pending(w, [out, src] { return out; }, what("all_to_all", g), g.timeout());
 }
 
+Pending all_to_all_single_async(at::Tensor out, const at::Tensor& in, const Group& g,
+                                std::vector<int64_t> out_splits, std::vector<int64_t> in_splits) {
+  g.record("all_to_all", in);
+  return all_to_all_single_unlogged(std::move(out), in, g, std::move(out_splits), std::move(in_splits));
+}
+
 Pending all_gather_async(const at::Tensor& t, const Group& g, int64_t dim, std::vector<int64_t> sizes) {
+  g.record("all_gather", t);
   dim = wrap_dim(dim, t, "all_gather");
   const int n = g.size();
   if (sizes.empty()) sizes.assign(n, t.size(dim));
@@ -221,7 +231,7 @@ Pending all_gather_async(const at::Tensor& t, const Group& g, int64_t dim, std::
   std::vector<int64_t> out_shape = rows.sizes().vec();
   out_shape[0] = sum(sizes);
   at::Tensor out = g.buffer(c10::multiply_integers(out_shape), t.options()).view(out_shape);
-  return all_to_all_single_async(out, send, g, splits_or_empty(sizes), std::vector<int64_t>{})
+  return all_to_all_single_unlogged(out, send, g, splits_or_empty(sizes), std::vector<int64_t>{})
       .then([dim](at::Tensor got) { return dim == 0 ? got : got.movedim(0, dim).contiguous(); },
             what("all_gather", g));
 }
@@ -232,6 +242,7 @@ at::Tensor all_gather(const at::Tensor& t, const Group& g, int64_t dim, std::vec
 
 Pending reduce_scatter_async(const at::Tensor& t, const Group& g, int64_t dim, ReduceOp op,
                              std::vector<int64_t> sizes) {
+  g.record("reduce_scatter", t);
   dim = wrap_dim(dim, t, "reduce_scatter");
   const int n = g.size();
   if (sizes.empty()) sizes = chunk_sizes(t.size(dim), n);
@@ -256,7 +267,7 @@ Pending reduce_scatter_async(const at::Tensor& t, const Group& g, int64_t dim, R
   const int64_t mine = sizes[g.rank()];
   out_shape[0] = mine * n;
   at::Tensor out = g.buffer(c10::multiply_integers(out_shape), t.options()).view(out_shape);
-  return all_to_all_single_async(out, rows, g, std::vector<int64_t>{}, splits_or_empty(sizes))
+  return all_to_all_single_unlogged(out, rows, g, std::vector<int64_t>{}, splits_or_empty(sizes))
       .then(
           [n, mine, dim, op](at::Tensor got) {
             std::vector<int64_t> stacked = got.sizes().vec();
@@ -275,6 +286,7 @@ at::Tensor reduce_scatter(const at::Tensor& t, const Group& g, int64_t dim, Redu
 
 Pending all_to_all_async(const at::Tensor& t, const Group& g, int64_t split_dim, int64_t concat_dim,
                          std::vector<int64_t> split_sizes, std::vector<int64_t> concat_sizes) {
+  g.record("all_to_all", t);
   split_dim = wrap_dim(split_dim, t, "all_to_all");
   concat_dim = wrap_dim(concat_dim, t, "all_to_all");
   const int n = g.size();
@@ -316,7 +328,7 @@ Pending all_to_all_async(const at::Tensor& t, const Group& g, int64_t split_dim,
   }
   at::Tensor out = g.buffer(sum(out_splits), t.options());
   // Gloo's all-to-all with explicit splits is ~2x slower than with equal pieces.
-  return all_to_all_single_async(out, send, g, splits_or_empty(out_splits), splits_or_empty(in_splits))
+  return all_to_all_single_unlogged(out, send, g, splits_or_empty(out_splits), splits_or_empty(in_splits))
       .then(
           [in_shapes, out_splits, concat_dim](at::Tensor flat) {
         if (concat_dim == 0) {  // the pieces arrived back to back: already concatenated
@@ -345,6 +357,7 @@ at::Tensor all_to_all(const at::Tensor& t, const Group& g, int64_t split_dim, in
 Pending broadcast_async(at::Tensor t, const Group& g, int src) {
   HP_CHECK(src >= 0 && src < g.size()) << "broadcast on " << g.describe() << ": source rank " << src
                                        << " is outside the group";
+  g.record("broadcast", t);
   if (g.size() == 1) return Pending::done(t);
   at::Tensor buf = t.contiguous();
   if (use_shm(g)) {
@@ -371,6 +384,7 @@ at::Tensor broadcast_(at::Tensor t, const Group& g, int src) { return broadcast_
 Pending send_async(const at::Tensor& t, const Group& g, int peer, int tag) {
   HP_CHECK(peer >= 0 && peer < g.size() && peer != g.rank())
       << "send on " << g.describe() << ": peer " << peer << " must be another rank of the group";
+  g.record("send", t);
   at::Tensor buf = t.contiguous();
   std::vector<at::Tensor> bufs{wire(buf)};
   WorkPtr w = launch("send", g, [&] { return g.backend().send(bufs, peer, tag); });
@@ -380,6 +394,7 @@ Pending send_async(const at::Tensor& t, const Group& g, int peer, int tag) {
 Pending recv_async(at::Tensor t, const Group& g, int peer, int tag) {
   HP_CHECK(peer >= 0 && peer < g.size() && peer != g.rank())
       << "recv on " << g.describe() << ": peer " << peer << " must be another rank of the group";
+  g.record("recv", t);
   at::Tensor buf = t.contiguous();
   std::vector<at::Tensor> bufs{wire(buf)};
   WorkPtr w = launch("recv", g, [&] { return g.backend().recv(bufs, peer, tag); });
@@ -393,6 +408,7 @@ Pending recv_async(at::Tensor t, const Group& g, int peer, int tag) {
 }
 
 void barrier(const Group& g) {
+  g.record("barrier", at::Tensor());
   if (g.size() == 1) return;
   c10d::BarrierOptions opts;
   opts.timeout = g.timeout();

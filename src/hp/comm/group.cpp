@@ -6,6 +6,7 @@
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
+#include "hp/comm/fake_backend.h"
 #include "hp/comm/symm/heap.h"
 
 namespace hp::comm {
@@ -13,7 +14,12 @@ namespace hp::comm {
 Group::Group(std::vector<int> ranks, int global_rank, BackendPtr backend,
              std::chrono::milliseconds timeout, std::string device, StorePtr store, bool on_one_host)
     : ranks_(std::move(ranks)), rank_(group_rank_of(global_rank)), backend_(std::move(backend)),
-      timeout_(timeout), device_(std::move(device)), store_(std::move(store)), on_one_host_(on_one_host) {}
+      timeout_(timeout), device_(std::move(device)), store_(std::move(store)), on_one_host_(on_one_host),
+      fake_(backend_ && hp::comm::is_fake(*backend_)) {}
+
+void Group::record(const char* op, const at::Tensor& t) const {
+  if (log_ && log_->enabled() && size() > 1) log_->record({op, ranks_, t.defined() ? t.scalar_type() : at::kByte, t.defined() ? t.numel() : 0});
+}
 
 std::shared_ptr<symm::Heap> Group::symm_heap() const {
   std::lock_guard<std::mutex> lock(heap_mu_);
@@ -30,6 +36,7 @@ int Group::group_rank_of(int global_rank) const {
 
 at::Tensor Group::buffer(int64_t numel, const at::TensorOptions& options) const {
   constexpr size_t kMaxPooled = 8;
+  if (fake_) return at::empty({numel}, options);
   std::lock_guard<std::mutex> lock(pool_mu_);
   for (const at::Tensor& b : pool_) {
     // Free when the pool holds the only reference to the storage.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "hp/comm/backend.h"
+#include "hp/comm/collective_log.h"
 
 namespace hp::symm {
 class Heap;
@@ -34,7 +35,13 @@ class Group {
   const std::string& device() const { return device_; }
   std::string describe() const;  // "group [0, 2] (rank 1 of 2)"
   const StorePtr& store() const { return store_; }
-  bool on_one_host() const { return on_one_host_ && store_; }
+  // Never for a fake backend: its peers do not exist, so nothing may bypass it.
+  bool on_one_host() const { return on_one_host_ && store_ && !fake_; }
+  bool is_fake() const { return fake_; }
+
+  // Where the collectives record what they issue (the world's log).
+  void set_log(std::shared_ptr<CollectiveLog> log) { log_ = std::move(log); }
+  void record(const char* op, const at::Tensor& t) const;
 
   // The group's symmetric heap (hp/comm/symm), created on first use: a collective call,
   // so every member must reach it at the same point of its sequence of collectives.
@@ -43,6 +50,7 @@ class Group {
   // A flat buffer of `numel` elements for a collective's output or staging. Buffers are
   // pooled and handed out again once nobody else holds their storage, so steady-state
   // training touches no fresh pages (first-touch page faults cost more than the copies).
+  // A fake group allocates afresh: a dry-run counts what a device's runtime would hold.
   at::Tensor buffer(int64_t numel, const at::TensorOptions& options) const;
 
  private:
@@ -53,6 +61,8 @@ class Group {
   std::string device_;
   StorePtr store_;
   bool on_one_host_;
+  bool fake_;
+  std::shared_ptr<CollectiveLog> log_;
   mutable std::mutex heap_mu_;
   mutable std::shared_ptr<symm::Heap> heap_;
   mutable std::mutex pool_mu_;

@@ -102,7 +102,9 @@ std::shared_ptr<Group> World::group(const std::vector<int>& ranks, const std::st
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>(group_key(device, ranks), store_);
   BackendPtr backend;
   try {
-    backend = make_backend(device, prefixed, group_rank, static_cast<int>(ranks.size()), timeout_, loopback_);
+    backend = backend_factory_ ? backend_factory_(device, group_rank, static_cast<int>(ranks.size()))
+                               : make_backend(device, prefixed, group_rank, static_cast<int>(ranks.size()), timeout_,
+                                              loopback_);
   } catch (const hp::Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -111,6 +113,7 @@ std::shared_ptr<Group> World::group(const std::vector<int>& ranks, const std::st
               << e.what();
   }
   auto g = std::make_shared<Group>(ranks, rank_, backend, timeout_, device, prefixed, on_one_host(ranks));
+  g->set_log(log_);
   groups_.emplace(key, g);
   return g;
 }

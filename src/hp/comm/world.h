@@ -12,6 +12,7 @@
 
 #include "hp/base/dist_env.h"
 #include "hp/comm/backend.h"
+#include "hp/comm/collective_log.h"
 #include "hp/comm/group.h"
 
 namespace hp::comm {
@@ -37,6 +38,14 @@ class World {
   std::shared_ptr<Group> group(const std::vector<int>& ranks, const std::string& device = "cpu");
   std::shared_ptr<Group> world_group(const std::string& device = "cpu");
 
+  // Builds the backend of each group created from now on instead of Gloo/NCCL (a fake
+  // world's). Arguments: device, this rank's index in the group, the group's size.
+  using BackendFactory = std::function<BackendPtr(const std::string&, int, int)>;
+  void set_backend_factory(BackendFactory f) { backend_factory_ = std::move(f); }
+
+  // What this rank's collectives issued (recorded once enabled).
+  CollectiveLog& collective_log() { return *log_; }
+
  private:
   int rank_;
   int size_;
@@ -44,6 +53,8 @@ class World {
   std::chrono::milliseconds timeout_;
   bool loopback_;
   DistEnv env_;
+  BackendFactory backend_factory_;
+  std::shared_ptr<CollectiveLog> log_ = std::make_shared<CollectiveLog>();
   std::mutex mu_;
   std::map<std::pair<std::string, std::vector<int>>, std::shared_ptr<Group>> groups_;
 };

@@ -10,6 +10,28 @@
 namespace hp {
 namespace {
 
+// A view keeps a shard of a merged or split segment only when each piece is whole rows on
+// both sides: the ranks that shard the dim (all mesh dims sharding it) divide both extents.
+// signatures() knows only the whole mesh; testing against it refused, e.g., a batch of 4
+// rows over dp=4 on a dp x tp mesh, and the planner moved the batch shard onto the
+// vocabulary instead (empty vocabulary pieces on large meshes).
+bool view_pieces_whole(const MeshShape& mesh, const std::vector<int64_t>& in_shape,
+                       const std::vector<int64_t>& out_shape, const std::vector<Placement>& in_ps,
+                       const std::vector<Placement>& out_ps) {
+  for (int d = 0; d < static_cast<int>(in_shape.size()); ++d) {
+    int64_t ranks = 1;
+    int e = -1;
+    for (int m = 0; m < mesh.ndim(); ++m)
+      if (in_ps[m].is_shard(d) && out_ps[m].is_shard()) {
+        ranks *= mesh.dim_size(m);
+        e = out_ps[m].dim();
+      }
+    if (ranks == 1 || in_shape[d] == out_shape[e]) continue;
+    if (in_shape[d] % ranks != 0 || out_shape[e] % ranks != 0) return false;
+  }
+  return true;
+}
+
 std::shared_ptr<const ShardingDecision> decide(const Op& op, const std::vector<ShardSpec>& inputs) {
   HP_CHECK(static_cast<int>(inputs.size()) == op.arity())
       << op.to_string() << " takes " << op.arity() << " inputs, found " << inputs.size();
@@ -21,7 +43,9 @@ std::shared_ptr<const ShardingDecision> decide(const Op& op, const std::vector<S
     shapes.push_back(s.shape());
   }
   const std::vector<int64_t> out_shape = output_shape(op, shapes);
-  const std::vector<Signature> sigs = signatures(op, shapes, mesh.size());
+  // Views are checked below against the ranks that actually shard each dim.
+  const bool is_view = op.kind == OpKind::View;
+  const std::vector<Signature> sigs = signatures(op, shapes, is_view ? 1 : mesh.size());
   const int nd = mesh.ndim();
 
   // Every choice of one signature per mesh dim (odometer order: earlier signatures first).
@@ -38,6 +62,7 @@ std::shared_ptr<const ShardingDecision> decide(const Op& op, const std::vector<S
     }
     bool valid = partial_ops_compatible(out_ps);
     for (const auto& ps : in_ps) valid = valid && partial_ops_compatible(ps);
+    if (valid && is_view) valid = view_pieces_whole(mesh, shapes[0], out_shape, in_ps[0], out_ps);
     if (valid) {
       auto d = std::make_shared<ShardingDecision>(ShardingDecision{
           {}, {}, ShardSpec(out_shape, inputs[0].elem_size(), mesh, out_ps), {}});

@@ -11,7 +11,8 @@ namespace hp::nn {
 
 DTensor init_parameter(const std::vector<int64_t>& shape, const DeviceMesh& mesh, double std) {
   std::vector<Placement> replicated(mesh.ndim(), Replicate());
-  if (std == 0) return distribute_tensor(at::ones(shape), mesh, replicated);
+  // On the mesh's device: a dry-run's meta mesh builds the model without data.
+  if (std == 0) return distribute_tensor(at::ones(shape, tensor_options(mesh)), mesh, replicated);
   DTensor d = hp::randn(shape, mesh, replicated);
   return DTensor(d.to_local() * std, mesh, d.spec());
 }
@@ -19,7 +20,7 @@ DTensor init_parameter(const std::vector<int64_t>& shape, const DeviceMesh& mesh
 Linear::Linear(int64_t in, int64_t out, const DeviceMesh& mesh, bool bias)
     : weight_(&register_parameter("weight", init_parameter({out, in}, mesh, 1.0 / std::sqrt(double(in))))) {
   if (bias)
-    bias_ = &register_parameter("bias", distribute_tensor(at::zeros({out}), mesh,
+    bias_ = &register_parameter("bias", distribute_tensor(at::zeros({out}, tensor_options(mesh)), mesh,
                                                           std::vector<Placement>(mesh.ndim(), Replicate())));
 }
 

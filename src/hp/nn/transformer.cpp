@@ -37,8 +37,8 @@ DTensor causal_softmax(const DTensor& scores) {
   return along_last_dim(scores, [](const std::vector<at::Tensor>& t, const LocalContext& ctx) {
     const at::Tensor& s = t[0];
     const int64_t first = ctx.output.global_offset(ctx.coord)[2];
-    at::Tensor rows = at::arange(first, first + s.size(2), at::kLong).unsqueeze(1);
-    at::Tensor cols = at::arange(s.size(3), at::kLong).unsqueeze(0);
+    at::Tensor rows = at::arange(first, first + s.size(2), s.options().dtype(at::kLong)).unsqueeze(1);
+    at::Tensor cols = at::arange(s.size(3), s.options().dtype(at::kLong)).unsqueeze(0);
     return s.masked_fill(cols > rows, -std::numeric_limits<double>::infinity()).softmax(-1);
   });
 }
@@ -47,7 +47,7 @@ DTensor repeat_kv(const DTensor& x, int64_t rep) {
   if (rep == 1) return x;
   const int64_t b = x.size(0), kv = x.size(1), s = x.size(2), d = x.size(3);
   // Broadcasting against a [1, 1, rep, 1] zero repeats each head with no copy rule needed.
-  DTensor zeros = distribute_tensor(at::zeros({1, 1, rep, 1}, at::TensorOptions().dtype(x.scalar_type())),
+  DTensor zeros = distribute_tensor(at::zeros({1, 1, rep, 1}, x.to_local().options()),
                                     x.device_mesh(), std::vector<Placement>(x.device_mesh().ndim(), Replicate()));
   return view(add(view(x, {b, kv, 1, s * d}), zeros), {b, kv * rep, s, d});
 }

@@ -56,7 +56,8 @@ double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm) {
     std::vector<int64_t> dims(g->dim());
     for (int64_t d = 0; d < g->dim(); ++d) dims[d] = d;
     DTensor sq = g->dim() == 0 ? mul(*g, *g) : sum(mul(*g, *g), dims);
-    total += sq.full_tensor().item<double>();
+    at::Tensor whole = sq.full_tensor();
+    if (!whole.is_meta()) total += whole.item<double>();  // a dry-run's meta tensors hold no value
   }
   const double norm = std::sqrt(total);
   if (norm > max_norm) {

@@ -44,6 +44,7 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
     const at::ScalarType param = params_.empty() ? at::kFloat : params_[0].sharded().scalar_type();
     compute_ = options_.mp_policy.param_dtype.value_or(param);
     reduce_ = options_.mp_policy.reduce_dtype.value_or(compute_);
+    if (!params_.empty()) device_ = params_[0].sharded().to_local().device();  // meta in a dry-run
     for (const FSDPParam& p : params_) {
       offsets_.push_back(padded_total_);
       padded_total_ += p.padded_numel();
@@ -96,6 +97,7 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
   const comm::Group* shard_;
   const comm::Group* replicate_;
   at::ScalarType compute_, reduce_;
+  c10::Device device_{c10::kCPU};
   std::set<const DTensor*> slots_;
   std::vector<std::shared_ptr<FSDPUnit>> inner_;
   std::shared_ptr<FSDPRun> run_;
@@ -150,7 +152,7 @@ void FSDPRun::finish_backward() {
 
 void FSDPUnit::start_gather() {
   if (state_ != State::Sharded || params_.empty()) return;
-  at::Tensor send = shard_->buffer(padded_total_, at::TensorOptions().dtype(compute_));
+  at::Tensor send = shard_->buffer(padded_total_, at::TensorOptions().dtype(compute_).device(device_));
   for (size_t i = 0; i < params_.size(); ++i) params_[i].pack_shard(send.narrow(0, offsets_[i], params_[i].padded_numel()));
   gather_ = comm::all_gather_async(send, *shard_, 0);
   state_ = State::Gathering;
@@ -237,7 +239,7 @@ void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
   }
   if (sync_) {
     // One rank's segment per row; rank r receives the sum of row r.
-    at::Tensor send = shard_->buffer(shard_->size() * padded_total_, at::TensorOptions().dtype(reduce_));
+    at::Tensor send = shard_->buffer(shard_->size() * padded_total_, at::TensorOptions().dtype(reduce_).device(device_));
     at::Tensor rows = send.view({shard_->size(), padded_total_});
     for (size_t i = 0; i < params_.size(); ++i) {
       if (accumulated_[i].defined())

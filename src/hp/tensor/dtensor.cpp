@@ -32,6 +32,10 @@ DTensor::DTensor(at::Tensor local, DeviceMesh mesh, ShardSpec spec)
   }
 }
 
+at::TensorOptions tensor_options(const DeviceMesh& mesh, at::ScalarType dtype) {
+  return at::TensorOptions().dtype(dtype).device(c10::Device(mesh.device_type()));
+}
+
 DTensor DTensor::from_local(at::Tensor local, const DeviceMesh& mesh, std::vector<Placement> placements,
                             std::optional<std::vector<int64_t>> shape) {
   std::vector<int64_t> global = shape ? *shape : local.sizes().vec();

@@ -66,6 +66,10 @@ std::ostream& operator<<(std::ostream& os, const DTensor& t);
 ShardSpec make_spec(const std::vector<int64_t>& shape, at::ScalarType dtype, const DeviceMesh& mesh,
                     std::vector<Placement> placements);
 
+// Options for new tensors on `mesh`: its device type ("cpu", "cuda", or "meta" for a
+// dry-run, where tensors have shapes and no data).
+at::TensorOptions tensor_options(const DeviceMesh& mesh, at::ScalarType dtype = at::kFloat);
+
 // Spreads a full tensor over `mesh`. With src_rank < 0 every rank passes the same tensor;
 // otherwise rank `src_rank`'s tensor is broadcast first (the others may pass an undefined
 // tensor). Partial placements keep the values on coordinate 0 of that mesh dim (sum) or

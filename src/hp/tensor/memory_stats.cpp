@@ -10,19 +10,24 @@
 namespace hp {
 namespace {
 
-std::atomic<int64_t> allocated{0};
-std::atomic<int64_t> peak{0};
+struct Counters {
+  std::atomic<int64_t> allocated{0};
+  std::atomic<int64_t> peak{0};
+};
+
+Counters cpu, meta;
 
 class CountingAllocator : public c10::Allocator {
  public:
-  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
+  CountingAllocator(c10::Allocator* inner, Counters* counters) : inner_(inner), counters_(counters) {}
 
   c10::DataPtr allocate(size_t n) const override {
-    auto* held = new Held{inner_->allocate(n), static_cast<int64_t>(n)};
-    const int64_t now = allocated.fetch_add(held->bytes) + held->bytes;
-    int64_t p = peak.load();
-    while (now > p && !peak.compare_exchange_weak(p, now)) {
+    auto* held = new Held{inner_->allocate(n), static_cast<int64_t>(n), counters_};
+    const int64_t now = counters_->allocated.fetch_add(held->bytes) + held->bytes;
+    int64_t p = counters_->peak.load();
+    while (now > p && !counters_->peak.compare_exchange_weak(p, now)) {
     }
+    // The context, not the data pointer, carries the release: meta data pointers are null.
     return c10::DataPtr(held->ptr.get(), held, &release, held->ptr.device());
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
@@ -33,13 +38,15 @@ class CountingAllocator : public c10::Allocator {
   struct Held {
     c10::DataPtr ptr;
     int64_t bytes;
+    Counters* counters;
   };
   static void release(void* ctx) {
     auto* held = static_cast<Held*>(ctx);
-    allocated.fetch_sub(held->bytes);
+    held->counters->allocated.fetch_sub(held->bytes);
     delete held;
   }
   c10::Allocator* inner_;
+  Counters* counters_;
 };
 
 }  // namespace
@@ -47,13 +54,25 @@ class CountingAllocator : public c10::Allocator {
 void track_cpu_memory() {
   static std::once_flag once;
   std::call_once(once, [] {
-    static CountingAllocator counting(c10::GetCPUAllocator());
+    static CountingAllocator counting(c10::GetCPUAllocator(), &cpu);
     c10::SetCPUAllocator(&counting, /*priority=*/100);
   });
 }
 
-int64_t cpu_memory_allocated() { return allocated.load(); }
-int64_t cpu_memory_peak() { return peak.load(); }
-void reset_cpu_memory_peak() { peak.store(allocated.load()); }
+int64_t cpu_memory_allocated() { return cpu.allocated.load(); }
+int64_t cpu_memory_peak() { return cpu.peak.load(); }
+void reset_cpu_memory_peak() { cpu.peak.store(cpu.allocated.load()); }
+
+void track_meta_memory() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static CountingAllocator counting(c10::GetAllocator(c10::DeviceType::Meta), &meta);
+    c10::SetAllocator(c10::DeviceType::Meta, &counting, /*priority=*/100);
+  });
+}
+
+int64_t meta_memory_allocated() { return meta.allocated.load(); }
+int64_t meta_memory_peak() { return meta.peak.load(); }
+void reset_meta_memory_peak() { meta.peak.store(meta.allocated.load()); }
 
 }  // namespace hp

@@ -10,6 +10,7 @@
 #include "hp/comm/autograd.h"
 #include "hp/comm/collectives.h"
 #include "hp/layout/sharding_propagation.h"
+#include "hp/tensor/meta_ops.h"
 #include "hp/tensor/redistribute.h"
 
 namespace hp {
@@ -144,11 +145,11 @@ DTensor embedding(const DTensor& table, const DTensor& ids) {
       << "embedding ids must be integers, got " << ids.scalar_type();
   return dispatch(Op::embedding(), {table, ids}, [](const auto& t, const LocalContext& ctx) {
     auto [first, rows] = local_rows(ctx.inputs[0], ctx.coord);
-    if (rows == ctx.inputs[0].shape()[0]) return at::embedding(t[0], t[1]);
+    if (rows == ctx.inputs[0].shape()[0]) return embedding_lookup(t[0], t[1]);
     // Vocab-sharded: look up the ids this shard holds, zeros for the rest (a partial sum).
-    at::Tensor here = (t[1] >= first).logical_and(t[1] < first + rows);
+    at::Tensor here = both(t[1] >= first, t[1] < first + rows);
     at::Tensor local_ids = (t[1] - first) * here;
-    return at::embedding(t[0], local_ids) * here.unsqueeze(-1).to(t[0].scalar_type());
+    return embedding_lookup(t[0], local_ids) * here.unsqueeze(-1).to(t[0].scalar_type());
   });
 }
 
@@ -296,10 +297,12 @@ DTensor cross_entropy(const DTensor& logits_in, const DTensor& targets_in) {
   const int64_t cols = z.size(1);
 
   // Stable log-sum-exp across vocabulary shards: the max needs no gradient.
-  at::Tensor m = std::get<0>(z.detach().max(1, /*keepdim=*/true));
+  // An empty vocabulary piece (uneven shards) holds no candidate: the lowest value.
+  at::Tensor m = cols > 0 ? std::get<0>(z.detach().max(1, /*keepdim=*/true))
+                          : at::full({z.size(0), 1}, -std::numeric_limits<double>::infinity(), z.options());
   for (int k : vocab_dims) m = comm::all_reduce(m, mesh.group(k), ReduceOp::Max);
   at::Tensor sum_exp = (z - m).exp().sum(1);
-  at::Tensor here = (t >= first).logical_and(t < first + cols);
+  at::Tensor here = both(t >= first, t < first + cols);
   at::Tensor target_logit = z.gather(1, ((t - first) * here).unsqueeze(1)).squeeze(1) * here.to(z.scalar_type());
   for (int k : vocab_dims) {
     // Partial sums over the shards; the gradient of each term is the whole gradient.

@@ -74,6 +74,8 @@ DTensor draw_dtensor(Dist dist, const std::vector<int64_t>& shape, const DeviceM
   HP_CHECK(!spec.has_partial()) << "random tensors cannot be Partial: " << spec.to_string();
   RngState s = take(numel_of(shape));
   auto coord = mesh.coordinate();
+  // A dry-run on meta tensors draws nothing (the offset still advances, as on a device).
+  if (mesh.device_type() == "meta") return DTensor(at::empty(spec.local_shape(coord), tensor_options(mesh, dtype)), mesh, spec);
   at::Tensor local = draw(dist, shape, spec.global_offset(coord), spec.local_shape(coord), s).to(dtype);
   return DTensor(local, mesh, spec);
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "hp/base/error.h"
 
@@ -70,15 +71,29 @@ CollectiveCost ClusterTopology::cost(Collective kind, double bytes, const std::v
 
   if (kind == Collective::AllToAll) {
     // Every rank sends bytes/n to each peer directly; the busiest rank sets the time.
+    // Peers are counted per link level (members sharing each level's unit), not visited
+    // pair by pair: O(n * levels), which keeps 10^3-rank groups cheap to price.
     const double piece = bytes / n;
+    const int levels = static_cast<int>(levels_.size());
+    std::vector<std::map<int64_t, int>> members(levels);  // per level: unit -> members in it
+    int64_t unit = 1;
+    std::vector<int64_t> units(levels);
+    for (int l = 0; l < levels; ++l) {
+      units[l] = unit *= levels_[l].fanout;
+      for (int r : ranks) ++members[l][r / unit];
+    }
     double worst = 0;
     for (int i = 0; i < n; ++i) {
       double t = 0;
-      for (int j = 0; j < n; ++j) {
-        if (i == j) continue;
-        int lvl = link_level(ranks[i], ranks[j]);
-        c.bytes_per_level[lvl] += piece;
-        t += piece / bw(lvl) + lat(lvl);
+      int below = 1;  // members met at lower levels, this rank included
+      for (int l = 0; l < levels; ++l) {
+        // The top level also takes every peer beyond the described cluster.
+        const int within = l + 1 < levels ? members[l][ranks[i] / units[l]] : n;
+        const int peers = within - below;
+        below = within;
+        if (peers <= 0) continue;
+        c.bytes_per_level[l] += piece * peers;
+        t += peers * (piece / bw(l) + lat(l));
       }
       worst = std::max(worst, t);
     }

@@ -13,6 +13,7 @@
 #include "hp/optim/chained.h"
 #include "hp/parallel.h"
 #include "hp/train/data.h"
+#include "hp/train/train_step.h"
 
 namespace hp::train {
 namespace {
@@ -24,11 +25,6 @@ double resident_mib() {
     std::fclose(f);
   }
   return double(resident) * double(::sysconf(_SC_PAGESIZE)) / (1 << 20);
-}
-
-int find_dim(const std::vector<std::string>& names, const std::string& name) {
-  auto it = std::find(names.begin(), names.end(), name);
-  return it == names.end() ? -1 : static_cast<int>(it - names.begin());
 }
 
 // Where the run stands, beside the tensors of a checkpoint.
@@ -58,36 +54,11 @@ int64_t restore_position(const checkpoint::State& state, optim::Optimizer& opt, 
 TrainResult run_training(const TrainConfig& cfg, const std::function<void(const StepLog&)>& on_log) {
   validate(cfg);
   if (cfg.train.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
-  DeviceMesh mesh = init_device_mesh("cpu", cfg.mesh.shape, cfg.mesh.names);
-  const int dp_dim = find_dim(cfg.mesh.names, "dp"), tp_dim = find_dim(cfg.mesh.names, "tp");
-
-  manual_seed(cfg.train.seed);
-  nn::Llama model(cfg.model, mesh);
-  if (tp_dim >= 0 && mesh.size(tp_dim) > 1)
-    parallelize_llama(model, mesh["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
-  // Data parallelism from outside the model, after tensor parallelism.
-  std::unique_ptr<DistributedDataParallel> ddp;
-  const bool dp_parallel = dp_dim >= 0 && mesh.size(dp_dim) > 1;
-  if (dp_parallel && cfg.mesh.data_parallel == "ddp") ddp = std::make_unique<DistributedDataParallel>(model, mesh["dp"]);
-  if (dp_parallel && cfg.mesh.data_parallel == "fsdp") fully_shard_llama(model, mesh["dp"]);
-  auto params = model.parameters();
-  const optim::AdamWOptions adamw{.lr = cfg.train.lr, .weight_decay = cfg.train.weight_decay};
-  std::unique_ptr<optim::Optimizer> opt;
-  if (cfg.train.optimizer == "muon")
-    opt = std::make_unique<optim::ChainedOptimizer>(optim::get_hyper_optimizer(
-        model, optim::MuonOptions{.lr = cfg.train.muon_lr, .weight_decay = cfg.train.weight_decay}, adamw));
-  else
-    opt = std::make_unique<optim::AdamW>(params, adamw);
-  const double base_lr = opt->lr();
-
-  const int64_t dp_rank = dp_dim >= 0 ? mesh.local_rank(dp_dim) : 0;
-  const int64_t dp_size = dp_dim >= 0 ? mesh.size(dp_dim) : 1;
-  DataLoader loader(encode(read_text(cfg.data.path)), cfg.train.seq, cfg.train.batch, dp_rank, dp_size,
+  Training t = build_training(cfg);
+  nn::Llama& model = *t.model;
+  optim::Optimizer* opt = t.opt.get();
+  DataLoader loader(encode(read_text(cfg.data.path)), cfg.train.seq, cfg.train.batch, t.dp_rank, t.dp_size,
                     cfg.train.seed);
-  // Batches: rows over data parallel, the same on every other mesh dim.
-  std::vector<Placement> rows(mesh.ndim(), Replicate());
-  if (dp_dim >= 0) rows[dp_dim] = Shard(0);
-  const std::vector<int64_t> global{cfg.train.batch, cfg.train.seq};
 
   TrainResult result;
   // Checkpoints hold the parameters, the optimizer state and the position (step, data, RNG).
@@ -105,17 +76,14 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
   auto since = std::chrono::steady_clock::now();
   int64_t steps_since = 0;
   for (int64_t step = result.first_step; step < cfg.train.steps; ++step) {
-    const double lr = optim::warmup_cosine_lr(step, base_lr, cfg.train.warmup, cfg.train.steps);
-    opt->set_lr(lr);
+    const double lr = optim::warmup_cosine_lr(step, t.base_lr, cfg.train.warmup, cfg.train.steps);
     Batch b = loader.next();
-    DTensor ids = DTensor::from_local(b.inputs, mesh, rows, global);
-    DTensor targets = DTensor::from_local(b.targets, mesh, rows, global);
-    DTensor loss = model.loss(ids, targets);
-    loss.to_local().backward();
-    const double norm = cfg.train.grad_clip > 0 ? optim::clip_grad_norm_(params, cfg.train.grad_clip) : 0;
-    if (ckpt) ckpt->wait_for_snapshot();  // the step below changes what the last save copies
-    opt->step();
-    opt->zero_grad();
+    // The snapshot of an asynchronous save is copied until the step below changes it.
+    StepOutput out = train_step(t, cfg, b.inputs, b.targets, lr, [&] {
+      if (ckpt) ckpt->wait_for_snapshot();
+    });
+    const DTensor& loss = out.loss;
+    const double norm = out.grad_norm;
     const double value = loss.to_local().item<double>();  // Replicate: the same on every rank
     HP_CHECK(std::isfinite(value)) << "loss became " << value << " at step " << step;
     result.losses.push_back(value);

@@ -1,0 +1,54 @@
+// `hp dryrun --real` from the command line: a run prints memory beside the estimator and
+// the collectives; bad input fails with a message that says what was expected.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string output;
+};
+
+Result hp(const std::string& args) {
+  std::string cmd = HP_BIN_DIR "/hp dryrun --real " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+}  // namespace
+
+TEST(DryrunReal, TinyModelPrintsMemoryAndCollectives) {
+  Result r = hp("--model tiny --strategy dp=4,tp=2,fsdp=1 --devices 8 --rank 7");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 7 of 8"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("high-water mark"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("estimator (fp32-eager)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("reduce_scatter"), std::string::npos) << r.output;
+
+  Result j = hp("--model tiny --strategy dp=8 --devices 8 --json");
+  ASSERT_EQ(j.code, 0) << j.output;
+  EXPECT_NE(j.output.find("\"high_water_MiB\""), std::string::npos) << j.output;
+  EXPECT_NE(j.output.find("\"all_reduce\""), std::string::npos) << j.output;
+}
+
+TEST(DryrunReal, BadInputFailsClearly) {
+  Result pp = hp("--model tiny --strategy dp=2,pp=2 --devices 4");
+  EXPECT_EQ(pp.code, 1);
+  EXPECT_NE(pp.output.find("pipeline parallelism is not supported by --real"), std::string::npos) << pp.output;
+
+  Result rank = hp("--model tiny --strategy dp=4 --devices 4 --rank 4");
+  EXPECT_EQ(rank.code, 1);
+  EXPECT_NE(rank.output.find("rank 4 is outside the mesh [4, 1] of 4 ranks"), std::string::npos) << rank.output;
+
+  Result odd = hp("--model tiny --strategy tp=3 --devices 8");
+  EXPECT_EQ(odd.code, 1);
+  EXPECT_NE(odd.output.find("hp: error:"), std::string::npos) << odd.output;
+}

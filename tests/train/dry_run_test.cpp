@@ -1,0 +1,137 @@
+// The real dry-run (fake process groups, meta tensors) against real runs of the same
+// configuration on thread ranks over Gloo: the same collectives call for call, and a
+// memory high-water mark close to the CPU run's peak tensor bytes.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <mutex>
+
+#include "hp/comm/local_ranks.h"
+#include "hp/tensor/memory_stats.h"
+#include "hp/train/dry_run.h"
+#include "hp/train/train_step.h"
+
+using namespace hp;
+
+namespace {
+
+train::TrainConfig config(std::vector<int64_t> shape, std::vector<std::string> names, const std::string& dp) {
+  train::TrainConfig c;
+  c.mesh.shape = std::move(shape);
+  c.mesh.names = std::move(names);
+  c.mesh.data_parallel = dp;
+  c.mesh.sequence_parallel = c.mesh_size("tp") > 1;
+  c.model.dim = 32, c.model.layers = 2, c.model.heads = 4, c.model.kv_heads = 2, c.model.ffn_dim = 64;
+  c.model.max_seq = 16;
+  c.train.steps = 2, c.train.batch = 4, c.train.seq = 16;
+  return c;
+}
+
+// One real step on this rank's rows of random tokens.
+void real_steps(train::Training& t, const train::TrainConfig& c, int64_t steps) {
+  const int64_t rows = c.train.batch / t.dp_size;
+  for (int64_t s = 0; s < steps; ++s) {
+    at::Tensor ids = at::randint(0, c.model.vocab, {rows, c.train.seq}, at::kLong);
+    at::Tensor targets = at::randint(0, c.model.vocab, {rows, c.train.seq}, at::kLong);
+    train::train_step(t, c, ids, targets, c.train.lr);
+  }
+}
+
+// Every rank's collective log of a real run (Gloo and shared memory, ranks as threads).
+std::map<int, std::vector<comm::CollectiveRecord>> real_logs(const train::TrainConfig& c, int64_t steps) {
+  std::map<int, std::vector<comm::CollectiveRecord>> logs;
+  std::mutex mu;
+  comm::run_local_ranks(static_cast<int>(c.world_size()), [&](int rank) {
+    auto world = comm::current_world();
+    world->collective_log().enable();
+    train::Training t = train::build_training(c);
+    real_steps(t, c, steps);
+    std::lock_guard<std::mutex> lock(mu);
+    logs[rank] = world->collective_log().records();
+  });
+  return logs;
+}
+
+void expect_same_log(const std::vector<comm::CollectiveRecord>& real, const std::vector<comm::CollectiveRecord>& dry,
+                     int rank) {
+  ASSERT_EQ(real.size(), dry.size()) << "rank " << rank;
+  for (size_t i = 0; i < real.size(); ++i)
+    ASSERT_EQ(real[i], dry[i]) << "rank " << rank << ", collective " << i << ": real " << real[i].to_string()
+                               << ", dry-run " << dry[i].to_string();
+}
+
+void expect_dry_run_matches_real(const train::TrainConfig& c) {
+  const int64_t steps = 2;
+  auto real = real_logs(c, steps);
+  for (int rank = 0; rank < c.world_size(); ++rank) {
+    train::DryRunResult dry = train::dry_run(c, rank, steps);
+    EXPECT_GT(dry.collectives.size(), 0u);
+    expect_same_log(real.at(rank), dry.collectives, rank);
+  }
+}
+
+}  // namespace
+
+TEST(DryRun, CollectivesMatchGlooCallForCallDp2xTp2) {
+  expect_dry_run_matches_real(config({2, 2}, {"dp", "tp"}, "ddp"));
+}
+
+TEST(DryRun, CollectivesMatchGlooCallForCallFsdp4) { expect_dry_run_matches_real(config({4}, {"dp"}, "fsdp")); }
+
+// The meta high-water mark against the CPU run's peak tensor bytes, one rank and the same
+// steps. CPU kernels allocate a few temporaries that meta kernels do not (stated tolerance).
+TEST(DryRun, HighWaterMarkNearCpuPeak) {
+  track_cpu_memory();
+  const train::TrainConfig c = config({1}, {"dp"}, "ddp");
+  const int64_t steps = 2;
+  int64_t cpu_peak = 0;
+  comm::run_local_ranks(1, [&](int) {
+    const int64_t before = cpu_memory_allocated();
+    {
+      train::Training t = train::build_training(c);
+      reset_cpu_memory_peak();
+      real_steps(t, c, steps);
+    }
+    cpu_peak = cpu_memory_peak() - before;
+  });
+  train::DryRunResult dry = train::dry_run(c, 0, steps);
+  const double ratio = double(dry.peak_bytes) / double(cpu_peak);
+  std::printf("dry-run high-water %.3f MiB, cpu peak %.3f MiB, ratio %.3f\n", dry.peak_bytes / 1048576.0,
+              cpu_peak / 1048576.0, ratio);
+  EXPECT_NEAR(ratio, 1.0, 0.10);
+}
+
+TEST(DryRun, ClearErrors) {
+  const train::TrainConfig c = config({2, 2}, {"dp", "tp"}, "ddp");
+  auto message = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { train::dry_run(c, 4); }).find("rank 4 is outside the mesh [2, 2] of 4 ranks"),
+            std::string::npos);
+  EXPECT_NE(message([&] { train::dry_run(c, -1); }).find("outside"), std::string::npos);
+  train::TrainConfig pp = config({2, 2}, {"pp", "dp"}, "ddp");
+  EXPECT_NE(message([&] { train::dry_run(pp, 0); }).find("pipeline parallelism is not supported"),
+            std::string::npos);
+  train::TrainConfig odd = config({3}, {"dp"}, "ddp");  // batch 4 over 3 dp ranks
+  EXPECT_NE(message([&] { train::dry_run(odd, 0); }).find("divisible"), std::string::npos);
+}
+
+// A far corner of a large mesh: the last rank of dp 512 x tp 2, fsdp and ddp.
+TEST(DryRun, LastRankOfLargeMesh) {
+  for (const char* dp : {"fsdp", "ddp"}) {
+    train::TrainConfig c = config({512, 2}, {"dp", "tp"}, dp);
+    c.train.batch = 512;
+    train::DryRunResult r = train::dry_run(c, 1023, 1);
+    EXPECT_GT(r.peak_bytes, 0) << dp;
+    EXPECT_GT(r.collectives.size(), 0u) << dp;
+    for (const auto& x : r.collectives)
+      EXPECT_TRUE(x.ranks.size() == 2 || x.ranks.size() == 512) << x.to_string();
+  }
+}

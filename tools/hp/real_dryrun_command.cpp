@@ -1,0 +1,108 @@
+// `hp dryrun --real`: the trainer's real setup and steps as one rank of a large job, on a
+// fake process group and meta tensors, printed beside the estimator's memory.
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "commands.h"
+#include "hp/base/error.h"
+#include "hp/plan.h"
+#include "hp/train/dry_run.h"
+
+namespace hp::cli {
+namespace {
+
+constexpr double kMiB = 1 << 20;
+
+train::TrainConfig config_of(const plan::ModelDesc& m, const plan::Strategy& s) {
+  HP_CHECK(!m.is_moe()) << "dryrun --real: model " << m.name << " is MoE; the trainer's Llama is dense";
+  HP_CHECK(m.head_size() * m.heads == m.hidden)
+      << "dryrun --real: model " << m.name << " has head_dim " << m.head_size() << " x " << m.heads
+      << " heads != hidden " << m.hidden << "; the trainer's Llama needs head_dim = hidden / heads";
+  train::TrainConfig cfg = train::default_config();
+  cfg.model.vocab = m.vocab;
+  cfg.model.dim = m.hidden;
+  cfg.model.layers = m.layers;
+  cfg.model.heads = m.heads;
+  cfg.model.kv_heads = m.kv_heads;
+  cfg.model.ffn_dim = m.ffn;
+  cfg.model.max_seq = m.seq_len;
+  cfg.model.tied_embeddings = m.tied_embeddings;
+  cfg.train.seq = m.seq_len;
+  cfg.train.batch = s.global_batch;
+  cfg.train.steps = 1;
+  cfg.mesh.shape = {s.dp, s.tp};
+  cfg.mesh.names = {"dp", "tp"};
+  cfg.mesh.sequence_parallel = s.tp > 1;  // as the estimator assumes
+  cfg.mesh.data_parallel = s.fsdp ? "fsdp" : "ddp";
+  cfg.source = "dryrun --real";
+  return cfg;
+}
+
+}  // namespace
+
+void run_real_dryrun(const plan::ModelDesc& m, const plan::ClusterSpec& c, plan::Strategy s, int64_t devices,
+                     int rank, int64_t steps, bool json) {
+  HP_CHECK(s.pp <= 1 && s.cp <= 1 && s.ep <= 1)
+      << "dryrun --real runs the trainer, which has dp, tp and fsdp only; found pp=" << s.pp << ", cp=" << s.cp
+      << ", ep=" << s.ep << " (pipeline parallelism is not supported by --real; drop --real for the estimate)";
+  HP_CHECK(s.recompute == plan::Recompute::None) << "dryrun --real: the trainer does not recompute activations";
+  HP_CHECK(s.microbatches <= 1) << "dryrun --real: the trainer runs one microbatch per step, found mb="
+                                << s.microbatches;
+  s.microbatches = 1;
+  s = plan::resolve_strategy(s, m, devices);
+  const train::TrainConfig cfg = config_of(m, s);
+  const train::DryRunResult r = train::dry_run(cfg, rank, steps);
+
+  plan::EstimatorOptions o;
+  o.numerics = plan::numerics_preset("fp32-eager");  // what hp::nn keeps, in float32
+  o.overlap_communication = false;
+  plan::Estimator est(m, c, o);
+  const plan::MemoryBreakdown mem = est.memory(s);
+  const auto setup = std::vector<comm::CollectiveRecord>(r.collectives.begin(),
+                                                         r.collectives.begin() + r.setup_collectives);
+  const auto step = std::vector<comm::CollectiveRecord>(r.collectives.begin() + r.setup_collectives,
+                                                        r.collectives.end());
+  const auto per_step = comm::summarize(step);
+
+  if (json) {
+    auto rows = [&](const std::vector<comm::CollectiveSummary>& v) {
+      nlohmann::json a = nlohmann::json::array();
+      for (const auto& x : v)
+        a.push_back({{"op", x.op}, {"group_size", x.group_size}, {"count", x.count}, {"bytes", x.bytes}});
+      return a;
+    };
+    nlohmann::json j = {{"model", m.name},
+                        {"strategy", plan::to_string(s)},
+                        {"rank", r.rank},
+                        {"world", r.world},
+                        {"steps", r.steps},
+                        {"setup_MiB", r.setup_bytes / kMiB},
+                        {"high_water_MiB", r.peak_bytes / kMiB},
+                        {"estimated_MiB", mem.total() / kMiB},
+                        {"estimator_numerics", o.numerics.name},
+                        {"collectives_setup", rows(comm::summarize(setup))},
+                        {"collectives_steps", rows(per_step)},
+                        {"seconds", r.seconds}};
+    std::cout << j.dump(2) << "\n";
+    return;
+  }
+  std::printf("real dry-run: %s, %s, rank %d of %lld, %lld step%s on a fake process group and meta tensors\n",
+              m.name.c_str(), plan::to_string(s).c_str(), r.rank, static_cast<long long>(r.world),
+              static_cast<long long>(r.steps), r.steps == 1 ? "" : "s");
+  std::printf("memory (MiB)\n");
+  std::printf("  after setup (params, optimizer, buffers)  %12.1f\n", r.setup_bytes / kMiB);
+  std::printf("  high-water mark                           %12.1f\n", r.peak_bytes / kMiB);
+  std::printf("  estimator (%s)                    %12.1f   dry-run / estimate %.3f\n", o.numerics.name.c_str(),
+              mem.total() / kMiB, mem.total() > 0 ? r.peak_bytes / mem.total() : 0.0);
+  std::printf("collectives over %lld step%s (setup issued %lld more)\n", static_cast<long long>(r.steps),
+              r.steps == 1 ? "" : "s", static_cast<long long>(setup.size()));
+  std::printf("  %-16s %10s %8s %14s\n", "op", "group size", "count", "MiB");
+  for (const auto& x : per_step)
+    std::printf("  %-16s %10d %8lld %14.1f\n", x.op.c_str(), x.group_size, static_cast<long long>(x.count),
+                x.bytes / kMiB);
+  std::printf("time %.2f s\n", r.seconds);
+}
+
+}  // namespace hp::cli
