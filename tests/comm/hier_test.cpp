@@ -14,6 +14,7 @@
 #include "hp/base/error.h"
 #include "hp/comm.h"
 #include "hp/comm/hier/hier.h"
+#include "hp/comm/net.h"
 #include "rank_data.h"
 
 using namespace hp;
@@ -189,4 +190,19 @@ TEST(HierCollectives, FlatWhereTheLayoutDoesNotFit) {
     all_reduce(x.narrow(0, 0, 1000), world);
     EXPECT_EQ(hier::calls_on_this_thread(), before + 2);
   });
+}
+
+TEST(HierHosts, WorldKnowsItsHostsAndGlooAddress) {
+  EXPECT_EQ(local_address_towards("127.0.0.1", 29500), "127.0.0.1");
+  run_local_ranks(
+      4,
+      [](int rank) {
+        auto w = current_world();
+        EXPECT_EQ(w->ranks_per_host(), 2);
+        EXPECT_EQ(w->host_of(rank), rank / 2);
+        EXPECT_TRUE(w->on_one_host({2, 3}));
+        EXPECT_FALSE(w->on_one_host({1, 2}));
+        EXPECT_EQ(w->gloo_address(), "127.0.0.1");  // ranks as threads stay on loopback
+      },
+      std::chrono::seconds(60), 2);
 }
