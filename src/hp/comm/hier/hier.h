@@ -27,7 +27,7 @@ namespace hp::comm::hier {
 // (shared memory) joined by a network.
 ClusterTopology host_topology(int world_size, int ranks_per_host);
 
-// Elements of a piece: HP_HIER_PIECE_KIB (default 4096) of the message.
+// Bytes of a piece: HP_HIER_PIECE_KIB KiB (default 4096) of the message.
 size_t piece_bytes();
 
 // Off: never. Auto: where the cost model prefers them. On: wherever they apply.
