@@ -47,6 +47,19 @@ TEST(DistEnv, Torchrun) {
   EXPECT_DOUBLE_EQ(e.timeout_s, 12.5);
 }
 
+TEST(DistEnv, NodeRankFromGroupRankThenNodeRank) {
+  const std::map<std::string, std::string> base{{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_WORLD_SIZE", "2"},
+                                                {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"},
+                                                {"MASTER_PORT", "1234"}};
+  auto with = [&](std::map<std::string, std::string> extra) {
+    extra.insert(base.begin(), base.end());
+    return read(extra).node_rank;
+  };
+  EXPECT_EQ(with({}), 2);  // rank / LOCAL_WORLD_SIZE
+  EXPECT_EQ(with({{"NODE_RANK", "3"}}), 3);
+  EXPECT_EQ(with({{"NODE_RANK", "3"}, {"GROUP_RANK", "1"}}), 1);  // torchrun's and hprun's name first
+}
+
 TEST(DistEnv, Mpirun) {
   auto e = read({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
                  {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}});

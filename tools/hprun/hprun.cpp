@@ -1,5 +1,6 @@
 // hprun: starts N ranks of a program on this node, like torchrun.
 //   hprun --nproc-per-node 4 [--max-restarts K] PROGRAM ARGS...
+//   hprun --nnodes 2 --node-rank R --master-addr A --master-port P --nproc-per-node 4 PROGRAM ARGS...
 #include <iostream>
 
 #include "hp/base/error.h"

@@ -17,7 +17,8 @@ struct Options {
   std::vector<std::string> command;
 };
 
-// Throws hp::Error naming the bad flag or value.
+// Throws hp::Error naming the bad flag or value. With --nnodes above 1, NODE_RANK,
+// MASTER_ADDR and MASTER_PORT from the environment stand in for missing flags.
 Options parse_options(int argc, char** argv);
 std::string usage();
 

@@ -126,7 +126,8 @@ pid_t spawn(const Options& opt, int rank, int local_rank, int port, int restart_
   set("LOCAL_RANK", std::to_string(local_rank));
   set("WORLD_SIZE", std::to_string(world));
   set("LOCAL_WORLD_SIZE", std::to_string(opt.nproc_per_node));
-  set("GROUP_RANK", std::to_string(opt.node_rank));
+  set("GROUP_RANK", std::to_string(opt.node_rank));  // torchrun's name
+  set("NODE_RANK", std::to_string(opt.node_rank));
   set("MASTER_ADDR", opt.master_addr);
   set("MASTER_PORT", std::to_string(port));
   set("HP_RESTART_COUNT", std::to_string(restart_count));

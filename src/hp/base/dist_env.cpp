@@ -66,7 +66,7 @@ DistEnv read_dist_env(const EnvGetter& getenv) {
         << (env.has("MASTER_ADDR") ? "MASTER_PORT" : "MASTER_ADDR")
         << " is not: the launcher must give the rendezvous address";
     if (e.world_size > 1) read_rendezvous(env, e, true);
-    e.node_rank = env.integer_or("GROUP_RANK", e.rank / std::max(1, e.local_world_size));
+    e.node_rank = env.integer_or("GROUP_RANK", env.integer_or("NODE_RANK", e.rank / std::max(1, e.local_world_size)));
   } else if (env.has("OMPI_COMM_WORLD_RANK") || env.has("OMPI_COMM_WORLD_SIZE")) {
     e.launcher = "mpirun";
     e.rank = env.integer("OMPI_COMM_WORLD_RANK");

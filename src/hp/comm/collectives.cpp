@@ -7,6 +7,7 @@
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
+#include "hp/comm/hier/hier.h"
 #include "hp/comm/symm/collectives.h"
 
 namespace hp::comm {
@@ -95,6 +96,20 @@ void run_shm(const char* op, const Group& g, F&& body) {
   }
 }
 
+// Groups that span hosts run hierarchically where the cost model says so (hp/comm/hier).
+bool use_hier(const Group& g, Collective kind, const at::Tensor& t, int64_t numel) {
+  return hier::chosen(g, kind, numel * static_cast<int64_t>(t.element_size()), t.scalar_type());
+}
+
+template <typename F>
+void run_hier(const char* op, const Group& g, F&& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    HP_FAIL() << what(op, g) << " (hierarchical) failed: " << e.what();
+  }
+}
+
 // Elements per row (index along dim 0) of `t`.
 int64_t row_numel(const at::Tensor& t) {
   int64_t n = 1;
@@ -135,6 +150,12 @@ Pending all_reduce_async(at::Tensor t, const Group& g, ReduceOp op) {
   const bool widen = t.scalar_type() == at::kBFloat16 && g.device() == "cpu";
   at::Tensor buf = widen ? t.to(at::kFloat) : t.contiguous();
   if (g.size() == 1) return Pending::done(t);
+  if (use_hier(g, Collective::AllReduce, t, t.numel())) {
+    at::Tensor x = t.contiguous();
+    run_hier("all_reduce", g, [&] { hier::all_reduce(g, x, op); });
+    if (!x.is_same(t)) t.copy_(x);
+    return Pending::done(t);
+  }
   if (use_shm(g) && symm::can_reduce(t.scalar_type())) {
     at::Tensor x = t.contiguous();
     run_shm("all_reduce", g, [&](symm::Heap& h) { symm::all_reduce(h, x, op); });
@@ -209,14 +230,19 @@ Pending all_gather_async(const at::Tensor& t, const Group& g, int64_t dim, std::
       << " must have one entry per rank, this rank's equal to its extent " << t.size(dim)
       << " along dim " << dim;
   if (n == 1) return Pending::done(t.clone());
-  if (use_shm(g)) {
+  int64_t per_slice = 1;  // elements per index along `dim`
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (d != dim) per_slice *= t.size(d);
+  const bool hierarchical = use_hier(g, Collective::AllGather, t, per_slice * sum(sizes));
+  if (hierarchical || use_shm(g)) {
     at::Tensor rows = t.movedim(dim, 0).contiguous();
     std::vector<int64_t> out_shape = rows.sizes().vec();
     out_shape[0] = sum(sizes);
     at::Tensor out = g.buffer(c10::multiply_integers(out_shape), t.options()).view(out_shape);
     std::vector<size_t> bytes(n);
     for (int r = 0; r < n; ++r) bytes[r] = sizes[r] * row_numel(rows) * t.element_size();
-    run_shm("all_gather", g, [&](symm::Heap& h) { symm::all_gather(h, rows.data_ptr(), bytes, out.data_ptr()); });
+    if (hierarchical) run_hier("all_gather", g, [&] { hier::all_gather(g, rows.data_ptr(), bytes, out.data_ptr()); });
+    else run_shm("all_gather", g, [&](symm::Heap& h) { symm::all_gather(h, rows.data_ptr(), bytes, out.data_ptr()); });
     return Pending::done(dim == 0 ? out : out.movedim(0, dim).contiguous());
   }
   // Every rank sends its rows to every rank: an all-to-all of n copies moves the bytes
@@ -250,14 +276,16 @@ Pending reduce_scatter_async(const at::Tensor& t, const Group& g, int64_t dim, R
       << "reduce_scatter on " << g.describe() << ": sizes " << to_string_list(sizes)
       << " must have one entry per rank and add up to extent " << t.size(dim) << " along dim " << dim;
   if (n == 1) return Pending::done(reduce_stack(t.unsqueeze(0), op));
-  if (use_shm(g) && symm::can_reduce(t.scalar_type())) {
+  const bool hierarchical = use_hier(g, Collective::ReduceScatter, t, t.numel());
+  if (hierarchical || (use_shm(g) && symm::can_reduce(t.scalar_type()))) {
     at::Tensor rows = t.movedim(dim, 0).contiguous();
     std::vector<int64_t> out_shape = rows.sizes().vec();
     out_shape[0] = sizes[g.rank()];
     at::Tensor out = g.buffer(c10::multiply_integers(out_shape), t.options()).view(out_shape);
     std::vector<int64_t> counts(n);
     for (int r = 0; r < n; ++r) counts[r] = sizes[r] * row_numel(rows);
-    run_shm("reduce_scatter", g, [&](symm::Heap& h) { symm::reduce_scatter(h, rows, out, counts, op); });
+    if (hierarchical) run_hier("reduce_scatter", g, [&] { hier::reduce_scatter(g, rows, counts, out, op); });
+    else run_shm("reduce_scatter", g, [&](symm::Heap& h) { symm::reduce_scatter(h, rows, out, counts, op); });
     return Pending::done(dim == 0 ? out : out.movedim(0, dim).contiguous());
   }
   // All-to-all hands rank r every rank's r-th piece; a local reduction (in rank order,

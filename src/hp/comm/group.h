@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -12,11 +13,28 @@
 #include "hp/comm/backend.h"
 #include "hp/comm/collective_log.h"
 
+namespace hp {
+class ClusterTopology;
+}
 namespace hp::symm {
 class Heap;
 }
 
 namespace hp::comm {
+
+class Group;
+// Makes (or finds) the group of some global ranks: World::group.
+using GroupMaker = std::function<std::shared_ptr<Group>(const std::vector<int>& ranks)>;
+
+// How a group that spans hosts splits for the hierarchical collectives: this rank's host
+// (`inner`, shared memory) and the ranks of the same local index on every host (`outer`).
+struct HostLevels {
+  int hosts = 0;
+  int per_host = 0;
+  int host = 0;   // this rank's host block: group ranks [host * per_host, (host + 1) * per_host)
+  int local = 0;  // this rank's index inside it
+  std::shared_ptr<Group> inner, outer;
+};
 
 class Group {
  public:
@@ -53,6 +71,15 @@ class Group {
   // A fake group allocates afresh: a dry-run counts what a device's runtime would hold.
   at::Tensor buffer(int64_t numel, const at::TensorOptions& options) const;
 
+  // Where the world's ranks run (level 0 of the topology is the host; global ranks are its
+  // devices) and how to make groups of some of them: given by World. Null topology: unknown.
+  void set_hosts(std::shared_ptr<const ClusterTopology> topology, GroupMaker make_group);
+  const ClusterTopology* topology() const { return topology_.get(); }
+  // The group split into hosts, created on first use: a collective call (it creates the
+  // inner group, then the outer one, on every member in the same order). Throws unless
+  // the ranks form equal consecutive blocks on 2 or more hosts (hp/topology/hierarchical.h).
+  const HostLevels& host_levels() const;
+
  private:
   std::vector<int> ranks_;
   int rank_;
@@ -67,6 +94,10 @@ class Group {
   mutable std::shared_ptr<symm::Heap> heap_;
   mutable std::mutex pool_mu_;
   mutable std::vector<at::Tensor> pool_;
+  std::shared_ptr<const ClusterTopology> topology_;
+  GroupMaker make_group_;
+  mutable std::mutex levels_mu_;
+  mutable std::unique_ptr<HostLevels> levels_;
 };
 
 }  // namespace hp::comm

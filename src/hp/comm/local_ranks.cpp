@@ -11,7 +11,8 @@
 
 namespace hp::comm {
 
-void run_local_ranks(int n, const std::function<void(int rank)>& fn, std::chrono::milliseconds timeout) {
+void run_local_ranks(int n, const std::function<void(int rank)>& fn, std::chrono::milliseconds timeout,
+                     int ranks_per_host) {
   HP_CHECK(n >= 1) << "run_local_ranks needs at least one rank, got " << n;
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::string> errors(n);
@@ -19,7 +20,7 @@ void run_local_ranks(int n, const std::function<void(int rank)>& fn, std::chrono
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       try {
-        auto world = std::make_shared<World>(r, n, store, timeout, /*loopback=*/true);
+        auto world = std::make_shared<World>(r, n, store, timeout, /*loopback=*/true, DistEnv{}, ranks_per_host);
         ScopedWorld scope(world);
         fn(r);
       } catch (const std::exception& e) {

@@ -11,11 +11,14 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include <thread>
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
+#include "hp/comm/hier/hier.h"
+#include "hp/comm/net.h"
 
 namespace hp::comm {
 namespace {
@@ -30,12 +33,14 @@ std::string group_key(const std::string& device, const std::vector<int>& ranks) 
   return k;
 }
 
+// `address`: where Gloo listens; `interface`, when set, names the interface instead.
 BackendPtr make_backend(const std::string& device, const StorePtr& store, int rank, int size,
-                        std::chrono::milliseconds timeout, bool loopback) {
+                        std::chrono::milliseconds timeout, const std::string& address,
+                        const std::string& interface) {
   if (device == "cpu") {
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-    opts->devices.push_back(loopback ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
-                                     : c10d::ProcessGroupGloo::createDefaultDevice());
+    opts->devices.push_back(interface.empty() ? c10d::ProcessGroupGloo::createDeviceForHostname(address)
+                                              : c10d::ProcessGroupGloo::createDeviceForInterface(interface));
     return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
   }
 #ifdef USE_C10D_NCCL
@@ -71,7 +76,7 @@ void wait_for_all_ranks(c10d::Store& store, const DistEnv& env, std::chrono::mil
 }  // namespace
 
 World::World(int rank, int size, StorePtr store, std::chrono::milliseconds timeout, bool loopback,
-             DistEnv env)
+             DistEnv env, int ranks_per_host)
     : rank_(rank), size_(size), store_(std::move(store)), timeout_(timeout), loopback_(loopback),
       env_(std::move(env)) {
   // Communication buffers are large and short-lived. Served by mmap they are page-faulted
@@ -83,6 +88,16 @@ World::World(int rank, int size, StorePtr store, std::chrono::milliseconds timeo
     ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
   });
   HP_CHECK(size >= 1 && rank >= 0 && rank < size) << "rank " << rank << " outside world of " << size;
+  ranks_per_host_ = ranks_per_host > 0 ? ranks_per_host : loopback ? size : std::max(1, env_.local_world_size);
+  HP_CHECK(ranks_per_host_ >= 1 && ranks_per_host_ <= size)
+      << "ranks per host must be in [1, " << size << "], got " << ranks_per_host_;
+  topology_ = std::make_shared<ClusterTopology>(hier::host_topology(size, ranks_per_host_));
+  gloo_address_ = "127.0.0.1";
+  if (!loopback) {
+    const char* iface = std::getenv("GLOO_SOCKET_IFNAME");  // PyTorch's name for the override
+    if (iface && *iface) gloo_interface_ = iface;
+    else gloo_address_ = local_address_towards(env_.master_addr, env_.master_port);
+  }
 }
 
 World::~World() = default;
@@ -104,7 +119,7 @@ std::shared_ptr<Group> World::group(const std::vector<int>& ranks, const std::st
   try {
     backend = backend_factory_ ? backend_factory_(device, group_rank, static_cast<int>(ranks.size()))
                                : make_backend(device, prefixed, group_rank, static_cast<int>(ranks.size()), timeout_,
-                                              loopback_);
+                                              gloo_address_, gloo_interface_);
   } catch (const hp::Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -114,14 +129,21 @@ std::shared_ptr<Group> World::group(const std::vector<int>& ranks, const std::st
   }
   auto g = std::make_shared<Group>(ranks, rank_, backend, timeout_, device, prefixed, on_one_host(ranks));
   g->set_log(log_);
+  // Sub-groups for the hierarchical collectives come from this world; a world not owned
+  // by a shared_ptr has none to give, and its groups stay flat.
+  std::weak_ptr<World> self = weak_from_this();
+  if (!self.expired())
+    g->set_hosts(topology_, [self, device](const std::vector<int>& sub) {
+      auto w = self.lock();
+      HP_CHECK(w) << "group " << to_string_list(sub) << ": the world that made its parent is gone";
+      return w->group(sub, device);
+    });
   groups_.emplace(key, g);
   return g;
 }
 
 bool World::on_one_host(const std::vector<int>& ranks) const {
-  if (loopback_) return true;
-  const int per_node = std::max(1, env_.local_world_size);
-  return std::all_of(ranks.begin(), ranks.end(), [&](int r) { return r / per_node == ranks.front() / per_node; });
+  return std::all_of(ranks.begin(), ranks.end(), [&](int r) { return host_of(r) == host_of(ranks.front()); });
 }
 
 std::shared_ptr<Group> World::world_group(const std::string& device) {
@@ -155,6 +177,11 @@ std::shared_ptr<World> init_distributed() {
     wait_for_all_ranks(*store, env, timeout);
   }
   bool loopback = env.local_world_size == env.world_size;
+  // Hosts are told apart by rank / LOCAL_WORLD_SIZE: launchers number ranks node by node.
+  HP_CHECK(loopback || env.node_rank == env.rank / env.local_world_size)
+      << "rank " << env.rank << " with " << env.local_world_size << " ranks per node should be on node "
+      << env.rank / env.local_world_size << " but the launcher says node " << env.node_rank
+      << " (GROUP_RANK / NODE_RANK): ranks must be numbered node by node";
   g_world = std::make_shared<World>(env.rank, env.world_size, store, timeout, loopback, env);
   return g_world;
 }

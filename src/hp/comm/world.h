@@ -14,14 +14,19 @@
 #include "hp/comm/backend.h"
 #include "hp/comm/collective_log.h"
 #include "hp/comm/group.h"
+#include "hp/topology/cluster.h"
 
 namespace hp::comm {
 
-class World {
+class World : public std::enable_shared_from_this<World> {
  public:
-  // `loopback`: ranks all live on this host, so Gloo talks over 127.0.0.1.
+  // `loopback`: ranks all live on this host, so Gloo talks over 127.0.0.1; otherwise Gloo
+  // listens on the interface that routes to MASTER_ADDR (or GLOO_SOCKET_IFNAME's).
+  // Hosts are blocks of `ranks_per_host` consecutive ranks (0: all on one host when
+  // `loopback`, else env.local_world_size per host, as launchers number them). Ranks as
+  // threads may declare several hosts on loopback: tests of the hierarchical collectives.
   World(int rank, int size, StorePtr store, std::chrono::milliseconds timeout, bool loopback = true,
-        DistEnv env = {});
+        DistEnv env = {}, int ranks_per_host = 0);
   ~World();
 
   int rank() const { return rank_; }
@@ -29,9 +34,15 @@ class World {
   std::chrono::milliseconds timeout() const { return timeout_; }
   const DistEnv& env() const { return env_; }
   const StorePtr& store() const { return store_; }
-  // Whether all of `ranks` run on one host: all of them when the world is on loopback,
-  // else those of one node (rank / local world size, as launchers number them).
+  // Whether all of `ranks` run on one host.
   bool on_one_host(const std::vector<int>& ranks) const;
+  int host_of(int rank) const { return rank / ranks_per_host_; }
+  int ranks_per_host() const { return ranks_per_host_; }
+  // Hosts (level 0, global ranks as devices) and the network between them, for the cost
+  // model that picks each collective's algorithm (hp/comm/hier).
+  const ClusterTopology& topology() const { return *topology_; }
+  // The address Gloo listens on ("127.0.0.1" on loopback).
+  const std::string& gloo_address() const { return gloo_address_; }
 
   // The group of `ranks` (this rank must be one). Every member must ask for the same
   // groups in the same order the first time: creating one is a rendezvous.
@@ -55,6 +66,10 @@ class World {
   DistEnv env_;
   BackendFactory backend_factory_;
   std::shared_ptr<CollectiveLog> log_ = std::make_shared<CollectiveLog>();
+  int ranks_per_host_;
+  std::shared_ptr<const ClusterTopology> topology_;
+  std::string gloo_address_;
+  std::string gloo_interface_;
   std::mutex mu_;
   std::map<std::pair<std::string, std::vector<int>>, std::shared_ptr<Group>> groups_;
 };

@@ -73,19 +73,30 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
 
 void reduce_scatter(Heap& h, const at::Tensor& in, at::Tensor out, const std::vector<int64_t>& counts,
                     ReduceOp op) {
-  const int me = h.rank();
-  const auto dtype = in.scalar_type();
-  const size_t elem = in.element_size();
-  const int64_t total = in.numel();
+  std::vector<const char*> pieces(counts.size());
   const char* src = static_cast<const char*>(in.data_ptr());
-  char* dst = static_cast<char*>(out.data_ptr());
-  const int64_t start = std::accumulate(counts.begin(), counts.begin() + me, int64_t{0});
-  const int64_t end = start + counts[me];
+  for (size_t r = 0, off = 0; r < counts.size(); off += counts[r] * in.element_size(), ++r) pieces[r] = src + off;
+  reduce_scatter(h, pieces, counts, out.data_ptr(), in.scalar_type(), op);
+}
+
+void reduce_scatter(Heap& h, const std::vector<const char*>& in, const std::vector<int64_t>& counts, void* out,
+                    at::ScalarType dtype, ReduceOp op) {
+  const int n = h.size(), me = h.rank();
+  const size_t elem = c10::elementSize(dtype);
+  // The pieces as one message of `total` elements; piece r starts at element first[r].
+  std::vector<int64_t> first(n + 1, 0);
+  for (int r = 0; r < n; ++r) first[r + 1] = first[r] + counts[r];
+  const int64_t total = first[n];
+  const int64_t start = first[me], end = first[me + 1];
+  char* dst = static_cast<char*>(out);
   const int64_t chunk = static_cast<int64_t>(h.step_bytes() / elem);
   for (int64_t off = 0; off < total; off += chunk) {
     const int64_t len = std::min(chunk, total - off);
     const int p = h.next_parity();
-    std::memcpy(h.scratch(me, p), src + off * elem, len * elem);
+    for (int r = 0; r < n; ++r) {  // the parts of the pieces that fall in [off, off + len)
+      const int64_t a = std::max(first[r], off), b = std::min(first[r + 1], off + len);
+      if (a < b) std::memcpy(h.scratch(me, p) + (a - off) * elem, in[r] + (a - first[r]) * elem, (b - a) * elem);
+    }
     h.barrier("reduce_scatter");
     const int64_t a = std::max(start, off), b = std::min(end, off + len);
     if (a < b) fold(dst + (a - start) * elem, peer_ptrs(h, p, (a - off) * elem), b - a, dtype, op);
@@ -93,19 +104,22 @@ void reduce_scatter(Heap& h, const at::Tensor& in, at::Tensor out, const std::ve
 }
 
 void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, void* out) {
+  std::vector<char*> dst(bytes.size());
+  for (size_t r = 0, off = 0; r < bytes.size(); off += bytes[r], ++r) dst[r] = static_cast<char*>(out) + off;
+  all_gather(h, in, bytes, dst);
+}
+
+void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, const std::vector<char*>& out) {
   const int n = h.size(), me = h.rank();
   const size_t most = *std::max_element(bytes.begin(), bytes.end());
-  std::vector<size_t> at(n, 0);
-  for (int r = 1; r < n; ++r) at[r] = at[r - 1] + bytes[r - 1];
-  char* dst = static_cast<char*>(out);
-  std::memcpy(dst + at[me], in, bytes[me]);
+  if (bytes[me]) std::memcpy(out[me], in, bytes[me]);
   const size_t window = h.step_bytes();
   for (size_t off = 0; off < most; off += window) {
     const int p = h.next_parity();
     std::memcpy(h.scratch(me, p), static_cast<const char*>(in) + off, clamp_len(bytes[me], off, window));
     h.barrier("all_gather");
     for (int r = 0; r < n; ++r)
-      if (r != me) std::memcpy(dst + at[r] + off, h.scratch(r, p), clamp_len(bytes[r], off, window));
+      if (r != me) std::memcpy(out[r] + off, h.scratch(r, p), clamp_len(bytes[r], off, window));
   }
 }
 

@@ -34,8 +34,14 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op);
 // elements starting at sum(counts[<rank]), goes to `out` (contiguous).
 void reduce_scatter(Heap& h, const at::Tensor& in, at::Tensor out, const std::vector<int64_t>& counts,
                     ReduceOp op);
+// The same with the input in pieces: in[r] holds the counts[r] elements (of `dtype`) whose
+// reduction goes to rank r; this rank's lands in `out`. The pieces may lie anywhere.
+void reduce_scatter(Heap& h, const std::vector<const char*>& in, const std::vector<int64_t>& counts, void* out,
+                    at::ScalarType dtype, ReduceOp op);
 // Rank r contributes bytes[r] bytes; `out` receives them all, back to back in rank order.
 void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, void* out);
+// The same with rank r's bytes landing at out[r].
+void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, const std::vector<char*>& out);
 // send[s] bytes of `in` (back to back) go to rank s; recv[r] bytes from rank r land in
 // `out`, back to back in rank order. Every rank's sizes are checked against its peers'.
 void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* out,
