@@ -16,20 +16,12 @@
 #include "hp/comm/hier/hier.h"
 #include "hp/comm/net.h"
 #include "rank_data.h"
+#include "scoped_env.h"
 
 using namespace hp;
 using namespace hp::comm;
 
 namespace {
-
-class ScopedEnv {
- public:
-  ScopedEnv(const char* k, const char* v) : k_(k) { ::setenv(k, v, 1); }
-  ~ScopedEnv() { ::unsetenv(k_); }
-
- private:
-  const char* k_;
-};
 
 // Runs `fn` on 2 hosts x 2 ranks (or as given) with 16 KiB pieces.
 void on_hosts(int hosts, int per_host, const std::function<void(int rank, const Group& g)>& fn) {

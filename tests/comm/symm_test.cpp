@@ -19,21 +19,12 @@
 #include "hp/comm/symm/collectives.h"
 #include "hp/comm/symm/symm.h"
 #include "rank_data.h"
+#include "scoped_env.h"
 
 using namespace hp;
 using namespace hp::comm;
 
 namespace {
-
-// Sets an environment variable for one test.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* k, const char* v) : k_(k) { ::setenv(k, v, 1); }
-  ~ScopedEnv() { ::unsetenv(k_); }
-
- private:
-  const char* k_;
-};
 
 // This process's segments (tests that run alongside use other prefixes).
 std::string test_prefix() { return "/hp-" + std::to_string(::getuid()) + "-test" + std::to_string(::getpid()); }
