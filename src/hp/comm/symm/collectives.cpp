@@ -126,10 +126,34 @@ void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, const
 void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* out,
                 const std::vector<size_t>& recv) {
   const int n = h.size(), me = h.rank();
+  std::vector<size_t> in_at(n, 0), out_at(n, 0);
+  for (int r = 1; r < n; ++r) in_at[r] = in_at[r - 1] + send[r - 1], out_at[r] = out_at[r - 1] + recv[r - 1];
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  // Each step moves up to `piece` bytes of every pair; the window holds one slot per peer.
+  const size_t piece = h.step_bytes() / n / 64 * 64;
+  auto stage = [&](int p, size_t off) {
+    for (int s = 0; s < n; ++s)
+      if (s != me) std::memcpy(h.scratch(me, p) + s * piece, src + in_at[s] + off, clamp_len(send[s], off, piece));
+  };
+  auto unstage = [&](int p, size_t off) {
+    for (int r = 0; r < n; ++r)
+      if (r != me) std::memcpy(dst + out_at[r] + off, h.scratch(r, p) + me * piece, clamp_len(recv[r], off, piece));
+  };
+
+  // The sizes go out with the first step's data, under one barrier: a small all-to-all
+  // is one barrier. Pieces that will be read in place (single copy) are not staged; which
+  // path runs is known only after the barrier, but a rank that skips staging has a piece
+  // of kSingleCopyBytes or more, and then every rank takes the single-copy path.
   const int row = h.next_exchange();
   Control& mine = h.control(me);
   for (int s = 0; s < n; ++s) mine.sizes[row][s] = send[s];
   mine.send_addr[row] = reinterpret_cast<uint64_t>(in);
+  const int first = h.next_parity();
+  size_t own_most = 0;
+  for (int s = 0; s < n; ++s)
+    if (s != me) own_most = std::max(own_most, send[s]);
+  if (!h.single_copy() || own_most < kSingleCopyBytes) stage(first, 0);
   h.barrier("all_to_all");
   size_t most = 0;
   for (int r = 0; r < n; ++r) {
@@ -140,10 +164,6 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
     for (int s = 0; s < n; ++s)
       if (r != s) most = std::max<size_t>(most, c.sizes[row][s]);
   }
-  std::vector<size_t> in_at(n, 0), out_at(n, 0);
-  for (int r = 1; r < n; ++r) in_at[r] = in_at[r - 1] + send[r - 1], out_at[r] = out_at[r - 1] + recv[r - 1];
-  const char* src = static_cast<const char*>(in);
-  char* dst = static_cast<char*>(out);
   std::memcpy(dst + out_at[me], src + in_at[me], send[me]);
   if (h.single_copy() && most >= kSingleCopyBytes) {
     // Each piece read once, straight from its sender's buffer; the sizes every rank
@@ -161,15 +181,12 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
     h.barrier("all_to_all");
     return;
   }
-  // Each step moves up to `piece` bytes of every pair; the window holds one slot per peer.
-  const size_t piece = h.step_bytes() / n / 64 * 64;
-  for (size_t off = 0; off < most; off += piece) {
+  unstage(first, 0);
+  for (size_t off = piece; off < most; off += piece) {
     const int p = h.next_parity();
-    for (int s = 0; s < n; ++s)
-      if (s != me) std::memcpy(h.scratch(me, p) + s * piece, src + in_at[s] + off, clamp_len(send[s], off, piece));
+    stage(p, off);
     h.barrier("all_to_all");
-    for (int r = 0; r < n; ++r)
-      if (r != me) std::memcpy(dst + out_at[r] + off, h.scratch(r, p) + me * piece, clamp_len(recv[r], off, piece));
+    unstage(p, off);
   }
 }
 
