@@ -18,6 +18,7 @@
 #include "hp/comm.h"
 #include "hp/comm/symm/collectives.h"
 #include "hp/comm/symm/symm.h"
+#include "slowest_rank.h"
 
 using namespace hp;
 using namespace hp::comm;
@@ -44,16 +45,7 @@ std::vector<double> median_seconds(const Group& g, int iters, const std::vector<
       t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
     }
   }
-  at::Tensor v = at::tensor(t, at::kDouble);
-  all_reduce_(v, g, ReduceOp::Max);
-  std::vector<double> out;
-  for (size_t which = 0; which < k; ++which) {
-    std::vector<double> m;
-    for (int i = 0; i < iters; ++i) m.push_back(v[i * k + which].item<double>());
-    std::nth_element(m.begin(), m.begin() + iters / 2, m.end());
-    out.push_back(m[iters / 2]);
-  }
-  return out;
+  return slowest_rank_medians(g, t, iters, k);
 }
 
 // Runs `f` with hp's collectives on Gloo.

@@ -16,6 +16,7 @@
 
 #include "hp/comm.h"
 #include "hp/comm/hier/hier.h"
+#include "slowest_rank.h"
 
 using namespace hp;
 using namespace hp::comm;
@@ -34,17 +35,9 @@ std::vector<double> median_seconds(const Group& g, int iters, const std::vector<
       t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
     }
   }
-  at::Tensor v = at::tensor(t, at::kDouble);
   ::setenv("HP_HIER_COLLECTIVES", "0", 1);  // a tiny message: keep it off the measured path's counters
-  all_reduce_(v, g, ReduceOp::Max);
+  std::vector<double> out = slowest_rank_medians(g, t, iters, k);
   ::unsetenv("HP_HIER_COLLECTIVES");
-  std::vector<double> out;
-  for (size_t which = 0; which < k; ++which) {
-    std::vector<double> m;
-    for (int i = 0; i < iters; ++i) m.push_back(v[i * k + which].item<double>());
-    std::nth_element(m.begin(), m.begin() + iters / 2, m.end());
-    out.push_back(m[iters / 2]);
-  }
   return out;
 }
 

@@ -1,27 +1,14 @@
 // `hp dryrun --real` from the command line: a run prints memory beside the estimator and
 // the collectives; bad input fails with a message that says what was expected.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <string>
+
+#include "shell.h"
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string output;
-};
-
-Result hp(const std::string& args) {
-  std::string cmd = HP_BIN_DIR "/hp dryrun --real " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
-  const int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+Result hp(const std::string& args) { return shell(HP_BIN_DIR "/hp dryrun --real " + args); }
 
 }  // namespace
 

@@ -2,37 +2,16 @@
 // each, joined by hprun across hosts; and the script's own contract. Needs root (CI runs
 // as root); skipped where network namespaces cannot be made.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <cstdio>
 #include <string>
+
+#include "shell.h"
 
 namespace {
 
-struct Result {
-  int code;
-  std::string output;
-};
+Result run(const std::string& args) { return shell(PROJECT_DIR "/scripts/emulate_hosts " + args); }
 
-Result run(const std::string& args) {
-  std::string cmd = PROJECT_DIR "/scripts/emulate_hosts " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-std::string namespaces() {
-  FILE* p = ::popen("ip netns list 2>/dev/null", "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  ::pclose(p);
-  return out;
-}
+std::string namespaces() { return shell("ip netns list").output; }
 
 }  // namespace
 

@@ -1,29 +1,18 @@
 // hprun end to end: separate processes, real TCPStore rendezvous.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <dirent.h>
 
-#include <array>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "shell.h"
+
 namespace {
 
-struct Result {
-  int code;
-  std::string output;
-};
-
 Result run(const std::string& args, const std::string& env = "") {
-  std::string cmd = env + " " HP_BIN_DIR "/hprun " + args + " 2>&1";
-  FILE* p = ::popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  int status = ::pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return shell(env + " " HP_BIN_DIR "/hprun " + args);
 }
 
 const std::string probe = RANK_PROBE;

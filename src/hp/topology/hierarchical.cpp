@@ -46,11 +46,10 @@ CollectiveCost hierarchical_cost(const ClusterTopology& topo, Collective kind, d
   // of equal local index at once; the slowest instance sets each phase's time.
   CollectiveCost total;
   total.bytes_per_level.assign(topo.levels().size(), 0.0);
-  auto inner = [&](Collective k, double piece) {
+  auto phase = [&](Collective k, double piece, const std::vector<std::vector<int>>& groups) {
     double worst = 0;
-    for (int h = 0; h < H; ++h) {
-      std::vector<int> host(ranks.begin() + h * L, ranks.begin() + (h + 1) * L);
-      CollectiveCost c = topo.cost(k, piece, host);
+    for (const auto& members : groups) {
+      CollectiveCost c = topo.cost(k, piece, members);
       worst = std::max(worst, c.seconds);
       for (double& x : c.bytes_per_level) x *= pieces;
       c.seconds = 0;
@@ -58,19 +57,11 @@ CollectiveCost hierarchical_cost(const ClusterTopology& topo, Collective kind, d
     }
     return worst;
   };
-  auto outer = [&](Collective k, double piece) {
-    double worst = 0;
-    for (int l = 0; l < L; ++l) {
-      std::vector<int> peers;
-      for (int h = 0; h < H; ++h) peers.push_back(ranks[h * L + l]);
-      CollectiveCost c = topo.cost(k, piece, peers);
-      worst = std::max(worst, c.seconds);
-      for (double& x : c.bytes_per_level) x *= pieces;
-      c.seconds = 0;
-      total += c;
-    }
-    return worst;
-  };
+  std::vector<std::vector<int>> hosts(H), peers(L);  // the ranks of each host; of each local index
+  for (int h = 0; h < H; ++h)
+    for (int l = 0; l < L; ++l) hosts[h].push_back(ranks[h * L + l]), peers[l].push_back(ranks[h * L + l]);
+  auto inner = [&](Collective k, double piece) { return phase(k, piece, hosts); };
+  auto outer = [&](Collective k, double piece) { return phase(k, piece, peers); };
   // before / across / after: the in-host phase ahead of the cross-host one, and behind it.
   double before = 0, across = 0, after = 0;
   switch (kind) {
