@@ -3,7 +3,8 @@
 // where c10d has the collective, in the same run. Run under hprun:
 //   hprun --nproc-per-node 4 build/bin/bench_collectives [max MiB]
 // Bus bandwidth follows nccl-tests: algbw * 2(n-1)/n for all-reduce, * (n-1)/n otherwise
-// (broadcast: * 1). The ratio is Gloo's median time over shared memory's.
+// (broadcast: * 1). The ratio is Gloo's median time over shared memory's. A memcpy of
+// the message on every rank at once, per size, is the bus bandwidth's ceiling.
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -25,12 +27,14 @@ using namespace hp::comm;
 
 namespace {
 
-// Median seconds of each candidate over `iters` rounds. They alternate, so all see the
-// same machine; every rank starts each run together and reports the slowest rank. The
-// start is the shared-memory barrier when there is one: its ranks leave within
-// microseconds of each other, where Gloo's leave up to ~100 us apart, which would count
-// as latency.
-std::vector<double> median_seconds(const Group& g, int iters, const std::vector<std::function<void()>>& ops) {
+// Median seconds per call of each candidate over `iters` rounds. Each round times `calls`
+// back-to-back calls of every candidate in turn (as nccl-tests do), so all see the same
+// machine and a lone scheduling hiccup is spread over the batch. Every rank starts each
+// batch together and reports the slowest rank. The start is the shared-memory barrier when
+// there is one: its ranks leave within microseconds of each other, where Gloo's leave up
+// to ~100 us apart, which would count as latency.
+std::vector<double> median_seconds(const Group& g, int iters, int calls,
+                                   const std::vector<std::function<void()>>& ops) {
   const bool shm = symm::shm_collectives_enabled(g);
   for (int i = 0; i < 3; ++i)  // warm-up: connections, segments, the heap settling
     for (const auto& op : ops) op();
@@ -41,8 +45,8 @@ std::vector<double> median_seconds(const Group& g, int iters, const std::vector<
       if (shm) symm::barrier(g);
       else barrier(g);
       auto s = std::chrono::steady_clock::now();
-      op();
-      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count());
+      for (int c = 0; c < calls; ++c) op();
+      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count() / calls);
     }
   }
   return slowest_rank_medians(g, t, iters, k);
@@ -58,6 +62,10 @@ std::function<void()> on_gloo(std::function<void()> f) {
 }
 
 void wait(const WorkPtr& w) { w->wait(); }
+
+std::string size_name(int64_t bytes) {
+  return bytes >= (1 << 20) ? std::to_string(bytes >> 20) + " MiB" : std::to_string(bytes >> 10) + " KiB";
+}
 
 }  // namespace
 
@@ -80,13 +88,10 @@ int main(int argc, char** argv) {
     const bool has_c10d = t.size() == 3;
     if (!has_c10d) t.insert(t.begin(), 0.0);
     auto bw = [&](double s) { return s > 0 ? bytes * factor / s / 1e9 : 0.0; };
-    char size[32];
-    if (bytes >= (1 << 20)) std::snprintf(size, sizeof size, "%lld MiB", (long long)(bytes >> 20));
-    else std::snprintf(size, sizeof size, "%lld KiB", (long long)(bytes >> 10));
     // Against the faster Gloo of the two.
     const double gloo = has_c10d ? std::min(t[0], t[1]) : t[1];
-    std::printf("%-15s %8s %10.1f %10.1f %10.1f %9.3f %9.3f %9.3f %7.1fx\n", name, size, t[0] * 1e6, t[1] * 1e6,
-                t[2] * 1e6, bw(t[0]), bw(t[1]), bw(t[2]), gloo / t[2]);
+    std::printf("%-15s %8s %10.1f %10.1f %10.1f %9.3f %9.3f %9.3f %7.1fx\n", name, size_name(bytes).c_str(),
+                t[0] * 1e6, t[1] * 1e6, t[2] * 1e6, bw(t[0]), bw(t[1]), bw(t[2]), gloo / t[2]);
     std::fflush(stdout);
   };
 
@@ -95,9 +100,23 @@ int main(int argc, char** argv) {
   ::setenv("HP_SHM_COLLECTIVES", "1", 1);
   for (int64_t bytes = 1 << 10; bytes <= max_bytes; bytes *= 4) {
     const int64_t numel = bytes / 4;
-    const int iters = bytes >= (16 << 20) ? 9 : bytes >= (1 << 20) ? 15 : 40;
+    const int iters = bytes >= (16 << 20) ? 9 : bytes >= (1 << 20) ? 15 : 25;
+    const int calls = bytes >= (1 << 20) ? 1 : 8;
+    auto median_seconds = [&](const Group& g, int iters, const std::vector<std::function<void()>>& ops) {
+      return ::median_seconds(g, iters, calls, ops);
+    };
     at::Tensor x = at::rand({numel});
 
+    {  // the ceiling: one memcpy of the message on every rank at once (bus bandwidth can reach it
+       // only by moving each byte once; Gloo's loopback TCP copies it at least twice)
+      at::Tensor from = at::rand({numel}), to = at::empty({numel});
+      const double s = median_seconds(*g, iters, {[&] { std::memcpy(to.data_ptr(), from.data_ptr(), bytes); }})[0];
+      if (rank == 0) {
+        std::printf("%-15s %8s %10s %10s %10.1f %9s %9s %9.3f\n", "memcpy", size_name(bytes).c_str(), "", "", s * 1e6,
+                    "", "", bytes / s / 1e9);
+        std::fflush(stdout);
+      }
+    }
     {  // all_reduce (Avg keeps the values bounded over the repetitions)
       std::vector<at::Tensor> v{x};
       c10d::AllreduceOptions o;

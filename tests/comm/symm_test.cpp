@@ -216,6 +216,34 @@ TEST(ShmCollectives, ReductionOrderIsFixed) {
   }
 }
 
+// Avg is the rank-order sum divided by the world size, bit for bit: a power-of-two world
+// multiplies by the exact inverse instead, which must not change a bit.
+TEST(ShmCollectives, AverageIsTheSumDividedByTheWorld) {
+  ScopedEnv small("HP_SHM_STEP_KIB", "256");
+  for (int world : {3, 4}) {
+    for (auto dtype : {at::kFloat, at::kDouble}) {
+      std::vector<at::Tensor> inputs;
+      for (int r = 0; r < world; ++r) inputs.push_back(at::randn({200003}, dtype).mul_(1e3));
+      at::Tensor sum = inputs[0].clone();
+      for (int r = 1; r < world; ++r) sum = sum + inputs[r];
+      at::Tensor want = sum / static_cast<double>(world);
+      run_local_ranks(world, [&](int rank) {
+        auto g = current_world()->world_group();
+        for (int64_t numel : {int64_t{1000}, int64_t{200003}}) {  // one-shot and sliced
+          at::Tensor got = inputs[rank].narrow(0, 0, numel).clone();
+          all_reduce_(got, *g, ReduceOp::Avg);
+          ASSERT_TRUE(at::equal(got, want.narrow(0, 0, numel))) << world << " ranks, " << dtype << ", " << numel;
+          at::Tensor rs = reduce_scatter(inputs[rank].narrow(0, 0, numel), *g, 0, ReduceOp::Avg);
+          const auto sizes = chunk_sizes(numel, world);
+          int64_t off = 0;
+          for (int r = 0; r < rank; ++r) off += sizes[r];
+          ASSERT_TRUE(at::equal(rs, want.narrow(0, off, sizes[rank]))) << "reduce_scatter, " << world << " ranks";
+        }
+      });
+    }
+  }
+}
+
 TEST(ShmCollectives, AbsentPeerIsNamedAfterTheTimeout) {
   try {
     run_local_ranks(

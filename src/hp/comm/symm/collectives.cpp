@@ -50,24 +50,34 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
   // Input in the first half of the window, folded slices in the second.
   const int64_t chunk = static_cast<int64_t>(h.step_bytes() / 2 / elem);
   const bool one_shot = total * elem <= kOneShotBytes;
+  std::vector<const char*> srcs(n);
   for (int64_t off = 0; off < total; off += chunk) {
     const int64_t len = std::min(chunk, total - off);
+    char* in = data + off * elem;
     const int p = h.next_parity();
-    std::memcpy(h.scratch(me, p), data + off * elem, len * elem);
-    h.barrier("all_reduce");
     if (one_shot) {
-      fold(data + off * elem, peer_ptrs(h, p, 0), len, dtype, op);
+      std::memcpy(h.scratch(me, p), in, len * elem);
+      h.barrier("all_reduce");
+      fold(in, peer_ptrs(h, p, 0), len, dtype, op);
       continue;
     }
-    // Slices of 16 elements or more, so copies stay aligned.
+    // Slices of 16 elements or more, so copies stay aligned. Each rank stages the slices
+    // its peers fold, folds its own (reading its own input in place) into the second half
+    // of its window, and copies the peers' folded slices back.
     const int64_t per = ((len + n - 1) / n + 15) & ~int64_t{15};
     auto lo = [&](int r) { return std::min<int64_t>(len, r * per); };
+    auto bytes = [&](int r) { return (lo(r + 1) - lo(r)) * elem; };
+    for (int r = 0; r < n; ++r)
+      if (r != me) std::memcpy(h.scratch(me, p) + lo(r) * elem, in + lo(r) * elem, bytes(r));
+    h.barrier("all_reduce");
     const size_t folded = h.step_bytes() / 2;
-    fold(h.scratch(me, p) + folded + lo(me) * elem, peer_ptrs(h, p, lo(me) * elem), lo(me + 1) - lo(me), dtype,
-         op);
+    for (int s = 0; s < n; ++s) srcs[s] = (s == me ? in : h.scratch(s, p)) + lo(me) * elem;
+    char* mine = h.scratch(me, p) + folded + lo(me) * elem;
+    fold(mine, srcs, lo(me + 1) - lo(me), dtype, op);
+    std::memcpy(in + lo(me) * elem, mine, bytes(me));
     h.barrier("all_reduce");
     for (int r = 0; r < n; ++r)
-      std::memcpy(data + (off + lo(r)) * elem, h.scratch(r, p) + folded + lo(r) * elem, (lo(r + 1) - lo(r)) * elem);
+      if (r != me) std::memcpy(in + lo(r) * elem, h.scratch(r, p) + folded + lo(r) * elem, bytes(r));
   }
 }
 
@@ -83,23 +93,24 @@ void reduce_scatter(Heap& h, const std::vector<const char*>& in, const std::vect
                     at::ScalarType dtype, ReduceOp op) {
   const int n = h.size(), me = h.rank();
   const size_t elem = c10::elementSize(dtype);
-  // The pieces as one message of `total` elements; piece r starts at element first[r].
-  std::vector<int64_t> first(n + 1, 0);
-  for (int r = 0; r < n; ++r) first[r + 1] = first[r] + counts[r];
-  const int64_t total = first[n];
-  const int64_t start = first[me], end = first[me + 1];
+  // Each step moves the next `slice` elements of every piece, so all ranks fold at once.
+  // The window holds one slot per destination rank; a rank's own contribution to its own
+  // piece is read in place.
+  const int64_t slice = static_cast<int64_t>(h.step_bytes() / n / elem) / 16 * 16;
+  const int64_t most = *std::max_element(counts.begin(), counts.end());
   char* dst = static_cast<char*>(out);
-  const int64_t chunk = static_cast<int64_t>(h.step_bytes() / elem);
-  for (int64_t off = 0; off < total; off += chunk) {
-    const int64_t len = std::min(chunk, total - off);
+  std::vector<const char*> srcs(n);
+  for (int64_t off = 0; off < most; off += slice) {
     const int p = h.next_parity();
-    for (int r = 0; r < n; ++r) {  // the parts of the pieces that fall in [off, off + len)
-      const int64_t a = std::max(first[r], off), b = std::min(first[r + 1], off + len);
-      if (a < b) std::memcpy(h.scratch(me, p) + (a - off) * elem, in[r] + (a - first[r]) * elem, (b - a) * elem);
+    for (int r = 0; r < n; ++r) {
+      const int64_t len = std::clamp<int64_t>(counts[r] - off, 0, slice);
+      if (r != me && len) std::memcpy(h.scratch(me, p) + r * slice * elem, in[r] + off * elem, len * elem);
     }
     h.barrier("reduce_scatter");
-    const int64_t a = std::max(start, off), b = std::min(end, off + len);
-    if (a < b) fold(dst + (a - start) * elem, peer_ptrs(h, p, (a - off) * elem), b - a, dtype, op);
+    const int64_t len = std::clamp<int64_t>(counts[me] - off, 0, slice);
+    if (!len) continue;
+    for (int s = 0; s < n; ++s) srcs[s] = s == me ? in[me] + off * elem : h.scratch(s, p) + me * slice * elem;
+    fold(dst + off * elem, srcs, len, dtype, op);
   }
 }
 
