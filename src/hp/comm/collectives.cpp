@@ -330,13 +330,14 @@ Pending all_to_all_async(const at::Tensor& t, const Group& g, int64_t split_dim,
       << " must have one entry per rank";
 
   // Pack the outgoing pieces back to back, each contiguous in its own shape.
-  std::vector<at::Tensor> pieces = t.split_with_sizes(split_sizes, split_dim);
   std::vector<int64_t> in_splits(n);
-  for (int r = 0; r < n; ++r) in_splits[r] = pieces[r].numel();
+  const int64_t per_index = t.size(split_dim) ? t.numel() / t.size(split_dim) : 0;
+  for (int r = 0; r < n; ++r) in_splits[r] = split_sizes[r] * per_index;
   at::Tensor send;
   if (split_dim == 0 && t.is_contiguous()) {
-    send = t.reshape({-1});
+    send = t.view({-1});  // already back to back: no piece views to make
   } else {
+    std::vector<at::Tensor> pieces = t.split_with_sizes(split_sizes, split_dim);
     send = g.buffer(t.numel(), t.options());
     int64_t off = 0;
     for (auto& p : pieces) {
