@@ -1,4 +1,4 @@
-// Checkpoint throughput against plain file I/O of the same bytes, same run: each rank
+// Checkpoint throughput against plain file I/O of the same bytes, same run, alternating: each rank
 // writes its shards (write + fsync, one file per rank) and reads them back (pread), then
 // saves and loads them as a checkpoint. And the training stall of an asynchronous save
 // (the snapshot) against the time of a synchronous save, with the snapshot taken in save()
@@ -30,22 +30,36 @@ double seconds_since(std::chrono::steady_clock::time_point s) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count();
 }
 
-// Seconds of `op` on the slowest rank, each iteration started together; `reset` runs
-// untimed before each (removes what the last one wrote). Median over iterations.
-double timed(const comm::Group& g, int iters, const std::function<void()>& op, const std::function<void()>& reset) {
+// Seconds of each op on the slowest rank, each iteration started together; `reset` runs
+// untimed before each (removes what the last one wrote). The ops alternate, so baseline
+// and candidate see the same machine. Median over iterations.
+std::vector<double> timed_alternating(const comm::Group& g, int iters, const std::vector<std::function<void()>>& ops,
+                                      const std::vector<std::function<void()>>& resets) {
+  const size_t k = ops.size();
   std::vector<double> t;
   for (int i = 0; i < iters; ++i) {
-    reset();
-    comm::barrier(g);
-    auto s = std::chrono::steady_clock::now();
-    op();
-    t.push_back(seconds_since(s));
+    for (size_t j = 0; j < k; ++j) {
+      resets[j]();
+      comm::barrier(g);
+      auto s = std::chrono::steady_clock::now();
+      ops[j]();
+      t.push_back(seconds_since(s));
+    }
   }
   at::Tensor v = at::tensor(t, at::kDouble);
   comm::all_reduce_(v, g, ReduceOp::Max);
-  std::vector<double> m(v.data_ptr<double>(), v.data_ptr<double>() + iters);
-  std::nth_element(m.begin(), m.begin() + iters / 2, m.end());
-  return m[iters / 2];
+  std::vector<double> out;
+  for (size_t j = 0; j < k; ++j) {
+    std::vector<double> m;
+    for (int i = 0; i < iters; ++i) m.push_back(v[i * k + j].item<double>());
+    std::nth_element(m.begin(), m.begin() + iters / 2, m.end());
+    out.push_back(m[iters / 2]);
+  }
+  return out;
+}
+
+double timed(const comm::Group& g, int iters, const std::function<void()>& op, const std::function<void()>& reset) {
+  return timed_alternating(g, iters, {op}, {reset})[0];
 }
 
 void plain_write(const std::string& path, const std::vector<DTensor>& ts) {
@@ -119,18 +133,20 @@ int main(int argc, char** argv) {
 
   checkpoint::Checkpointer sync({root, 0, false});
   int64_t step = 0;
-  const double w_plain = timed(g, iters, [&] { plain_write(plain, ts); }, clear_plain);
-  const double w_ckpt = timed(g, iters, [&] { sync.save(++step, state); }, clear_ckpt);
+  const auto w = timed_alternating(g, iters, {[&] { plain_write(plain, ts); }, [&] { sync.save(++step, state); }},
+                       {clear_plain, clear_ckpt});
+  const double w_plain = w[0], w_ckpt = w[1];
   sync.save(++step, state);
   plain_write(plain, ts);
-  const double r_plain = timed(g, iters, [&] { plain_read(plain, ts); }, nothing);
-  const double r_ckpt = timed(g, iters, [&] { checkpoint::load(checkpoint::step_dir(root, step), state); }, nothing);
+  auto load = [&] { checkpoint::load(checkpoint::step_dir(root, step), state); };
+  const auto r = timed_alternating(g, iters, {[&] { plain_read(plain, ts); }, load}, {nothing, nothing});
+  const double r_plain = r[0], r_ckpt = r[1];
   // Cold: each rank drops its files from the page cache first (clean after fsync).
   const std::string mine = checkpoint::step_dir(root, step) + "/rank-" + std::string(5 - std::to_string(rank).size(), '0') +
                            std::to_string(rank) + ".safetensors";
-  const double c_plain = timed(g, iters, [&] { plain_read(plain, ts); }, [&] { drop_cache(plain); });
-  const double c_ckpt = timed(g, iters, [&] { checkpoint::load(checkpoint::step_dir(root, step), state); },
-                              [&] { drop_cache(mine); });
+  const auto c = timed_alternating(g, iters, {[&] { plain_read(plain, ts); }, load},
+                       {[&] { drop_cache(plain); }, [&] { drop_cache(mine); }});
+  const double c_plain = c[0], c_ckpt = c[1];
 
   // Asynchronous: how long save() holds training (the snapshot), and the whole write.
   checkpoint::Checkpointer async({root, 0, true});
