@@ -70,6 +70,7 @@ std::string size_name(int64_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ::setenv("HP_SYMM_HEAP_MIB", "160", 0);  // room for a 64 MiB symmetric tensor
   auto world = init_distributed();
   auto g = world->world_group();
   const int n = g->size();
@@ -123,6 +124,12 @@ int main(int argc, char** argv) {
       auto hp_call = [&] { all_reduce_(x, *g, ReduceOp::Avg); };
       report("all_reduce", bytes, median_seconds(*g, iters, {[&] { wait(raw.allreduce(v, o)); }, on_gloo(hp_call), hp_call}),
              2 * ring);
+    }
+    {  // all_reduce of a tensor in the symmetric heap (hp::symm::empty): read in place, no staging
+      at::Tensor s = symm::empty({numel}, at::kFloat, *g);
+      s.copy_(x);
+      auto hp_call = [&] { all_reduce_(s, *g, ReduceOp::Avg); };
+      report("all_reduce_symm", bytes, median_seconds(*g, iters, {on_gloo(hp_call), hp_call}), 2 * ring);
     }
     {  // reduce_scatter of a `bytes` input (c10d's Gloo has none)
       auto hp_call = [&] { reduce_scatter(x, *g); };

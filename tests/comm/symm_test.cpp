@@ -244,6 +244,47 @@ TEST(ShmCollectives, AverageIsTheSumDividedByTheWorld) {
   }
 }
 
+// A tensor in the symmetric heap on every rank is all-reduced without staging (peers read
+// it in place): the same bits as a private tensor on the windows. A tensor in the heap on
+// some ranks only, or of another size on one rank, is an error on every rank, not a hang.
+TEST(ShmCollectives, SymmetricTensorsReduceInPlace) {
+  ScopedEnv small("HP_SHM_STEP_KIB", "256");
+  for (int world : {2, 3, 4}) {
+    run_local_ranks(world, [&](int rank) {
+      auto g = current_world()->world_group();
+      for (auto dtype : {at::kFloat, at::kBFloat16}) {
+        for (auto op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
+          const int64_t numel = 300001;  // above the one-shot size, several steps, uneven slices
+          at::Tensor want = rank_input(rank, {numel}, dtype);
+          at::Tensor sym = symm::empty({numel}, dtype, *g);
+          sym.copy_(want);
+          all_reduce_(want, *g, op);
+          all_reduce_(sym, *g, op);
+          ASSERT_TRUE(at::equal(sym, want)) << world << " ranks, " << dtype << ", op " << int(op);
+        }
+      }
+    });
+  }
+  run_local_ranks(2, [&](int rank) {
+    auto g = current_world()->world_group();
+    at::Tensor sym = symm::empty({100000}, at::kFloat, *g);
+    at::Tensor t = rank == 0 ? sym : at::zeros({100000});
+    try {
+      all_reduce_(t, *g);
+      ADD_FAILURE() << "a tensor in the heap on one rank only must fail";
+    } catch (const hp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("symmetric heap on group rank"), std::string::npos) << e.what();
+    }
+    at::Tensor uneven = at::zeros({1000 + rank});
+    try {
+      all_reduce_(uneven, *g);
+      ADD_FAILURE() << "tensors of different sizes must fail";
+    } catch (const hp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("bytes, group rank"), std::string::npos) << e.what();
+    }
+  });
+}
+
 TEST(ShmCollectives, AbsentPeerIsNamedAfterTheTimeout) {
   try {
     run_local_ranks(

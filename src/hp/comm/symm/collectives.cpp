@@ -41,15 +41,71 @@ bool shm_collectives_enabled(const comm::Group& g) {
 
 bool can_reduce(at::ScalarType dtype) { return can_fold(dtype); }
 
+namespace {
+
+// Every rank published its all-reduce tensor's size and whether it is in the symmetric
+// heap; all must agree, or the ranks would take different paths or read past a peer's end.
+void check_same_placement(const Heap& h, int row) {
+  const Control& mine = h.control(h.rank());
+  const bool symmetric = mine.symmetric_at[row] != 0;
+  for (int r = 0; r < h.size(); ++r) {
+    const Control& c = h.control(r);
+    HP_CHECK(c.reduce_bytes[row] == mine.reduce_bytes[row])
+        << "all_reduce on " << h.what() << ": group rank " << h.rank() << " reduces " << mine.reduce_bytes[row]
+        << " bytes, group rank " << r << " " << c.reduce_bytes[row];
+    HP_CHECK((c.symmetric_at[row] != 0) == symmetric)
+        << "all_reduce on " << h.what() << ": the tensor is " << (symmetric ? "" : "not ")
+        << "in the symmetric heap on group rank " << h.rank() << " but is " << (symmetric ? "not " : "")
+        << "on group rank " << r << " (allocate it with hp::symm::empty on every rank)";
+  }
+}
+
+// A tensor that lives in the symmetric heap on every rank: each rank folds its slice
+// reading its peers' tensors in place, then copies their folded slices: one copy per byte
+// crosses between ranks, with no staging. Three barriers: inputs ready, slices folded,
+// slices read (a rank may change its tensor only after every peer has read it).
+void all_reduce_symmetric(Heap& h, char* data, int64_t total, at::ScalarType dtype, ReduceOp op, int row) {
+  const int n = h.size(), me = h.rank();
+  const size_t elem = c10::elementSize(dtype);
+  h.barrier("all_reduce");
+  check_same_placement(h, row);
+  std::vector<char*> at(n);
+  for (int r = 0; r < n; ++r) at[r] = h.user(r) + (h.control(r).symmetric_at[row] - 1);
+  const int64_t per = ((total + n - 1) / n + 15) & ~int64_t{15};
+  auto lo = [&](int r) { return std::min<int64_t>(total, r * per); };
+  // The fold lands in this rank's window (no peer reads it here) and is copied back in
+  // place: the result may not alias the inputs it is folded from.
+  const int64_t piece = static_cast<int64_t>(h.step_bytes() / elem);
+  std::vector<const char*> srcs(n);
+  for (int64_t a = lo(me); a < lo(me + 1); a += piece) {
+    const int64_t len = std::min(piece, lo(me + 1) - a);
+    for (int s = 0; s < n; ++s) srcs[s] = at[s] + a * elem;
+    fold(h.scratch(me, 0), srcs, len, dtype, op);
+    std::memcpy(data + a * elem, h.scratch(me, 0), len * elem);
+  }
+  h.barrier("all_reduce");
+  for (int r = 0; r < n; ++r)
+    if (r != me) std::memcpy(data + lo(r) * elem, at[r] + lo(r) * elem, (lo(r + 1) - lo(r)) * elem);
+  h.barrier("all_reduce");
+}
+
+}  // namespace
+
 void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
   const int n = h.size(), me = h.rank();
   const auto dtype = t.scalar_type();
   const size_t elem = t.element_size();
   const int64_t total = t.numel();
   char* data = static_cast<char*>(t.data_ptr());
+  if (total == 0) return;  // every rank's is empty: no barrier, nothing published
+  const bool one_shot = total * elem <= kOneShotBytes;
+  const int row = h.next_exchange();
+  const bool symmetric = h.holds(data, total * elem);
+  h.control(me).symmetric_at[row] = symmetric ? static_cast<uint64_t>(data - h.user(me)) + 1 : 0;
+  h.control(me).reduce_bytes[row] = total * elem;
+  if (symmetric && !one_shot) return all_reduce_symmetric(h, data, total, dtype, op, row);
   // Input in the first half of the window, folded slices in the second.
   const int64_t chunk = static_cast<int64_t>(h.step_bytes() / 2 / elem);
-  const bool one_shot = total * elem <= kOneShotBytes;
   std::vector<const char*> srcs(n);
   for (int64_t off = 0; off < total; off += chunk) {
     const int64_t len = std::min(chunk, total - off);
@@ -58,6 +114,7 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
     if (one_shot) {
       std::memcpy(h.scratch(me, p), in, len * elem);
       h.barrier("all_reduce");
+      if (off == 0) check_same_placement(h, row);
       fold(in, peer_ptrs(h, p, 0), len, dtype, op);
       continue;
     }
@@ -70,6 +127,7 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
     for (int r = 0; r < n; ++r)
       if (r != me) std::memcpy(h.scratch(me, p) + lo(r) * elem, in + lo(r) * elem, bytes(r));
     h.barrier("all_reduce");
+    if (off == 0) check_same_placement(h, row);
     const size_t folded = h.step_bytes() / 2;
     for (int s = 0; s < n; ++s) srcs[s] = (s == me ? in : h.scratch(s, p)) + lo(me) * elem;
     char* mine = h.scratch(me, p) + folded + lo(me) * elem;

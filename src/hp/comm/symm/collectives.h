@@ -5,7 +5,9 @@
 // Reductions are deterministic: element i is always op(x_0[i], x_1[i], ..., x_{n-1}[i])
 // folded in rank order, with 16-bit floats accumulated in float32, whatever the timing.
 // A large all-reduce is a reduce-scatter (each rank folds its 1/n of every chunk, reading
-// its peers' inputs in place) followed by an all-gather of the folded slices.
+// its peers' inputs in place) followed by an all-gather of the folded slices. A tensor in
+// the symmetric heap on every rank (hp::symm::empty) is reduced without staging: peers
+// read each other's tensors directly, one copy per byte.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,7 +30,8 @@ bool shm_collectives_enabled(const comm::Group& g);
 // Whether the reductions here handle `dtype` (floating and integral types).
 bool can_reduce(at::ScalarType dtype);
 
-// `t`: contiguous, reduced in place.
+// `t`: contiguous, reduced in place; the same size on every rank, and in the symmetric
+// heap on every rank or on none (checked: an error on every rank otherwise).
 void all_reduce(Heap& h, at::Tensor t, ReduceOp op);
 // `in`: contiguous, every rank's the same numel; this rank's result, `counts[rank]`
 // elements starting at sum(counts[<rank]), goes to `out` (contiguous).

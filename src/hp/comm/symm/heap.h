@@ -49,6 +49,10 @@ struct Control {
   // the address of its send buffer for single-copy reads.
   alignas(64) uint64_t sizes[2][kMaxRanks];
   uint64_t send_addr[2];
+  // all_reduce: where this rank's tensor lies in its user heap (offset + 1), or 0 when it
+  // is not in the heap, and its size, in alternate rows per call.
+  uint64_t symmetric_at[2];
+  uint64_t reduce_bytes[2];
   // Single-copy probe at creation: an address in this rank's private memory holding
   // kMagic, and whether this rank could read every peer's.
   uint64_t probe_addr;
@@ -77,6 +81,11 @@ class Heap {
   size_t step_bytes() const { return step_bytes_; }
   char* user(int peer) const { return peers_[peer] + control_bytes_ + 2 * scratch_bytes_; }
   size_t user_bytes() const { return user_bytes_; }
+  // Whether [p, p + bytes) lies in this rank's user heap.
+  bool holds(const void* p, size_t bytes) const {
+    const char* c = static_cast<const char*>(p);
+    return c >= user(rank_) && c + bytes <= user(rank_) + user_bytes_;
+  }
   // Whether every rank can read every peer's private memory (cross_memory.h), decided
   // together at creation; HP_SHM_SINGLE_COPY=0 turns it off.
   bool single_copy() const { return single_copy_; }
