@@ -109,6 +109,25 @@ TEST(SymmHeap, AllocationsAreSymmetricAndFreed) {
   });
 }
 
+// try_empty: where one rank has no room, every rank gets nothing (and keeps nothing);
+// with room everywhere, a symmetric tensor whose pages are already backed.
+TEST(SymmHeap, TryEmptyAgreesWhenOneRankHasNoRoom) {
+  ScopedEnv small("HP_SYMM_HEAP_MIB", "2");
+  run_local_ranks(2, [&](int rank) {
+    auto g = current_world()->world_group();
+    auto h = g->symm_heap();
+    const size_t hog = rank == 1 ? h->allocate(size_t(3) << 19) : 0;  // 1.5 MiB on rank 1 only
+    EXPECT_FALSE(symm::try_empty({1 << 18}, at::kFloat, *g).defined()) << "rank " << rank;
+    if (rank == 1) h->release(hog);
+    at::Tensor t = symm::try_empty({1 << 18}, at::kFloat, *g);
+    ASSERT_TRUE(t.defined()) << "rank " << rank;
+    EXPECT_TRUE(symm::is_symmetric(t));
+    t.fill_(float(rank + 1));
+    all_reduce_(t, *g);
+    EXPECT_TRUE(at::equal(t, at::full({1 << 18}, 3.0f)));
+  });
+}
+
 // Every collective over messages that take many steps (256 KiB each).
 TEST(ShmCollectives, ManyChunksAllDtypes) {
   ScopedEnv small("HP_SHM_STEP_KIB", "256");

@@ -35,6 +35,15 @@ TEST(DistributedDataParallel, SmallBucketsTimesSequenceParallel) {
                                  hp::testing::train_llama({}));
 }
 
+// The buckets live in the group's symmetric heap, and with 4 KiB steps (HP_SHM_STEP_KIB)
+// they are above the one-shot size: the all-reduce reads them in place, the same numbers.
+TEST(DistributedDataParallel, SymmetricBucketsReducedInPlace) {
+  setenv("HP_SHM_STEP_KIB", "4", 1);
+  hp::testing::LlamaRun run = hp::testing::train_llama(ddp_spec({4}, {"dp"}));
+  unsetenv("HP_SHM_STEP_KIB");
+  hp::testing::expect_runs_match(run, hp::testing::train_llama({}));
+}
+
 TEST(DistributedDataParallel, GradientAccumulationEqualsLargeBatch) {
   LlamaRunSpec spec = ddp_spec({2}, {"dp"});
   spec.batch = 8;

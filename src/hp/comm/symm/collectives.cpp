@@ -98,7 +98,7 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
   const int64_t total = t.numel();
   char* data = static_cast<char*>(t.data_ptr());
   if (total == 0) return;  // every rank's is empty: no barrier, nothing published
-  const bool one_shot = total * elem <= kOneShotBytes;
+  const bool one_shot = total * elem <= std::min(kOneShotBytes, h.step_bytes());
   const int row = h.next_exchange();
   const bool symmetric = h.holds(data, total * elem);
   h.control(me).symmetric_at[row] = symmetric ? static_cast<uint64_t>(data - h.user(me)) + 1 : 0;

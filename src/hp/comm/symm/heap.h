@@ -53,6 +53,8 @@ struct Control {
   // is not in the heap, and its size, in alternate rows per call.
   uint64_t symmetric_at[2];
   uint64_t reduce_bytes[2];
+  // try_empty: whether this rank could allocate and back its part, per call row.
+  uint64_t allocated[2];
   // Single-copy probe at creation: an address in this rank's private memory holding
   // kMagic, and whether this rank could read every peer's.
   uint64_t probe_addr;

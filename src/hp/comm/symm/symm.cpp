@@ -1,6 +1,14 @@
 #include "hp/comm/symm/symm.h"
 
 #include <ATen/ATen.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older C libraries lack the name
+#endif
 
 #include "hp/base/error.h"
 #include "hp/comm/group.h"
@@ -32,6 +40,18 @@ at::Tensor peer_range(const at::Tensor& t, int peer, int64_t offset, int64_t num
   return peer_view(t, peer).view({-1}).narrow(0, offset, numel);
 }
 
+// Touches the pages of [p, p + bytes) in a shared mapping, so that a full shared-memory
+// file system shows here as `false` rather than later as SIGBUS. Kernels without
+// MADV_POPULATE_WRITE (before 5.14) cannot tell: the pages are left for first use.
+bool back_with_pages(void* p, size_t bytes) {
+  if (bytes == 0) return true;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p) / page * page;
+  const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
+  if (::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE) == 0) return true;
+  return errno == EINVAL;
+}
+
 }  // namespace
 
 at::Tensor empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group& g) {
@@ -42,6 +62,22 @@ at::Tensor empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group&
   return at::from_blob(
       h->user(h->rank()) + off, shape, [h, off](void*) { h->release(off); },
       at::TensorOptions().dtype(dtype));
+}
+
+at::Tensor try_empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group& g) {
+  std::shared_ptr<Heap> h = heap_of(g, "hp::symm::try_empty");
+  at::Tensor t;
+  try {
+    t = empty(shape, dtype, g);
+  } catch (const hp::Error&) {  // this rank's heap is full
+  }
+  const bool ok = t.defined() && back_with_pages(t.data_ptr(), t.nbytes());
+  const int row = h->next_exchange();
+  h->control(h->rank()).allocated[row] = ok;
+  h->barrier("hp::symm::try_empty");
+  for (int r = 0; r < h->size(); ++r)
+    if (!h->control(r).allocated[row]) return at::Tensor();
+  return t;
 }
 
 bool is_symmetric(const at::Tensor& t) { return t.defined() && Heap::owning(t.data_ptr()) != nullptr; }

@@ -29,6 +29,11 @@ namespace hp::symm {
 // its last reference goes.
 at::Tensor empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group& g);
 
+// Like empty, with its pages touched here, but where some rank has no room (its heap is
+// full, or the shared-memory file system behind it) every rank gets an undefined tensor
+// instead. Collective: all ranks agree on the outcome.
+at::Tensor try_empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group& g);
+
 // Whether `t` lives in a symmetric heap.
 bool is_symmetric(const at::Tensor& t);
 
