@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include "comm/scoped_env.h"
 #include "parallel/llama_run.h"
 
 using namespace hp;
@@ -38,9 +39,11 @@ TEST(DistributedDataParallel, SmallBucketsTimesSequenceParallel) {
 // The buckets live in the group's symmetric heap, and with 4 KiB steps (HP_SHM_STEP_KIB)
 // they are above the one-shot size: the all-reduce reads them in place, the same numbers.
 TEST(DistributedDataParallel, SymmetricBucketsReducedInPlace) {
-  setenv("HP_SHM_STEP_KIB", "4", 1);
-  hp::testing::LlamaRun run = hp::testing::train_llama(ddp_spec({4}, {"dp"}));
-  unsetenv("HP_SHM_STEP_KIB");
+  hp::testing::LlamaRun run;
+  {
+    ScopedEnv small("HP_SHM_STEP_KIB", "4");
+    run = hp::testing::train_llama(ddp_spec({4}, {"dp"}));
+  }
   hp::testing::expect_runs_match(run, hp::testing::train_llama({}));
 }
 

@@ -154,7 +154,8 @@ void reduce_scatter(Heap& h, const std::vector<const char*>& in, const std::vect
   // Each step moves the next `slice` elements of every piece, so all ranks fold at once.
   // The window holds one slot per destination rank; a rank's own contribution to its own
   // piece is read in place.
-  const int64_t slice = static_cast<int64_t>(h.step_bytes() / n / elem) / 16 * 16;
+  const int64_t fits = static_cast<int64_t>(h.step_bytes() / n / elem);
+  const int64_t slice = fits >= 16 ? fits / 16 * 16 : std::max<int64_t>(fits, 1);  // 16 keeps copies aligned
   const int64_t most = *std::max_element(counts.begin(), counts.end());
   char* dst = static_cast<char*>(out);
   std::vector<const char*> srcs(n);
