@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
   checkpoint::Checkpointer sync({root, 0, false});
   int64_t step = 0;
   const auto w = timed_alternating(g, iters, {[&] { plain_write(plain, ts); }, [&] { sync.save(++step, state); }},
-                       {clear_plain, clear_ckpt});
+                                   {clear_plain, clear_ckpt});
   const double w_plain = w[0], w_ckpt = w[1];
   sync.save(++step, state);
   plain_write(plain, ts);
@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
   const std::string mine = checkpoint::step_dir(root, step) + "/rank-" + std::string(5 - std::to_string(rank).size(), '0') +
                            std::to_string(rank) + ".safetensors";
   const auto c = timed_alternating(g, iters, {[&] { plain_read(plain, ts); }, load},
-                       {[&] { drop_cache(plain); }, [&] { drop_cache(mine); }});
+                                   {[&] { drop_cache(plain); }, [&] { drop_cache(mine); }});
   const double c_plain = c[0], c_ckpt = c[1];
 
   // Asynchronous: how long save() holds training (the snapshot), and the whole write.

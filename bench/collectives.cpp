@@ -103,15 +103,13 @@ int main(int argc, char** argv) {
     const int64_t numel = bytes / 4;
     const int iters = bytes >= (16 << 20) ? 9 : bytes >= (1 << 20) ? 15 : 25;
     const int calls = bytes >= (1 << 20) ? 1 : 8;
-    auto median_seconds = [&](const Group& g, int iters, const std::vector<std::function<void()>>& ops) {
-      return ::median_seconds(g, iters, calls, ops);
-    };
     at::Tensor x = at::rand({numel});
 
     {  // the ceiling: one memcpy of the message on every rank at once (bus bandwidth can reach it
        // only by moving each byte once; Gloo's loopback TCP copies it at least twice)
       at::Tensor from = at::rand({numel}), to = at::empty({numel});
-      const double s = median_seconds(*g, iters, {[&] { std::memcpy(to.data_ptr(), from.data_ptr(), bytes); }})[0];
+      auto copy = [&] { std::memcpy(to.data_ptr(), from.data_ptr(), bytes); };
+      const double s = median_seconds(*g, iters, calls, {copy})[0];
       if (rank == 0) {
         std::printf("%-15s %8s %10s %10s %10.1f %9s %9s %9.3f\n", "memcpy", size_name(bytes).c_str(), "", "", s * 1e6,
                     "", "", bytes / s / 1e9);
@@ -122,18 +120,19 @@ int main(int argc, char** argv) {
       std::vector<at::Tensor> v{x};
       c10d::AllreduceOptions o;
       auto hp_call = [&] { all_reduce_(x, *g, ReduceOp::Avg); };
-      report("all_reduce", bytes, median_seconds(*g, iters, {[&] { wait(raw.allreduce(v, o)); }, on_gloo(hp_call), hp_call}),
+      auto c10d_call = [&] { wait(raw.allreduce(v, o)); };
+      report("all_reduce", bytes, median_seconds(*g, iters, calls, {c10d_call, on_gloo(hp_call), hp_call}),
              2 * ring);
     }
     {  // all_reduce of a tensor in the symmetric heap (hp::symm::empty): read in place, no staging
       at::Tensor s = symm::empty({numel}, at::kFloat, *g);
       s.copy_(x);
       auto hp_call = [&] { all_reduce_(s, *g, ReduceOp::Avg); };
-      report("all_reduce_symm", bytes, median_seconds(*g, iters, {on_gloo(hp_call), hp_call}), 2 * ring);
+      report("all_reduce_symm", bytes, median_seconds(*g, iters, calls, {on_gloo(hp_call), hp_call}), 2 * ring);
     }
     {  // reduce_scatter of a `bytes` input (c10d's Gloo has none)
       auto hp_call = [&] { reduce_scatter(x, *g); };
-      report("reduce_scatter", bytes, median_seconds(*g, iters, {on_gloo(hp_call), hp_call}), ring);
+      report("reduce_scatter", bytes, median_seconds(*g, iters, calls, {on_gloo(hp_call), hp_call}), ring);
     }
     {  // all_gather to a `bytes` output, against c10d's list all-gather
       at::Tensor part = x.narrow(0, 0, numel / n).clone();
@@ -142,7 +141,8 @@ int main(int argc, char** argv) {
       std::vector<at::Tensor> in{part};
       auto hp_call = [&] { all_gather(part, *g); };
       report("all_gather", bytes,
-             median_seconds(*g, iters, {[&] { wait(raw.allgather(outs, in)); }, on_gloo(hp_call), hp_call}), ring);
+             median_seconds(*g, iters, calls, {[&] { wait(raw.allgather(outs, in)); }, on_gloo(hp_call), hp_call}),
+             ring);
     }
     {  // all_to_all, equal splits
       at::Tensor out = at::empty_like(x);
@@ -151,7 +151,8 @@ int main(int argc, char** argv) {
       at::Tensor x2 = x.view({n, numel / n});
       auto hp_call = [&] { all_to_all(x2, *g, 0, 0); };
       report("all_to_all", bytes,
-             median_seconds(*g, iters, {[&] { wait(raw.alltoall_base(out, x, none, none, o)); }, on_gloo(hp_call), hp_call}),
+             median_seconds(*g, iters, calls,
+                            {[&] { wait(raw.alltoall_base(out, x, none, none, o)); }, on_gloo(hp_call), hp_call}),
              ring);
     }
     {  // all_to_all with uneven splits: rank r sends piece s of (r + s + 1) units, `bytes` on average
@@ -165,13 +166,14 @@ int main(int argc, char** argv) {
       for (auto r : recv) got += r;
       at::Tensor out = at::empty({got});
       auto hp_call = [&] { all_to_all_single_async(out, in, *g, recv, send).wait(); };
-      report("all_to_all_v", bytes, median_seconds(*g, iters, {on_gloo(hp_call), hp_call}), ring);
+      report("all_to_all_v", bytes, median_seconds(*g, iters, calls, {on_gloo(hp_call), hp_call}), ring);
     }
     {  // broadcast from rank 0
       std::vector<at::Tensor> v{x};
       c10d::BroadcastOptions o;
       auto hp_call = [&] { broadcast_(x, *g, 0); };
-      report("broadcast", bytes, median_seconds(*g, iters, {[&] { wait(raw.broadcast(v, o)); }, on_gloo(hp_call), hp_call}),
+      auto c10d_call = [&] { wait(raw.broadcast(v, o)); };
+      report("broadcast", bytes, median_seconds(*g, iters, calls, {c10d_call, on_gloo(hp_call), hp_call}),
              1.0);
     }
   }
