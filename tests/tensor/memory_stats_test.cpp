@@ -3,6 +3,9 @@
 
 #include <ATen/ATen.h>
 
+#include "hp/comm/local_ranks.h"
+#include "hp/comm/symm/symm.h"
+#include "hp/comm/world.h"
 #include "hp/tensor/memory_stats.h"
 
 TEST(MemoryStats, CountsLiveStorageAndPeak) {
@@ -20,4 +23,23 @@ TEST(MemoryStats, CountsLiveStorageAndPeak) {
   EXPECT_GE(hp::cpu_memory_peak() - before, 2 << 20);
   hp::reset_cpu_memory_peak();
   EXPECT_EQ(hp::cpu_memory_peak(), before);
+}
+
+// Symmetric tensors live in shared memory, not in LibTorch's allocator, and count too.
+TEST(MemoryStats, CountsSymmetricTensors) {
+  hp::track_cpu_memory();
+  hp::comm::run_local_ranks(2, [](int rank) {
+    auto g = hp::comm::current_world()->world_group();
+    hp::symm::barrier(*g);  // creates the heap on both ranks first
+    const int64_t before = hp::cpu_memory_allocated();
+    hp::symm::barrier(*g);
+    {
+      at::Tensor s = hp::symm::empty({1 << 18}, at::kFloat, *g);  // 1 MiB on each rank
+      hp::symm::barrier(*g);
+      if (rank == 0) EXPECT_EQ(hp::cpu_memory_allocated() - before, 2 << 20);
+      hp::symm::barrier(*g);
+    }
+    hp::symm::barrier(*g);
+    if (rank == 0) EXPECT_EQ(hp::cpu_memory_allocated(), before);
+  });
 }

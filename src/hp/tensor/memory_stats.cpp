@@ -7,6 +7,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "hp/comm/symm/symm.h"
+
 namespace hp {
 namespace {
 
@@ -17,16 +19,23 @@ struct Counters {
 
 Counters cpu, meta;
 
+void count(Counters& c, int64_t delta) {
+  const int64_t now = c.allocated.fetch_add(delta) + delta;
+  int64_t p = c.peak.load();
+  while (now > p && !c.peak.compare_exchange_weak(p, now)) {
+  }
+}
+
+// Symmetric tensors live in shared memory, outside LibTorch's allocator, and count as CPU.
+void count_symmetric(int64_t delta) { count(cpu, delta); }
+
 class CountingAllocator : public c10::Allocator {
  public:
   CountingAllocator(c10::Allocator* inner, Counters* counters) : inner_(inner), counters_(counters) {}
 
   c10::DataPtr allocate(size_t n) const override {
     auto* held = new Held{inner_->allocate(n), static_cast<int64_t>(n), counters_};
-    const int64_t now = counters_->allocated.fetch_add(held->bytes) + held->bytes;
-    int64_t p = counters_->peak.load();
-    while (now > p && !counters_->peak.compare_exchange_weak(p, now)) {
-    }
+    count(*counters_, held->bytes);
     // The context, not the data pointer, carries the release: meta data pointers are null.
     return c10::DataPtr(held->ptr.get(), held, &release, held->ptr.device());
   }
@@ -56,6 +65,7 @@ void track_cpu_memory() {
   std::call_once(once, [] {
     static CountingAllocator counting(c10::GetCPUAllocator(), &cpu);
     c10::SetCPUAllocator(&counting, /*priority=*/100);
+    symm::set_allocation_observer(&count_symmetric);
   });
 }
 

@@ -12,6 +12,7 @@
 namespace hp {
 
 // Installs the counting CPU allocator (idempotent). Storage allocated before is not seen.
+// Tensors in a symmetric heap (hp::symm::empty) count as CPU storage too.
 void track_cpu_memory();
 int64_t cpu_memory_allocated();
 int64_t cpu_memory_peak();      // since the last reset

@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 
 #ifndef MADV_POPULATE_WRITE
@@ -52,15 +53,26 @@ bool back_with_pages(void* p, size_t bytes) {
   return errno == EINVAL;
 }
 
+std::atomic<void (*)(int64_t)> allocation_observer{nullptr};
+
 }  // namespace
+
+void set_allocation_observer(void (*observer)(int64_t delta_bytes)) { allocation_observer.store(observer); }
 
 at::Tensor empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group& g) {
   std::shared_ptr<Heap> h = heap_of(g, "hp::symm::empty");
   const int64_t numel = c10::multiply_integers(shape);
   HP_CHECK(numel >= 0) << "hp::symm::empty: bad shape " << shape;
-  const size_t off = h->allocate(numel * c10::elementSize(dtype));
+  const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+  const size_t off = h->allocate(bytes);
+  auto* observer = allocation_observer.load();
+  if (observer) observer(bytes);
   return at::from_blob(
-      h->user(h->rank()) + off, shape, [h, off](void*) { h->release(off); },
+      h->user(h->rank()) + off, shape,
+      [h, off, observer, bytes](void*) {
+        h->release(off);
+        if (observer) observer(-bytes);
+      },
       at::TensorOptions().dtype(dtype));
 }
 

@@ -34,6 +34,11 @@ at::Tensor empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group&
 // instead. Collective: all ranks agree on the outcome.
 at::Tensor try_empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group& g);
 
+// Called with +bytes when a symmetric tensor is allocated and -bytes when it is freed, so
+// that host-memory accounting (hp::track_cpu_memory) sees the heap too. One observer for
+// the process; a tensor reports its release to the observer that saw its allocation.
+void set_allocation_observer(void (*observer)(int64_t delta_bytes));
+
 // Whether `t` lives in a symmetric heap.
 bool is_symmetric(const at::Tensor& t);
 
