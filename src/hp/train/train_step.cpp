@@ -19,7 +19,7 @@ int find_dim(const std::vector<std::string>& names, const std::string& name) {
 
 Training build_training(const TrainConfig& cfg, const std::string& device) {
   validate(cfg);
-  Training t{init_device_mesh(device, cfg.mesh.shape, cfg.mesh.names)};
+  Training t{init_device_mesh(device, cfg.mesh.shape, cfg.mesh.names), nullptr, nullptr, nullptr, {}, {}, {}};
   DeviceMesh& mesh = t.mesh;
   const int dp_dim = find_dim(cfg.mesh.names, "dp"), tp_dim = find_dim(cfg.mesh.names, "tp");
 
