@@ -20,6 +20,7 @@
 
 #include "hp/checkpoint.h"
 #include "hp/tensor.h"
+#include "slowest_rank.h"
 
 using namespace hp;
 namespace fs = std::filesystem;
@@ -46,16 +47,7 @@ std::vector<double> timed_alternating(const comm::Group& g, int iters, const std
       t.push_back(seconds_since(s));
     }
   }
-  at::Tensor v = at::tensor(t, at::kDouble);
-  comm::all_reduce_(v, g, ReduceOp::Max);
-  std::vector<double> out;
-  for (size_t j = 0; j < k; ++j) {
-    std::vector<double> m;
-    for (int i = 0; i < iters; ++i) m.push_back(v[i * k + j].item<double>());
-    std::nth_element(m.begin(), m.begin() + iters / 2, m.end());
-    out.push_back(m[iters / 2]);
-  }
-  return out;
+  return slowest_rank_medians(g, t, iters, k);
 }
 
 double timed(const comm::Group& g, int iters, const std::function<void()>& op, const std::function<void()>& reset) {
