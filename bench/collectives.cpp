@@ -4,7 +4,8 @@
 //   hprun --nproc-per-node 4 build/bin/bench_collectives [max MiB]
 // Bus bandwidth follows nccl-tests: algbw * 2(n-1)/n for all-reduce, * (n-1)/n otherwise
 // (broadcast: * 1). The ratio is Gloo's median time over shared memory's. A memcpy of
-// the message on every rank at once, per size, is the bus bandwidth's ceiling.
+// the message on every rank at once, per size, is the bus bandwidth's ceiling for private
+// tensors. Rows *_symm run the same call on tensors in the symmetric heap.
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
@@ -81,18 +82,24 @@ int main(int argc, char** argv) {
     std::printf("# %d ranks, float32, shared memory %s; median time (us) and bus bandwidth (GB/s)\n", n,
                 symm::shm_collectives_enabled(*g) ? "on" : "UNAVAILABLE (group spans hosts?)");
     std::printf("# c10d: the raw Gloo call where there is one; gloo: hp over Gloo; shm: hp over shared memory\n");
-    std::printf("%-15s %8s %10s %10s %10s %9s %9s %9s %8s\n", "collective", "size", "c10d_us", "gloo_us", "shm_us",
+    std::printf("%-19s %8s %10s %10s %10s %9s %9s %9s %8s\n", "collective", "size", "c10d_us", "gloo_us", "shm_us",
                 "c10d_bw", "gloo_bw", "shm_bw", "ratio");
   }
-  auto report = [&](const char* name, int64_t bytes, std::vector<double> t, double factor) {
+  // t: {c10d (when it has the call), hp over Gloo, hp over shared memory, and the same on
+  // buffers in the symmetric heap (when timed)}. Every row's ratio is against the faster
+  // Gloo of the two on private tensors, the baseline a user starts from.
+  auto report = [&](const char* name, int64_t bytes, std::vector<double> t, double factor, bool has_c10d,
+                    bool has_symm) {
     if (rank != 0) return;
-    const bool has_c10d = t.size() == 3;
     if (!has_c10d) t.insert(t.begin(), 0.0);
     auto bw = [&](double s) { return s > 0 ? bytes * factor / s / 1e9 : 0.0; };
-    // Against the faster Gloo of the two.
     const double gloo = has_c10d ? std::min(t[0], t[1]) : t[1];
-    std::printf("%-15s %8s %10.1f %10.1f %10.1f %9.3f %9.3f %9.3f %7.1fx\n", name, size_name(bytes).c_str(),
-                t[0] * 1e6, t[1] * 1e6, t[2] * 1e6, bw(t[0]), bw(t[1]), bw(t[2]), gloo / t[2]);
+    auto row = [&](const std::string& label, double c10d, double hp_gloo, double shm) {
+      std::printf("%-19s %8s %10.1f %10.1f %10.1f %9.3f %9.3f %9.3f %7.1fx\n", label.c_str(), size_name(bytes).c_str(),
+                  c10d * 1e6, hp_gloo * 1e6, shm * 1e6, bw(c10d), bw(hp_gloo), bw(shm), gloo / shm);
+    };
+    row(name, t[0], t[1], t[2]);
+    if (has_symm) row(std::string(name) + "_symm", t[0], t[1], t[3]);
     std::fflush(stdout);
   };
 
@@ -111,49 +118,55 @@ int main(int argc, char** argv) {
       auto copy = [&] { std::memcpy(to.data_ptr(), from.data_ptr(), bytes); };
       const double s = median_seconds(*g, iters, calls, {copy})[0];
       if (rank == 0) {
-        std::printf("%-15s %8s %10s %10s %10.1f %9s %9s %9.3f\n", "memcpy", size_name(bytes).c_str(), "", "", s * 1e6,
+        std::printf("%-19s %8s %10s %10s %10.1f %9s %9s %9.3f\n", "memcpy", size_name(bytes).c_str(), "", "", s * 1e6,
                     "", "", bytes / s / 1e9);
         std::fflush(stdout);
       }
     }
+    // A copy of `t` in the symmetric heap (hp::symm::empty): its collectives read peers'
+    // buffers in place.
+    auto in_heap = [&](const at::Tensor& t) { return symm::empty(t.sizes(), t.scalar_type(), *g).copy_(t); };
     {  // all_reduce (Avg keeps the values bounded over the repetitions)
       std::vector<at::Tensor> v{x};
       c10d::AllreduceOptions o;
+      at::Tensor s = in_heap(x);
       auto hp_call = [&] { all_reduce_(x, *g, ReduceOp::Avg); };
-      auto c10d_call = [&] { wait(raw.allreduce(v, o)); };
-      report("all_reduce", bytes, median_seconds(*g, iters, calls, {c10d_call, on_gloo(hp_call), hp_call}),
-             2 * ring);
-    }
-    {  // all_reduce of a tensor in the symmetric heap (hp::symm::empty): read in place, no staging
-      at::Tensor s = symm::empty({numel}, at::kFloat, *g);
-      s.copy_(x);
-      auto hp_call = [&] { all_reduce_(s, *g, ReduceOp::Avg); };
-      report("all_reduce_symm", bytes, median_seconds(*g, iters, calls, {on_gloo(hp_call), hp_call}), 2 * ring);
+      report("all_reduce", bytes,
+             median_seconds(*g, iters, calls,
+                            {[&] { wait(raw.allreduce(v, o)); }, on_gloo(hp_call), hp_call,
+                             [&] { all_reduce_(s, *g, ReduceOp::Avg); }}),
+             2 * ring, true, true);
     }
     {  // reduce_scatter of a `bytes` input (c10d's Gloo has none)
+      at::Tensor s = in_heap(x);
       auto hp_call = [&] { reduce_scatter(x, *g); };
-      report("reduce_scatter", bytes, median_seconds(*g, iters, calls, {on_gloo(hp_call), hp_call}), ring);
+      report("reduce_scatter", bytes,
+             median_seconds(*g, iters, calls, {on_gloo(hp_call), hp_call, [&] { reduce_scatter(s, *g); }}), ring,
+             false, true);
     }
     {  // all_gather to a `bytes` output, against c10d's list all-gather
-      at::Tensor part = x.narrow(0, 0, numel / n).clone();
+      at::Tensor part = x.narrow(0, 0, numel / n).clone(), s = in_heap(part);
       std::vector<std::vector<at::Tensor>> outs{std::vector<at::Tensor>(n)};
       for (auto& o : outs[0]) o = at::empty_like(part);
       std::vector<at::Tensor> in{part};
       auto hp_call = [&] { all_gather(part, *g); };
       report("all_gather", bytes,
-             median_seconds(*g, iters, calls, {[&] { wait(raw.allgather(outs, in)); }, on_gloo(hp_call), hp_call}),
-             ring);
+             median_seconds(*g, iters, calls,
+                            {[&] { wait(raw.allgather(outs, in)); }, on_gloo(hp_call), hp_call,
+                             [&] { all_gather(s, *g); }}),
+             ring, true, true);
     }
     {  // all_to_all, equal splits
       at::Tensor out = at::empty_like(x);
       std::vector<int64_t> none;
       c10d::AllToAllOptions o;
-      at::Tensor x2 = x.view({n, numel / n});
+      at::Tensor x2 = x.view({n, numel / n}), s = in_heap(x2);
       auto hp_call = [&] { all_to_all(x2, *g, 0, 0); };
       report("all_to_all", bytes,
              median_seconds(*g, iters, calls,
-                            {[&] { wait(raw.alltoall_base(out, x, none, none, o)); }, on_gloo(hp_call), hp_call}),
-             ring);
+                            {[&] { wait(raw.alltoall_base(out, x, none, none, o)); }, on_gloo(hp_call), hp_call,
+                             [&] { all_to_all(s, *g, 0, 0); }}),
+             ring, true, true);
     }
     {  // all_to_all with uneven splits: rank r sends piece s of (r + s + 1) units, `bytes` on average
       std::vector<int64_t> send(n), recv(n);
@@ -166,15 +179,19 @@ int main(int argc, char** argv) {
       for (auto r : recv) got += r;
       at::Tensor out = at::empty({got});
       auto hp_call = [&] { all_to_all_single_async(out, in, *g, recv, send).wait(); };
-      report("all_to_all_v", bytes, median_seconds(*g, iters, calls, {on_gloo(hp_call), hp_call}), ring);
+      report("all_to_all_v", bytes, median_seconds(*g, iters, calls, {on_gloo(hp_call), hp_call}), ring, false,
+             false);
     }
     {  // broadcast from rank 0
       std::vector<at::Tensor> v{x};
       c10d::BroadcastOptions o;
+      at::Tensor s = in_heap(x);
       auto hp_call = [&] { broadcast_(x, *g, 0); };
-      auto c10d_call = [&] { wait(raw.broadcast(v, o)); };
-      report("broadcast", bytes, median_seconds(*g, iters, calls, {c10d_call, on_gloo(hp_call), hp_call}),
-             1.0);
+      report("broadcast", bytes,
+             median_seconds(*g, iters, calls,
+                            {[&] { wait(raw.broadcast(v, o)); }, on_gloo(hp_call), hp_call,
+                             [&] { broadcast_(s, *g, 0); }}),
+             1.0, true, true);
     }
   }
   return 0;

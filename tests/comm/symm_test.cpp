@@ -304,6 +304,81 @@ TEST(ShmCollectives, SymmetricTensorsReduceInPlace) {
   });
 }
 
+// Buffers in the heap on every rank are read in place (broadcast's copying spread over all
+// ranks): the same results as private buffers, for every collective, with uneven and
+// empty pieces, at 2-4 ranks, with and without single-copy reads of private memory. A
+// buffer private on one rank only falls back to the windows; sizes that disagree are an
+// error on every rank.
+TEST(ShmCollectives, SymmetricBuffersAreReadInPlace) {
+  // Float values unique to each rank and element (exact below 2^24): a piece read from the
+  // wrong place shows.
+  auto distinct = [](int rank, int64_t numel) { return at::arange(numel, at::kFloat) + 1e6 * (rank + 1); };
+  auto in_heap = [](const at::Tensor& t, const Group& g) {
+    at::Tensor s = symm::empty(t.sizes(), t.scalar_type(), g);
+    return s.copy_(t);
+  };
+  for (const char* single : {"1", "0"}) {
+    ScopedEnv env("HP_SHM_SINGLE_COPY", single);
+    for (int world : {2, 3, 4}) {
+      run_local_ranks(world, [&](int rank) {
+        auto g = current_world()->world_group();
+        const int64_t numel = 300001;  // 1.2 MB: above the in-place size, uneven shares
+        for (const bool everywhere : {true, false}) {  // false: rank 1's buffers are private
+          auto place = [&](const at::Tensor& t) { return everywhere || rank != 1 ? in_heap(t, *g) : t.clone(); };
+          const std::string where = std::to_string(world) + " ranks, single copy " + single +
+                                    (everywhere ? ", all in the heap" : ", private on rank 1");
+
+          // all_gather, uneven: rank 1 contributes no rows.
+          std::vector<int64_t> sizes(world);
+          for (int r = 0; r < world; ++r) sizes[r] = r == 1 ? 0 : numel / world + r;
+          at::Tensor part = place(distinct(rank, numel)).narrow(0, 0, sizes[rank]);
+          std::vector<at::Tensor> want_parts;
+          for (int r = 0; r < world; ++r) want_parts.push_back(distinct(r, numel).narrow(0, 0, sizes[r]));
+          ASSERT_TRUE(at::equal(all_gather(part, *g, 0, sizes), at::cat(want_parts))) << "all_gather, " << where;
+
+          // reduce_scatter, float32 and bfloat16: the bits of the private path.
+          for (auto dtype : {at::kFloat, at::kBFloat16}) {
+            at::Tensor x = rank_input(rank, {numel}, dtype);
+            ASSERT_TRUE(at::equal(reduce_scatter(place(x), *g), reduce_scatter(x.clone(), *g)))
+                << "reduce_scatter, " << dtype << ", " << where;
+          }
+
+          // all_to_all with uneven splits, one of them empty.
+          std::vector<int64_t> send(world), recv(world);
+          for (int s = 0; s < world; ++s)
+            send[s] = s == rank ? 0 : (rank + s + 1) * 20000, recv[s] = s == rank ? 0 : (s + rank + 1) * 20000;
+          const int64_t sent = std::accumulate(send.begin(), send.end(), int64_t{0});
+          at::Tensor out = at::empty({std::accumulate(recv.begin(), recv.end(), int64_t{0})});
+          all_to_all_single_async(out, place(distinct(rank, sent)), *g, recv, send).wait();
+          for (int s = 0, at_out = 0; s < world; at_out += recv[s], ++s) {
+            int64_t from = 0;
+            for (int d = 0; d < rank; ++d) from += d == s ? 0 : (s + d + 1) * 20000;
+            ASSERT_TRUE(at::equal(out.narrow(0, at_out, recv[s]), distinct(s, from + recv[s]).narrow(0, from, recv[s])))
+                << "all_to_all from " << s << ", " << where;
+          }
+
+          // broadcast from every root.
+          for (int root = 0; root < world; ++root) {
+            at::Tensor b = place(distinct(rank, numel));
+            broadcast_(b, *g, root);
+            ASSERT_TRUE(at::equal(b, distinct(root, numel))) << "broadcast from " << root << ", " << where;
+          }
+        }
+      });
+    }
+  }
+  run_local_ranks(3, [&](int rank) {
+    auto g = current_world()->world_group();
+    at::Tensor b = symm::empty({100000 + 16 * rank}, at::kFloat, *g);
+    try {
+      broadcast_(b, *g, 0);
+      ADD_FAILURE() << "tensors of different sizes must fail";
+    } catch (const hp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("bytes from group rank"), std::string::npos) << e.what();
+    }
+  });
+}
+
 TEST(ShmCollectives, AbsentPeerIsNamedAfterTheTimeout) {
   try {
     run_local_ranks(

@@ -23,6 +23,10 @@ constexpr size_t kOneShotBytes = 256 << 10;
 // buffer (a system call per peer and one more barrier) instead of twice through windows.
 constexpr size_t kSingleCopyBytes = 64 << 10;
 
+// From this size of a message, a collective first asks whether every rank's buffer lies in
+// the symmetric heap (one barrier more) and then reads its peers' buffers in place.
+constexpr size_t kInPlaceBytes = 256 << 10;
+
 size_t clamp_len(size_t total, size_t off, size_t window) { return off >= total ? 0 : std::min(window, total - off); }
 
 std::vector<const char*> peer_ptrs(const Heap& h, int parity, size_t byte_off) {
@@ -30,6 +34,41 @@ std::vector<const char*> peer_ptrs(const Heap& h, int parity, size_t byte_off) {
   for (int r = 0; r < h.size(); ++r) p[r] = h.scratch(r, parity) + byte_off;
   return p;
 }
+
+// Publishes, in exchange row `row`, where the buffer this rank's peers read lies in its
+// user heap, or 0 when it is not there (`p` null: it cannot be read in place), and its
+// size. An empty buffer counts as in the heap: there is nothing to read.
+void publish(Heap& h, int row, const void* p, size_t bytes) {
+  Control& c = h.control(h.rank());
+  const char* at = static_cast<const char*>(p);
+  const bool in_heap = bytes == 0 || (at && h.holds(at, bytes));
+  c.heap_at[row] = in_heap ? static_cast<uint64_t>(bytes ? at - h.user(h.rank()) : 0) + 1 : 0;
+  c.message_bytes[row] = bytes;
+}
+
+// After every rank has published and passed a barrier: every rank's buffer, as this rank
+// maps it, or nothing if any rank's is not in its heap. All ranks reach the same answer.
+std::vector<char*> heap_buffers(const Heap& h, int row) {
+  std::vector<char*> at(h.size());
+  for (int r = 0; r < h.size(); ++r) {
+    const uint64_t off = h.control(r).heap_at[row];
+    if (off == 0) return {};
+    at[r] = h.user(r) + (off - 1);
+  }
+  return at;
+}
+
+// What rank r published must be what this rank expects of it: reading in place past the
+// end of a peer's buffer, or writing past it, would corrupt that peer's heap.
+void check_bytes(const Heap& h, int row, const char* op, int r, size_t expected) {
+  const uint64_t got = h.control(r).message_bytes[row];
+  HP_CHECK(got == expected) << op << " on " << h.what() << ": group rank " << h.rank() << " expects " << expected
+                            << " bytes from group rank " << r << ", which has " << got;
+}
+
+// Peers in the order this rank visits them: itself first, then the next ranks round the
+// ring, so that no rank's memory is read by all the others at once.
+int visit(const Heap& h, int i) { return (h.rank() + i) % h.size(); }
 
 }  // namespace
 
@@ -47,13 +86,13 @@ namespace {
 // heap; all must agree, or the ranks would take different paths or read past a peer's end.
 void check_same_placement(const Heap& h, int row) {
   const Control& mine = h.control(h.rank());
-  const bool symmetric = mine.symmetric_at[row] != 0;
+  const bool symmetric = mine.heap_at[row] != 0;
   for (int r = 0; r < h.size(); ++r) {
     const Control& c = h.control(r);
-    HP_CHECK(c.reduce_bytes[row] == mine.reduce_bytes[row])
-        << "all_reduce on " << h.what() << ": group rank " << h.rank() << " reduces " << mine.reduce_bytes[row]
-        << " bytes, group rank " << r << " " << c.reduce_bytes[row];
-    HP_CHECK((c.symmetric_at[row] != 0) == symmetric)
+    HP_CHECK(c.message_bytes[row] == mine.message_bytes[row])
+        << "all_reduce on " << h.what() << ": group rank " << h.rank() << " reduces " << mine.message_bytes[row]
+        << " bytes, group rank " << r << " " << c.message_bytes[row];
+    HP_CHECK((c.heap_at[row] != 0) == symmetric)
         << "all_reduce on " << h.what() << ": the tensor is " << (symmetric ? "" : "not ")
         << "in the symmetric heap on group rank " << h.rank() << " but is " << (symmetric ? "not " : "")
         << "on group rank " << r << " (allocate it with hp::symm::empty on every rank)";
@@ -69,8 +108,7 @@ void all_reduce_symmetric(Heap& h, char* data, int64_t total, at::ScalarType dty
   const size_t elem = c10::elementSize(dtype);
   h.barrier("all_reduce");
   check_same_placement(h, row);
-  std::vector<char*> at(n);
-  for (int r = 0; r < n; ++r) at[r] = h.user(r) + (h.control(r).symmetric_at[row] - 1);
+  const std::vector<char*> at = heap_buffers(h, row);
   const int64_t per = ((total + n - 1) / n + 15) & ~int64_t{15};
   auto lo = [&](int r) { return std::min<int64_t>(total, r * per); };
   // The fold lands in this rank's window (no peer reads it here) and is copied back in
@@ -84,8 +122,10 @@ void all_reduce_symmetric(Heap& h, char* data, int64_t total, at::ScalarType dty
     std::memcpy(data + a * elem, h.scratch(me, 0), len * elem);
   }
   h.barrier("all_reduce");
-  for (int r = 0; r < n; ++r)
-    if (r != me) std::memcpy(data + lo(r) * elem, at[r] + lo(r) * elem, (lo(r + 1) - lo(r)) * elem);
+  for (int i = 1; i < n; ++i) {
+    const int r = visit(h, i);
+    std::memcpy(data + lo(r) * elem, at[r] + lo(r) * elem, (lo(r + 1) - lo(r)) * elem);
+  }
   h.barrier("all_reduce");
 }
 
@@ -100,10 +140,8 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
   if (total == 0) return;  // every rank's is empty: no barrier, nothing published
   const bool one_shot = total * elem <= std::min(kOneShotBytes, h.step_bytes());
   const int row = h.next_exchange();
-  const bool symmetric = h.holds(data, total * elem);
-  h.control(me).symmetric_at[row] = symmetric ? static_cast<uint64_t>(data - h.user(me)) + 1 : 0;
-  h.control(me).reduce_bytes[row] = total * elem;
-  if (symmetric && !one_shot) return all_reduce_symmetric(h, data, total, dtype, op, row);
+  publish(h, row, data, total * elem);
+  if (h.control(me).heap_at[row] && !one_shot) return all_reduce_symmetric(h, data, total, dtype, op, row);
   // Input in the first half of the window, folded slices in the second.
   const int64_t chunk = static_cast<int64_t>(h.step_bytes() / 2 / elem);
   std::vector<const char*> srcs(n);
@@ -151,13 +189,34 @@ void reduce_scatter(Heap& h, const std::vector<const char*>& in, const std::vect
                     at::ScalarType dtype, ReduceOp op) {
   const int n = h.size(), me = h.rank();
   const size_t elem = c10::elementSize(dtype);
+  char* dst = static_cast<char*>(out);
+  std::vector<int64_t> at(n + 1, 0);  // where each piece starts, were they back to back
+  for (int r = 0; r < n; ++r) at[r + 1] = at[r] + counts[r];
+  if (at[n] * elem >= kInPlaceBytes) {
+    // Pieces back to back in the heap on every rank: each rank folds its piece reading
+    // every rank's input in place, with no staging.
+    bool back_to_back = true;
+    for (int r = 0; r < n; ++r) back_to_back = back_to_back && in[r] == in[0] + at[r] * elem;
+    const int row = h.next_exchange();
+    publish(h, row, back_to_back ? in[0] : nullptr, at[n] * elem);
+    h.barrier("reduce_scatter");
+    if (const std::vector<char*> bufs = heap_buffers(h, row); !bufs.empty()) {
+      std::vector<const char*> srcs(n);
+      for (int s = 0; s < n; ++s) {
+        check_bytes(h, row, "reduce_scatter", s, at[n] * elem);
+        srcs[s] = bufs[s] + at[me] * elem;
+      }
+      fold(dst, srcs, counts[me], dtype, op);
+      h.barrier("reduce_scatter");  // no rank changes its input before every peer has read it
+      return;
+    }
+  }
   // Each step moves the next `slice` elements of every piece, so all ranks fold at once.
   // The window holds one slot per destination rank; a rank's own contribution to its own
   // piece is read in place.
   const int64_t fits = static_cast<int64_t>(h.step_bytes() / n / elem);
   const int64_t slice = fits >= 16 ? fits / 16 * 16 : std::max<int64_t>(fits, 1);  // 16 keeps copies aligned
   const int64_t most = *std::max_element(counts.begin(), counts.end());
-  char* dst = static_cast<char*>(out);
   std::vector<const char*> srcs(n);
   for (int64_t off = 0; off < most; off += slice) {
     const int p = h.next_parity();
@@ -181,6 +240,21 @@ void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, void*
 
 void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, const std::vector<char*>& out) {
   const int n = h.size(), me = h.rank();
+  if (std::accumulate(bytes.begin(), bytes.end(), size_t{0}) >= kInPlaceBytes) {
+    // Inputs in the heap on every rank: each rank copies its peers' straight to its output.
+    const int row = h.next_exchange();
+    publish(h, row, in, bytes[me]);
+    h.barrier("all_gather");
+    if (const std::vector<char*> bufs = heap_buffers(h, row); !bufs.empty()) {
+      for (int i = 0; i < n; ++i) {
+        const int r = visit(h, i);
+        check_bytes(h, row, "all_gather", r, bytes[r]);
+        if (bytes[r] && out[r] != bufs[r]) std::memcpy(out[r], bufs[r], bytes[r]);
+      }
+      h.barrier("all_gather");  // no rank changes its input before every peer has read it
+      return;
+    }
+  }
   const size_t most = *std::max_element(bytes.begin(), bytes.end());
   if (bytes[me]) std::memcpy(out[me], in, bytes[me]);
   const size_t window = h.step_bytes();
@@ -219,6 +293,7 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
   Control& mine = h.control(me);
   for (int s = 0; s < n; ++s) mine.sizes[row][s] = send[s];
   mine.send_addr[row] = reinterpret_cast<uint64_t>(in);
+  publish(h, row, in, std::accumulate(send.begin(), send.end(), size_t{0}));
   const int first = h.next_parity();
   size_t own_most = 0;
   for (int s = 0; s < n; ++s)
@@ -235,16 +310,23 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
       if (r != s) most = std::max<size_t>(most, c.sizes[row][s]);
   }
   std::memcpy(dst + out_at[me], src + in_at[me], send[me]);
-  if (h.single_copy() && most >= kSingleCopyBytes) {
-    // Each piece read once, straight from its sender's buffer; the sizes every rank
-    // published say where it starts. The barrier keeps the senders' buffers unchanged
-    // until every reader is done.
-    for (int r = 0; r < n; ++r) {
-      if (r == me || recv[r] == 0) continue;
+  const std::vector<char*> bufs = heap_buffers(h, row);
+  if (most >= kSingleCopyBytes && (h.single_copy() || !bufs.empty())) {
+    // Each piece read once, straight from its sender's buffer: with a plain copy where
+    // that buffer is in the heap, else with a system call. The sizes every rank published
+    // say where it starts. The barrier keeps the senders' buffers unchanged until every
+    // reader is done.
+    for (int i = 1; i < n; ++i) {
+      const int r = visit(h, i);
+      if (recv[r] == 0) continue;
       const Control& c = h.control(r);
-      uint64_t from = c.send_addr[row];
+      uint64_t from = 0;
       for (int s = 0; s < me; ++s) from += c.sizes[row][s];
-      HP_CHECK(read_peer(c.pid, from, dst + out_at[r], recv[r]))
+      if (c.heap_at[row]) {
+        std::memcpy(dst + out_at[r], h.user(r) + (c.heap_at[row] - 1) + from, recv[r]);
+        continue;
+      }
+      HP_CHECK(read_peer(c.pid, c.send_addr[row] + from, dst + out_at[r], recv[r]))
           << "all_to_all on " << h.what() << ": cannot read " << recv[r] << " bytes from group rank " << r
           << " (pid " << c.pid << ")";
     }
@@ -261,14 +343,33 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
 }
 
 void broadcast(Heap& h, void* data, size_t bytes, int root) {
-  const size_t window = h.step_bytes();
+  const int n = h.size(), me = h.rank();
   char* d = static_cast<char*>(data);
+  if (bytes >= kInPlaceBytes) {
+    const int row = h.next_exchange();
+    publish(h, row, d, bytes);
+    h.barrier("broadcast");
+    if (const std::vector<char*> bufs = heap_buffers(h, row); !bufs.empty()) {
+      // Tensors in the heap on every rank: every rank, the root included, copies its 1/n
+      // share of every receiver's tensor, so the copying is spread over all of them.
+      for (int r = 0; r < n; ++r) check_bytes(h, row, "broadcast", r, bytes);
+      const size_t per = ((bytes + n - 1) / n + 63) & ~size_t{63};
+      const size_t lo = std::min(bytes, me * per), len = std::min(bytes, lo + per) - lo;
+      for (int i = 0; i < n; ++i) {
+        const int r = visit(h, i);
+        if (r != root && len) std::memcpy(bufs[r] + lo, bufs[root] + lo, len);
+      }
+      h.barrier("broadcast");  // every share written, and the root's read, before any rank goes on
+      return;
+    }
+  }
+  const size_t window = h.step_bytes();
   for (size_t off = 0; off < bytes; off += window) {
     const size_t len = std::min(window, bytes - off);
     const int p = h.next_parity();
-    if (h.rank() == root) std::memcpy(h.scratch(root, p), d + off, len);
+    if (me == root) std::memcpy(h.scratch(root, p), d + off, len);
     h.barrier("broadcast");
-    if (h.rank() != root) std::memcpy(d + off, h.scratch(root, p), len);
+    if (me != root) std::memcpy(d + off, h.scratch(root, p), len);
   }
 }
 

@@ -5,9 +5,12 @@
 // Reductions are deterministic: element i is always op(x_0[i], x_1[i], ..., x_{n-1}[i])
 // folded in rank order, with 16-bit floats accumulated in float32, whatever the timing.
 // A large all-reduce is a reduce-scatter (each rank folds its 1/n of every chunk, reading
-// its peers' inputs in place) followed by an all-gather of the folded slices. A tensor in
-// the symmetric heap on every rank (hp::symm::empty) is reduced without staging: peers
-// read each other's tensors directly, one copy per byte.
+// its peers' inputs in place) followed by an all-gather of the folded slices.
+//
+// Buffers in the symmetric heap on every rank (hp::symm::empty) skip the windows: from
+// 256 KiB, ranks publish where their buffers lie and, if all are in the heap, read each
+// other's in place, one copy per byte; broadcast then spreads the copying over all ranks,
+// the root included. Otherwise (a buffer is private on some rank) the windows carry it.
 #pragma once
 
 #include <ATen/core/Tensor.h>

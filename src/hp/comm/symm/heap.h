@@ -49,10 +49,10 @@ struct Control {
   // the address of its send buffer for single-copy reads.
   alignas(64) uint64_t sizes[2][kMaxRanks];
   uint64_t send_addr[2];
-  // all_reduce: where this rank's tensor lies in its user heap (offset + 1), or 0 when it
-  // is not in the heap, and its size, in alternate rows per call.
-  uint64_t symmetric_at[2];
-  uint64_t reduce_bytes[2];
+  // Large collectives: where the buffer its peers read lies in this rank's user heap
+  // (offset + 1), or 0 when it is not in the heap, and its size, in alternate rows per call.
+  uint64_t heap_at[2];
+  uint64_t message_bytes[2];
   // try_empty: whether this rank could allocate and back its part, per call row.
   uint64_t allocated[2];
   // Single-copy probe at creation: an address in this rank's private memory holding
