@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include "parallel/llama_run.h"
+#include "comm/scoped_env.h"
 
 using namespace hp;
 using hp::testing::LlamaRun;
@@ -52,6 +53,23 @@ TEST(FullyShard, NoPrefetchNoReshardSameNumbers) {
   o.prefetch = false;
   o.reshard_after_forward = false;
   hp::testing::expect_runs_match(hp::testing::train_llama(fsdp_spec({2}, {"dp"}, o)), reference());
+}
+
+// The send buffers live in the shard group's symmetric heap, and with 4 KiB steps
+// (HP_SHM_STEP_KIB) every unit's all-gather and reduce-scatter read them in place.
+TEST(FullyShard, SymmetricSendBuffersReadInPlace) {
+  for (int world : {2, 3}) {
+    LlamaRunSpec spec = fsdp_spec({world}, {"dp"});
+    spec.batch = 6;
+    LlamaRunSpec ref;
+    ref.batch = 6;
+    LlamaRun run;
+    {
+      ScopedEnv small("HP_SHM_STEP_KIB", "4");
+      run = hp::testing::train_llama(spec);
+    }
+    hp::testing::expect_runs_match(run, hp::testing::train_llama(ref));
+  }
 }
 
 // Four micro-steps of a quarter of the batch, communicating only on the last, equal one

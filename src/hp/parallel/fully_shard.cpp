@@ -13,13 +13,16 @@
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
 #include "hp/comm/collectives.h"
+#include "hp/comm/symm/collectives.h"
+#include "hp/comm/symm/symm.h"
 #include "hp/parallel/fsdp_param.h"
 
 namespace hp {
 namespace parallel {
 
 // What the units under one root share: the order they run in (recorded on the first
-// forward, used for prefetching) and the one reduce-scatter kept in flight in backward.
+// forward, used for prefetching), the one reduce-scatter kept in flight in backward, and
+// their send buffers.
 struct FSDPRun {
   std::vector<FSDPUnit*> forward_order;   // by pre-forward
   std::vector<FSDPUnit*> backward_order;  // reversed post-forward order
@@ -34,13 +37,37 @@ struct FSDPRun {
   }
   void finish_reduce();
   void finish_backward();
+
+  // A send buffer for an all-gather or reduce-scatter over `g`: in g's symmetric heap when
+  // g runs over shared memory, where those collectives read it in place instead of staging
+  // it; else one of g's pooled buffers.
+  at::Tensor send_buffer(const comm::Group& g, int64_t numel, at::ScalarType dtype, at::Device device);
+  // One per group and dtype, grown to the largest unit's: the shared-memory collectives
+  // are synchronous, so it is free again when they return. Undefined: the heap had no room.
+  std::map<std::pair<const comm::Group*, at::ScalarType>, at::Tensor> symmetric_send;
 };
+
+at::Tensor FSDPRun::send_buffer(const comm::Group& g, int64_t numel, at::ScalarType dtype, at::Device device) {
+  if (device.is_cpu() && symm::shm_collectives_enabled(g) && symm::can_reduce(dtype)) {
+    // Every rank asks for the same sizes in the same order, so the collective try_empty
+    // is reached together.
+    auto [it, first] = symmetric_send.try_emplace({&g, dtype});
+    at::Tensor& s = it->second;
+    if (s.defined() && s.numel() >= numel) return s.narrow(0, 0, numel);
+    if (first || s.defined()) {
+      s = at::Tensor();  // the smaller one goes first: the heap may reuse its room
+      s = symm::try_empty({numel}, dtype, g);
+      if (s.defined()) return s;
+    }
+  }
+  return g.buffer(numel, at::TensorOptions().dtype(dtype).device(device));
+}
 
 class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
  public:
   FSDPUnit(std::vector<FSDPParam> params, const comm::Group* shard, const comm::Group* replicate,
            FullyShardOptions options)
-      : params_(std::move(params)), shard_(shard), replicate_(replicate), options_(options) {
+      : options_(options), params_(std::move(params)), shard_(shard), replicate_(replicate) {
     const at::ScalarType param = params_.empty() ? at::kFloat : params_[0].sharded().scalar_type();
     compute_ = options_.mp_policy.param_dtype.value_or(param);
     reduce_ = options_.mp_policy.reduce_dtype.value_or(compute_);
@@ -152,7 +179,7 @@ void FSDPRun::finish_backward() {
 
 void FSDPUnit::start_gather() {
   if (state_ != State::Sharded || params_.empty()) return;
-  at::Tensor send = shard_->buffer(padded_total_, at::TensorOptions().dtype(compute_).device(device_));
+  at::Tensor send = run_->send_buffer(*shard_, padded_total_, compute_, device_);
   for (size_t i = 0; i < params_.size(); ++i) params_[i].pack_shard(send.narrow(0, offsets_[i], params_[i].padded_numel()));
   gather_ = comm::all_gather_async(send, *shard_, 0);
   state_ = State::Gathering;
@@ -239,7 +266,7 @@ void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
   }
   if (sync_) {
     // One rank's segment per row; rank r receives the sum of row r.
-    at::Tensor send = shard_->buffer(shard_->size() * padded_total_, at::TensorOptions().dtype(reduce_).device(device_));
+    at::Tensor send = run_->send_buffer(*shard_, shard_->size() * padded_total_, reduce_, device_);
     at::Tensor rows = send.view({shard_->size(), padded_total_});
     for (size_t i = 0; i < params_.size(); ++i) {
       if (accumulated_[i].defined())

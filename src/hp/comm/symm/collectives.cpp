@@ -23,9 +23,11 @@ constexpr size_t kOneShotBytes = 256 << 10;
 // buffer (a system call per peer and one more barrier) instead of twice through windows.
 constexpr size_t kSingleCopyBytes = 64 << 10;
 
-// From this size of a message, a collective first asks whether every rank's buffer lies in
-// the symmetric heap (one barrier more) and then reads its peers' buffers in place.
+// From this size of a message (or one step, if smaller), a collective first asks whether
+// every rank's buffer lies in the symmetric heap (one barrier more) and then reads its
+// peers' buffers in place.
 constexpr size_t kInPlaceBytes = 256 << 10;
+bool may_read_in_place(const Heap& h, size_t bytes) { return bytes >= std::min(kInPlaceBytes, h.step_bytes()); }
 
 size_t clamp_len(size_t total, size_t off, size_t window) { return off >= total ? 0 : std::min(window, total - off); }
 
@@ -192,7 +194,7 @@ void reduce_scatter(Heap& h, const std::vector<const char*>& in, const std::vect
   char* dst = static_cast<char*>(out);
   std::vector<int64_t> at(n + 1, 0);  // where each piece starts, were they back to back
   for (int r = 0; r < n; ++r) at[r + 1] = at[r] + counts[r];
-  if (at[n] * elem >= kInPlaceBytes) {
+  if (may_read_in_place(h, at[n] * elem)) {
     // Pieces back to back in the heap on every rank: each rank folds its piece reading
     // every rank's input in place, with no staging.
     bool back_to_back = true;
@@ -240,7 +242,7 @@ void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, void*
 
 void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, const std::vector<char*>& out) {
   const int n = h.size(), me = h.rank();
-  if (std::accumulate(bytes.begin(), bytes.end(), size_t{0}) >= kInPlaceBytes) {
+  if (may_read_in_place(h, std::accumulate(bytes.begin(), bytes.end(), size_t{0}))) {
     // Inputs in the heap on every rank: each rank copies its peers' straight to its output.
     const int row = h.next_exchange();
     publish(h, row, in, bytes[me]);
@@ -345,7 +347,7 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
 void broadcast(Heap& h, void* data, size_t bytes, int root) {
   const int n = h.size(), me = h.rank();
   char* d = static_cast<char*>(data);
-  if (bytes >= kInPlaceBytes) {
+  if (may_read_in_place(h, bytes)) {
     const int row = h.next_exchange();
     publish(h, row, d, bytes);
     h.barrier("broadcast");
