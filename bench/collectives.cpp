@@ -3,9 +3,10 @@
 // where c10d has the collective, in the same run. Run under hprun:
 //   hprun --nproc-per-node 4 build/bin/bench_collectives [max MiB]
 // Bus bandwidth follows nccl-tests: algbw * 2(n-1)/n for all-reduce, * (n-1)/n otherwise
-// (broadcast: * 1). The ratio is Gloo's median time over shared memory's. A memcpy of
-// the message on every rank at once, per size, is the bus bandwidth's ceiling for private
-// tensors. Rows *_symm run the same call on tensors in the symmetric heap.
+// (broadcast: * 1). The ratio is Gloo's median time over shared memory's. One copy of
+// the message on every rank at once (memcpy, and hp's streamed copy_large), per size, is
+// the bus bandwidth's ceiling for private tensors. Rows *_symm run the same call on
+// tensors in the symmetric heap.
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
@@ -20,6 +21,7 @@
 
 #include "hp/comm.h"
 #include "hp/comm/symm/collectives.h"
+#include "hp/comm/symm/stream_copy.h"
 #include "hp/comm/symm/symm.h"
 #include "slowest_rank.h"
 
@@ -112,14 +114,17 @@ int main(int argc, char** argv) {
     const int calls = bytes >= (1 << 20) ? 1 : 8;
     at::Tensor x = at::rand({numel});
 
-    {  // the ceiling: one memcpy of the message on every rank at once (bus bandwidth can reach it
-       // only by moving each byte once; Gloo's loopback TCP copies it at least twice)
+    {  // the ceiling: one copy of the message on every rank at once, the faster of memcpy and
+       // hp's streamed copy (bus bandwidth can reach it only by moving each byte once; Gloo's
+       // loopback TCP copies it at least twice)
       at::Tensor from = at::rand({numel}), to = at::empty({numel});
       auto copy = [&] { std::memcpy(to.data_ptr(), from.data_ptr(), bytes); };
-      const double s = median_seconds(*g, iters, calls, {copy})[0];
+      auto streamed = [&] { symm::copy_large(to.data_ptr(), from.data_ptr(), bytes); };
+      const auto s = median_seconds(*g, iters, calls, {copy, streamed});
       if (rank == 0) {
-        std::printf("%-19s %8s %10s %10s %10.1f %9s %9s %9.3f\n", "memcpy", size_name(bytes).c_str(), "", "", s * 1e6,
-                    "", "", bytes / s / 1e9);
+        for (int i = 0; i < 2; ++i)
+          std::printf("%-19s %8s %10s %10s %10.1f %9s %9s %9.3f\n", i ? "copy_large" : "memcpy",
+                      size_name(bytes).c_str(), "", "", s[i] * 1e6, "", "", bytes / s[i] / 1e9);
         std::fflush(stdout);
       }
     }

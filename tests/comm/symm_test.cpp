@@ -11,12 +11,14 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <thread>
 
 #include "hp/base/error.h"
 #include "hp/comm.h"
 #include "hp/comm/symm/collectives.h"
+#include "hp/comm/symm/stream_copy.h"
 #include "hp/comm/symm/symm.h"
 #include "rank_data.h"
 #include "scoped_env.h"
@@ -129,6 +131,23 @@ TEST(SymmHeap, TryEmptyAgreesWhenOneRankHasNoRoom) {
 }
 
 // Every collective over messages that take many steps (256 KiB each).
+// Large copies write with non-temporal stores: every byte lands, whatever the alignment
+// of either end, and nothing around the destination is touched.
+TEST(SymmCopy, LargeCopiesAreExactAtEveryAlignment) {
+  const size_t big = symm::kStreamBytes;
+  std::vector<unsigned char> src(big + 256), dst(big + 256);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + i / 4096);
+  for (size_t bytes : {big - 1, big, big + 1, big + 63, big + 100})
+    for (size_t from : {0, 1, 17, 64})
+      for (size_t to : {0, 3, 32, 63}) {
+        std::fill(dst.begin(), dst.end(), 0xEE);
+        symm::copy_large(dst.data() + to, src.data() + from, bytes);
+        ASSERT_EQ(std::memcmp(dst.data() + to, src.data() + from, bytes), 0) << bytes << " bytes, " << from << " -> " << to;
+        for (size_t i = 0; i < to; ++i) ASSERT_EQ(dst[i], 0xEE) << "before the destination";
+        for (size_t i = to + bytes; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0xEE) << "after the destination";
+      }
+}
+
 TEST(ShmCollectives, ManyChunksAllDtypes) {
   ScopedEnv small("HP_SHM_STEP_KIB", "256");
   for (int world : {2, 3, 4}) {
@@ -322,7 +341,7 @@ TEST(ShmCollectives, SymmetricBuffersAreReadInPlace) {
     for (int world : {2, 3, 4}) {
       run_local_ranks(world, [&](int rank) {
         auto g = current_world()->world_group();
-        const int64_t numel = 300001;  // 1.2 MB: above the in-place size, uneven shares
+        const int64_t numel = 700001;  // 2.8 MB: uneven shares, streamed copies at 2 ranks
         for (const bool everywhere : {true, false}) {  // false: rank 1's buffers are private
           auto place = [&](const at::Tensor& t) { return everywhere || rank != 1 ? in_heap(t, *g) : t.clone(); };
           const std::string where = std::to_string(world) + " ranks, single copy " + single +

@@ -11,6 +11,7 @@
 #include "hp/comm/group.h"
 #include "hp/comm/symm/cross_memory.h"
 #include "hp/comm/symm/fold.h"
+#include "hp/comm/symm/stream_copy.h"
 
 namespace hp::symm {
 namespace {
@@ -126,7 +127,7 @@ void all_reduce_symmetric(Heap& h, char* data, int64_t total, at::ScalarType dty
   h.barrier("all_reduce");
   for (int i = 1; i < n; ++i) {
     const int r = visit(h, i);
-    std::memcpy(data + lo(r) * elem, at[r] + lo(r) * elem, (lo(r + 1) - lo(r)) * elem);
+    copy_large(data + lo(r) * elem, at[r] + lo(r) * elem, (lo(r + 1) - lo(r)) * elem);
   }
   h.barrier("all_reduce");
 }
@@ -251,14 +252,14 @@ void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, const
       for (int i = 0; i < n; ++i) {
         const int r = visit(h, i);
         check_bytes(h, row, "all_gather", r, bytes[r]);
-        if (bytes[r] && out[r] != bufs[r]) std::memcpy(out[r], bufs[r], bytes[r]);
+        if (bytes[r] && out[r] != bufs[r]) copy_large(out[r], bufs[r], bytes[r]);
       }
       h.barrier("all_gather");  // no rank changes its input before every peer has read it
       return;
     }
   }
   const size_t most = *std::max_element(bytes.begin(), bytes.end());
-  if (bytes[me]) std::memcpy(out[me], in, bytes[me]);
+  if (bytes[me]) copy_large(out[me], in, bytes[me]);
   const size_t window = h.step_bytes();
   for (size_t off = 0; off < most; off += window) {
     const int p = h.next_parity();
@@ -311,7 +312,7 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
     for (int s = 0; s < n; ++s)
       if (r != s) most = std::max<size_t>(most, c.sizes[row][s]);
   }
-  std::memcpy(dst + out_at[me], src + in_at[me], send[me]);
+  copy_large(dst + out_at[me], src + in_at[me], send[me]);
   const std::vector<char*> bufs = heap_buffers(h, row);
   if (most >= kSingleCopyBytes && (h.single_copy() || !bufs.empty())) {
     // Each piece read once, straight from its sender's buffer: with a plain copy where
@@ -325,7 +326,7 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
       uint64_t from = 0;
       for (int s = 0; s < me; ++s) from += c.sizes[row][s];
       if (c.heap_at[row]) {
-        std::memcpy(dst + out_at[r], h.user(r) + (c.heap_at[row] - 1) + from, recv[r]);
+        copy_large(dst + out_at[r], h.user(r) + (c.heap_at[row] - 1) + from, recv[r]);
         continue;
       }
       HP_CHECK(read_peer(c.pid, c.send_addr[row] + from, dst + out_at[r], recv[r]))
@@ -359,7 +360,7 @@ void broadcast(Heap& h, void* data, size_t bytes, int root) {
       const size_t lo = std::min(bytes, me * per), len = std::min(bytes, lo + per) - lo;
       for (int i = 0; i < n; ++i) {
         const int r = visit(h, i);
-        if (r != root && len) std::memcpy(bufs[r] + lo, bufs[root] + lo, len);
+        if (r != root && len) copy_large(bufs[r] + lo, bufs[root] + lo, len);
       }
       h.barrier("broadcast");  // every share written, and the root's read, before any rank goes on
       return;
