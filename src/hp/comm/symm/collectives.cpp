@@ -249,9 +249,9 @@ void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, const
     publish(h, row, in, bytes[me]);
     h.barrier("all_gather");
     if (const std::vector<char*> bufs = heap_buffers(h, row); !bufs.empty()) {
+      for (int r = 0; r < n; ++r) check_bytes(h, row, "all_gather", r, bytes[r]);
       for (int i = 0; i < n; ++i) {
         const int r = visit(h, i);
-        check_bytes(h, row, "all_gather", r, bytes[r]);
         if (bytes[r] && out[r] != bufs[r]) copy_large(out[r], bufs[r], bytes[r]);
       }
       h.barrier("all_gather");  // no rank changes its input before every peer has read it

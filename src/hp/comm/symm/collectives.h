@@ -8,9 +8,10 @@
 // its peers' inputs in place) followed by an all-gather of the folded slices.
 //
 // Buffers in the symmetric heap on every rank (hp::symm::empty) skip the windows: from
-// 256 KiB (or one step), ranks publish where their buffers lie and, if all are in the heap, read each
-// other's in place, one copy per byte; broadcast then spreads the copying over all ranks,
-// the root included. Otherwise (a buffer is private on some rank) the windows carry it.
+// 256 KiB (or one step), ranks publish where their buffers lie and, if all are in the
+// heap, read each other's in place, one copy per byte; broadcast then spreads the copying
+// over all ranks, the root included. Otherwise (a buffer is private on some rank) the
+// windows carry it.
 #pragma once
 
 #include <ATen/core/Tensor.h>
