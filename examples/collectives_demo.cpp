@@ -1,5 +1,6 @@
-// The 4-rank collective demo: a 2x2 mesh, a collective on each mesh dim, and a
-// reduce-scatter / all-gather round trip. Run: build/bin/hprun --nproc-per-node 4 build/bin/collectives_demo
+// The 4-rank collective demo: a 2x2 mesh, a collective on each mesh dim, a
+// reduce-scatter / all-gather round trip, and an all-gather of a tensor in the symmetric
+// heap (peers read it in place). Run: build/bin/hprun --nproc-per-node 4 build/bin/collectives_demo
 #include <ATen/ATen.h>
 
 #include <iostream>
@@ -23,11 +24,20 @@ int main() {
   at::Tensor all = hp::comm::all_gather(mine, mesh.whole_group());
   at::Tensor back = hp::comm::reduce_scatter(all, mesh.whole_group()) / world->size();
 
+  // A tensor in the symmetric heap of a group on one host: from 256 KiB its collectives
+  // read the peers' copies in place instead of staging them (allocate it on every rank).
+  at::Tensor shared = hp::symm::empty({1 << 17}, at::kFloat, mesh.whole_group());
+  shared.fill_(float(rank));
+  at::Tensor gathered = hp::comm::all_gather(shared, mesh.whole_group());
+  const bool shared_ok = at::equal(gathered.view({world->size(), -1}).select(1, 0),
+                                   at::arange(world->size(), at::kFloat));
+
   std::ostringstream os;
   os << "rank " << rank << " at (dp=" << coord[0] << ", tp=" << coord[1] << ")"
      << ": sum over tp " << over_tp.item<double>() << ", over dp " << over_dp.item<double>()
      << "; gathered " << all.numel() << " values, round trip "
-     << (at::equal(back, mine) ? "exact" : "WRONG");
+     << (at::equal(back, mine) ? "exact" : "WRONG") << "; symmetric all-gather "
+     << (shared_ok ? "exact" : "WRONG");
   std::cout << os.str() << std::endl;
-  return at::equal(back, mine) ? 0 : 1;
+  return at::equal(back, mine) && shared_ok ? 0 : 1;
 }
