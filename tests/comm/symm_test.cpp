@@ -396,6 +396,17 @@ TEST(ShmCollectives, SymmetricBuffersAreReadInPlace) {
       EXPECT_NE(std::string(e.what()).find("bytes from group rank"), std::string::npos) << e.what();
     }
   });
+  run_local_ranks(3, [&](int rank) {  // rank 2 expects more rows of rank 0 than it has
+    auto g = current_world()->world_group();
+    at::Tensor part = symm::empty({100000}, at::kFloat, *g);
+    std::vector<int64_t> sizes{rank == 2 ? 100016 : 100000, 100000, 100000};
+    try {
+      all_gather(part, *g, 0, sizes);
+      ADD_FAILURE() << "ranks that disagree on the sizes must fail";
+    } catch (const hp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("bytes from group rank 0"), std::string::npos) << e.what();
+    }
+  });
 }
 
 TEST(ShmCollectives, AbsentPeerIsNamedAfterTheTimeout) {

@@ -247,9 +247,15 @@ void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, const
     // Inputs in the heap on every rank: each rank copies its peers' straight to its output.
     const int row = h.next_exchange();
     publish(h, row, in, bytes[me]);
+    for (int r = 0; r < n; ++r) h.control(me).sizes[row][r] = bytes[r];
     h.barrier("all_gather");
     if (const std::vector<char*> bufs = heap_buffers(h, row); !bufs.empty()) {
-      for (int r = 0; r < n; ++r) check_bytes(h, row, "all_gather", r, bytes[r]);
+      // Every rank compares every rank's sizes with its own: if any two differ, all fail.
+      for (int q = 0; q < n; ++q)
+        for (int r = 0; r < n; ++r)
+          HP_CHECK(h.control(q).sizes[row][r] == bytes[r])
+              << "all_gather on " << h.what() << ": group rank " << me << " expects " << bytes[r]
+              << " bytes from group rank " << r << ", group rank " << q << " expects " << h.control(q).sizes[row][r];
       for (int i = 0; i < n; ++i) {
         const int r = visit(h, i);
         if (bytes[r] && out[r] != bufs[r]) copy_large(out[r], bufs[r], bytes[r]);
