@@ -11,7 +11,6 @@
 #include "hp/base/error.h"
 #include "hp/comm/collectives.h"
 #include "hp/comm/symm/collectives.h"
-#include "hp/comm/symm/symm.h"
 
 namespace hp {
 namespace parallel {
@@ -118,8 +117,8 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, const Devic
   // Buckets of a group on one host live in its symmetric heap, where the all-reduce reads
   // them in place instead of staging them; private memory where the heap has no room.
   for (parallel::Bucket& b : state_->buckets)
-    if (symm::shm_collectives_enabled(*b.group) && symm::can_reduce(b.flat.scalar_type()))
-      if (at::Tensor s = symm::try_empty({b.flat.numel()}, b.flat.scalar_type(), *b.group); s.defined()) b.flat = s;
+    if (at::Tensor s = symm::try_in_place_buffer(b.flat.numel(), b.flat.scalar_type(), *b.group); s.defined())
+      b.flat = s;
   for (size_t bi = 0; bi < state_->buckets.size(); ++bi) {
     parallel::Bucket& b = state_->buckets[bi];
     b.waiting = static_cast<int>(b.params.size());

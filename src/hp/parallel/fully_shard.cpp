@@ -14,7 +14,6 @@
 #include "hp/base/strings.h"
 #include "hp/comm/collectives.h"
 #include "hp/comm/symm/collectives.h"
-#include "hp/comm/symm/symm.h"
 #include "hp/parallel/fsdp_param.h"
 
 namespace hp {
@@ -43,20 +42,21 @@ struct FSDPRun {
   // it; else one of g's pooled buffers.
   at::Tensor send_buffer(const comm::Group& g, int64_t numel, at::ScalarType dtype, at::Device device);
   // One per group and dtype, grown to the largest unit's: the shared-memory collectives
-  // are synchronous, so it is free again when they return. Undefined: the heap had no room.
+  // are synchronous, so it is free again when they return. Undefined: none to be had (not
+  // over shared memory, or no room), and not asked for again.
   std::map<std::pair<const comm::Group*, at::ScalarType>, at::Tensor> symmetric_send;
 };
 
 at::Tensor FSDPRun::send_buffer(const comm::Group& g, int64_t numel, at::ScalarType dtype, at::Device device) {
-  if (device.is_cpu() && symm::shm_collectives_enabled(g) && symm::can_reduce(dtype)) {
-    // Every rank asks for the same sizes in the same order, so the collective try_empty
-    // is reached together.
+  if (device.is_cpu()) {
+    // Every rank asks for the same sizes in the same order, so the collective
+    // try_in_place_buffer is reached together.
     auto [it, first] = symmetric_send.try_emplace({&g, dtype});
     at::Tensor& s = it->second;
     if (s.defined() && s.numel() >= numel) return s.narrow(0, 0, numel);
     if (first || s.defined()) {
       s = at::Tensor();  // the smaller one goes first: the heap may reuse its room
-      s = symm::try_empty({numel}, dtype, g);
+      s = symm::try_in_place_buffer(numel, dtype, g);
       if (s.defined()) return s;
     }
   }

@@ -12,6 +12,7 @@
 #include "hp/comm/symm/cross_memory.h"
 #include "hp/comm/symm/fold.h"
 #include "hp/comm/symm/stream_copy.h"
+#include "hp/comm/symm/symm.h"
 
 namespace hp::symm {
 namespace {
@@ -82,6 +83,11 @@ bool shm_collectives_enabled(const comm::Group& g) {
 }
 
 bool can_reduce(at::ScalarType dtype) { return can_fold(dtype); }
+
+at::Tensor try_in_place_buffer(int64_t numel, at::ScalarType dtype, const comm::Group& g) {
+  if (!shm_collectives_enabled(g) || !can_reduce(dtype)) return at::Tensor();
+  return try_empty({numel}, dtype, g);
+}
 
 namespace {
 
@@ -319,8 +325,7 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
       if (r != s) most = std::max<size_t>(most, c.sizes[row][s]);
   }
   copy_large(dst + out_at[me], src + in_at[me], send[me]);
-  const std::vector<char*> bufs = heap_buffers(h, row);
-  if (most >= kSingleCopyBytes && (h.single_copy() || !bufs.empty())) {
+  if (most >= kSingleCopyBytes && (h.single_copy() || !heap_buffers(h, row).empty())) {
     // Each piece read once, straight from its sender's buffer: with a plain copy where
     // that buffer is in the heap, else with a system call. The sizes every rank published
     // say where it starts. The barrier keeps the senders' buffers unchanged until every

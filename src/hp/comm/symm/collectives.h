@@ -33,6 +33,10 @@ namespace hp::symm {
 bool shm_collectives_enabled(const comm::Group& g);
 // Whether the reductions here handle `dtype` (floating and integral types).
 bool can_reduce(at::ScalarType dtype);
+// A buffer of `numel` elements in g's symmetric heap, which g's collectives read in place;
+// undefined where they do not run here, cannot reduce `dtype`, or some rank's heap has no
+// room. Collective over g when they run here (try_empty): all ranks get the same answer.
+at::Tensor try_in_place_buffer(int64_t numel, at::ScalarType dtype, const comm::Group& g);
 
 // `t`: contiguous, reduced in place; the same size on every rank, and in the symmetric
 // heap on every rank or on none (checked: an error on every rank otherwise).
