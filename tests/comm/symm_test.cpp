@@ -284,7 +284,8 @@ TEST(ShmCollectives, AverageIsTheSumDividedByTheWorld) {
 
 // A tensor in the symmetric heap on every rank is all-reduced without staging (peers read
 // it in place): the same bits as a private tensor on the windows. A tensor in the heap on
-// some ranks only, or of another size on one rank, is an error on every rank, not a hang.
+// some ranks only goes through the windows, with the same bits; one of another size on
+// one rank is an error on every rank, not a hang.
 TEST(ShmCollectives, SymmetricTensorsReduceInPlace) {
   ScopedEnv small("HP_SHM_STEP_KIB", "256");
   for (int world : {2, 3, 4}) {
@@ -295,32 +296,68 @@ TEST(ShmCollectives, SymmetricTensorsReduceInPlace) {
           const int64_t numel = 300001;  // above the one-shot size, several steps, uneven slices
           at::Tensor want = rank_input(rank, {numel}, dtype);
           at::Tensor sym = symm::empty({numel}, dtype, *g);
+          at::Tensor mixed = rank == 1 ? symm::empty({numel}, dtype, *g) : want.clone();
           sym.copy_(want);
+          mixed.copy_(want);
           all_reduce_(want, *g, op);
           all_reduce_(sym, *g, op);
+          all_reduce_(mixed, *g, op);
           ASSERT_TRUE(at::equal(sym, want)) << world << " ranks, " << dtype << ", op " << int(op);
+          ASSERT_TRUE(at::equal(mixed, want)) << "in the heap on rank 1 only, " << world << " ranks, " << dtype;
         }
       }
     });
   }
   run_local_ranks(2, [&](int rank) {
     auto g = current_world()->world_group();
-    at::Tensor sym = symm::empty({100000}, at::kFloat, *g);
-    at::Tensor t = rank == 0 ? sym : at::zeros({100000});
-    try {
-      all_reduce_(t, *g);
-      ADD_FAILURE() << "a tensor in the heap on one rank only must fail";
-    } catch (const hp::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("symmetric heap on group rank"), std::string::npos) << e.what();
-    }
-    at::Tensor uneven = at::zeros({1000 + rank});
-    try {
-      all_reduce_(uneven, *g);
-      ADD_FAILURE() << "tensors of different sizes must fail";
-    } catch (const hp::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("bytes, group rank"), std::string::npos) << e.what();
+    for (const bool in_heap : {false, true}) {
+      at::Tensor uneven = in_heap ? symm::empty({100000 + rank}, at::kFloat, *g) : at::zeros({1000 + rank});
+      try {
+        all_reduce_(uneven, *g);
+        ADD_FAILURE() << "tensors of different sizes must fail";
+      } catch (const hp::Error& e) {
+        EXPECT_NE(std::string(e.what()).find("bytes from group rank"), std::string::npos) << e.what();
+      }
     }
   });
+}
+
+// From 32 steps, a private tensor's all-reduce stages the slices its peers fold in the
+// heap, and an all-gather its input; a rank without room sends every rank through the
+// windows. Both give the rank-order fold, bit for bit, at 2-4 ranks.
+TEST(ShmCollectives, LargePrivateTensorsAreStagedInTheHeap) {
+  ScopedEnv small("HP_SHM_STEP_KIB", "4");  // staged from 128 KiB
+  const int64_t numel = 300001;
+  for (int world : {2, 3, 4}) {
+    for (const int crowded : {-1, 1}) {  // the rank whose heap is full (-1: none)
+      run_local_ranks(world, [&](int rank) {
+        auto g = current_world()->world_group();
+        at::Tensor hog;
+        if (rank == crowded) hog = symm::empty({int64_t(g->symm_heap()->user_bytes()) - (64 << 10)}, at::kByte, *g);
+        const std::string where = std::to_string(world) + " ranks" + (crowded < 0 ? "" : ", rank 1 without room");
+        for (auto dtype : {at::kFloat, at::kBFloat16}) {
+          at::Tensor sum = rank_input(0, {numel}, dtype).to(at::kFloat), most = sum.clone();
+          for (int r = 1; r < world; ++r) {
+            at::Tensor x = rank_input(r, {numel}, dtype).to(at::kFloat);
+            sum = sum + x;
+            most = at::maximum(most, x);
+          }
+          const std::pair<ReduceOp, at::Tensor> cases[] = {
+              {ReduceOp::Sum, sum.to(dtype)}, {ReduceOp::Avg, (sum / world).to(dtype)}, {ReduceOp::Max, most.to(dtype)}};
+          for (const auto& [op, want] : cases)
+            ASSERT_TRUE(at::equal(all_reduce(rank_input(rank, {numel}, dtype), *g, op), want))
+                << "all_reduce, " << dtype << ", op " << int(op) << ", " << where;
+        }
+        std::vector<int64_t> sizes(world);
+        std::vector<at::Tensor> parts;
+        for (int r = 0; r < world; ++r) {
+          sizes[r] = r == 1 ? 0 : numel / world + r;  // uneven, rank 1 empty
+          parts.push_back(rank_input(r, {sizes[r]}, at::kFloat));
+        }
+        ASSERT_TRUE(at::equal(all_gather(parts[rank], *g, 0, sizes), at::cat(parts))) << "all_gather, " << where;
+      });
+    }
+  }
 }
 
 // Buffers in the heap on every rank are read in place (broadcast's copying spread over all

@@ -1,6 +1,7 @@
 #include "hp/comm/symm/heap.h"
 
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,11 +13,16 @@
 #include "hp/comm/group.h"
 #include "hp/comm/symm/cross_memory.h"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older C libraries lack the name
+#endif
+
 namespace hp::symm {
 namespace {
 
 constexpr uint64_t kMagic = 0x68702d73796d6d31;  // "hp-symm1"
 constexpr size_t kPage = 4096;
+constexpr size_t kBackedChunk = 64 << 10;  // the user heap's pages are backed in chunks of this
 
 size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
@@ -224,23 +230,55 @@ uint64_t Heap::wait_signal(int slot, uint64_t value, std::chrono::milliseconds t
 }
 
 size_t Heap::allocate(size_t bytes) {
-  bytes = round_up(std::max<size_t>(bytes, 1), 64);
   std::lock_guard<std::mutex> lock(alloc_mu_);
+  size_t off = 0;
+  if (take(bytes, &off)) return off;
+  HP_FAIL() << "symmetric heap on " << what_ << " is full: cannot allocate " << bytes << " bytes of "
+            << user_bytes_ << " (raise HP_SYMM_HEAP_MIB)";
+  return 0;
+}
+
+bool Heap::try_allocate(size_t bytes, size_t* offset) {
+  std::lock_guard<std::mutex> lock(alloc_mu_);
+  if (!take(bytes, offset)) return false;
+  if (back(*offset, bytes)) return true;
+  give_back(*offset);
+  return false;
+}
+
+bool Heap::take(size_t bytes, size_t* offset) {
+  bytes = round_up(std::max<size_t>(bytes, 1), 64);
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < bytes) continue;
     const size_t off = it->first, left = it->second - bytes;
     free_.erase(it);
     if (left) free_[off + bytes] = left;
     used_[off] = bytes;
-    return off;
+    *offset = off;
+    return true;
   }
-  HP_FAIL() << "symmetric heap on " << what_ << " is full: cannot allocate " << bytes << " bytes of "
-            << user_bytes_ << " (raise HP_SYMM_HEAP_MIB)";
-  return 0;
+  return false;
+}
+
+// Populating pages already there still walks them (about 1 ms per 64 MiB here), so each
+// chunk is populated once: shared memory keeps its pages while the segment lives.
+bool Heap::back(size_t offset, size_t bytes) {
+  if (backed_.empty()) backed_.assign((user_bytes_ + kBackedChunk - 1) / kBackedChunk, false);
+  for (size_t c = offset / kBackedChunk; c * kBackedChunk < offset + bytes; ++c) {
+    if (backed_[c]) continue;
+    const size_t len = std::min(kBackedChunk, user_bytes_ - c * kBackedChunk);
+    if (::madvise(user(rank_) + c * kBackedChunk, len, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) return false;
+    backed_[c] = true;  // EINVAL: a kernel before 5.14 cannot tell; pages come at first use
+  }
+  return true;
 }
 
 void Heap::release(size_t offset) {
   std::lock_guard<std::mutex> lock(alloc_mu_);
+  give_back(offset);
+}
+
+void Heap::give_back(size_t offset) {
   auto u = used_.find(offset);
   if (u == used_.end()) return;
   size_t off = offset, bytes = u->second;

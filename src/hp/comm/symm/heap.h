@@ -109,6 +109,9 @@ class Heap {
   // The user heap: first fit, so ranks that allocate and free in the same order get the
   // same offsets. Returns an offset into user().
   size_t allocate(size_t bytes);
+  // The same with its pages backed, so that a full shared-memory file system shows here
+  // rather than later as SIGBUS; false, and nothing allocated, where there is no room.
+  bool try_allocate(size_t bytes, size_t* offset);
   void release(size_t offset);
 
   // The heap whose user region (on this rank) holds `p`, or null.
@@ -117,6 +120,10 @@ class Heap {
  private:
   Heap() = default;
   void decide_single_copy();  // collective, at the end of create()
+  // Under alloc_mu_: first fit; its undoing; backing the pages of a range of the user heap.
+  bool take(size_t bytes, size_t* offset);
+  void give_back(size_t offset);
+  bool back(size_t offset, size_t bytes);
   std::vector<int> late_peers(uint64_t epoch) const;
   void check_alive(const char* op) const;
   [[noreturn]] void fail_late(const char* op, const std::vector<int>& late,
@@ -138,6 +145,7 @@ class Heap {
   std::mutex alloc_mu_;
   std::map<size_t, size_t> free_;  // offset -> bytes
   std::map<size_t, size_t> used_;
+  std::vector<bool> backed_;  // per kBackedChunk of the user heap: its pages are populated
   std::weak_ptr<Heap> self_;
 };
 

@@ -1,15 +1,8 @@
 #include "hp/comm/symm/symm.h"
 
 #include <ATen/ATen.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
-
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23  // Linux 5.14; older C libraries lack the name
-#endif
 
 #include "hp/base/error.h"
 #include "hp/comm/group.h"
@@ -41,30 +34,23 @@ at::Tensor peer_range(const at::Tensor& t, int peer, int64_t offset, int64_t num
   return peer_view(t, peer).view({-1}).narrow(0, offset, numel);
 }
 
-// Touches the pages of [p, p + bytes) in a shared mapping, so that a full shared-memory
-// file system shows here as `false` rather than later as SIGBUS. Kernels without
-// MADV_POPULATE_WRITE (before 5.14) cannot tell: the pages are left for first use.
-bool back_with_pages(void* p, size_t bytes) {
-  if (bytes == 0) return true;
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t lo = reinterpret_cast<uintptr_t>(p) / page * page;
-  const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + bytes + page - 1) / page * page;
-  if (::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_POPULATE_WRITE) == 0) return true;
-  return errno == EINVAL;
-}
-
 std::atomic<void (*)(int64_t)> allocation_observer{nullptr};
 
 }  // namespace
 
 void set_allocation_observer(void (*observer)(int64_t delta_bytes)) { allocation_observer.store(observer); }
 
-at::Tensor empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group& g) {
-  std::shared_ptr<Heap> h = heap_of(g, "hp::symm::empty");
+namespace {
+
+int64_t bytes_of(at::IntArrayRef shape, at::ScalarType dtype) {
   const int64_t numel = c10::multiply_integers(shape);
   HP_CHECK(numel >= 0) << "hp::symm::empty: bad shape " << shape;
-  const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
-  const size_t off = h->allocate(bytes);
+  return numel * static_cast<int64_t>(c10::elementSize(dtype));
+}
+
+// The tensor over `bytes` at `off` in h's user heap, which it gives back when it dies.
+at::Tensor heap_tensor(const std::shared_ptr<Heap>& h, size_t off, int64_t bytes, at::IntArrayRef shape,
+                       at::ScalarType dtype) {
   auto* observer = allocation_observer.load();
   if (observer) observer(bytes);
   return at::from_blob(
@@ -76,16 +62,22 @@ at::Tensor empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group&
       at::TensorOptions().dtype(dtype));
 }
 
+}  // namespace
+
+at::Tensor empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group& g) {
+  std::shared_ptr<Heap> h = heap_of(g, "hp::symm::empty");
+  const int64_t bytes = bytes_of(shape, dtype);
+  return heap_tensor(h, h->allocate(bytes), bytes, shape, dtype);
+}
+
 at::Tensor try_empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group& g) {
   std::shared_ptr<Heap> h = heap_of(g, "hp::symm::try_empty");
+  const int64_t bytes = bytes_of(shape, dtype);
+  size_t off = 0;
   at::Tensor t;
-  try {
-    t = empty(shape, dtype, g);
-  } catch (const hp::Error&) {  // this rank's heap is full
-  }
-  const bool ok = t.defined() && back_with_pages(t.data_ptr(), t.nbytes());
+  if (h->try_allocate(bytes, &off)) t = heap_tensor(h, off, bytes, shape, dtype);
   const int row = h->next_exchange();
-  h->control(h->rank()).allocated[row] = ok;
+  h->control(h->rank()).allocated[row] = t.defined();
   h->barrier("hp::symm::try_empty");
   for (int r = 0; r < h->size(); ++r)
     if (!h->control(r).allocated[row]) return at::Tensor();
