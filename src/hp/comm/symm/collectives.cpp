@@ -187,26 +187,42 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
   }
   // Input in the first half of the window, folded slices in the second.
   const int64_t chunk = static_cast<int64_t>(h.step_bytes() / 2 / elem);
-  std::vector<const char*> srcs(n);
-  for (int64_t off = 0; off < total; off += chunk) {
-    const int64_t len = std::min(chunk, total - off);
-    char* in = data + off * elem;
-    const int p = h.next_parity();
-    if (one_shot) {
+  if (one_shot) {
+    for (int64_t off = 0; off < total; off += chunk) {
+      const int64_t len = std::min(chunk, total - off);
+      char* in = data + off * elem;
+      const int p = h.next_parity();
       std::memcpy(h.scratch(me, p), in, len * elem);
       h.barrier("all_reduce");
       if (off == 0) check_same_bytes(h, row);
       fold(in, peer_ptrs(h, p, 0), len, dtype, op);
-      continue;
     }
-    // Slices of 16 elements or more, so copies stay aligned. Each rank stages the slices
-    // its peers fold, folds its own (reading its own input in place) into the second half
-    // of its window, and copies the peers' folded slices back.
-    const int64_t per = ((len + n - 1) / n + 15) & ~int64_t{15};
-    auto lo = [&](int r) { return std::min<int64_t>(len, r * per); };
-    auto bytes = [&](int r) { return (lo(r + 1) - lo(r)) * elem; };
+    return;
+  }
+  // Slices of 16 elements or more, so copies stay aligned. Each step, every rank stages
+  // the slices of a chunk its peers fold, passes a barrier, copies its peers' folded
+  // slices of the previous chunk back, and folds its own slice of this one (reading its
+  // own input in place) into the second half of its window: one barrier per step, and one
+  // more before the last chunk's folded slices are copied back.
+  const size_t folded = h.step_bytes() / 2;
+  auto lo = [n](int64_t len, int r) { return std::min<int64_t>(len, r * (((len + n - 1) / n + 15) & ~int64_t{15})); };
+  auto collect = [&](int64_t off, int p) {
+    const int64_t len = std::min(chunk, total - off);
     for (int r = 0; r < n; ++r)
-      if (r != me) std::memcpy(h.scratch(me, p) + lo(r) * elem, in + lo(r) * elem, bytes(r));
+      if (r != me)
+        std::memcpy(data + (off + lo(len, r)) * elem, h.scratch(r, p) + folded + lo(len, r) * elem,
+                    (lo(len, r + 1) - lo(len, r)) * elem);
+  };
+  std::vector<const char*> srcs(n);
+  int64_t off = 0;
+  int p = 0;
+  for (; off < total; off += chunk) {
+    const int64_t len = std::min(chunk, total - off);
+    char* in = data + off * elem;
+    const int prev = p;
+    p = h.next_parity();
+    for (int r = 0; r < n; ++r)
+      if (r != me) std::memcpy(h.scratch(me, p) + lo(len, r) * elem, in + lo(len, r) * elem, (lo(len, r + 1) - lo(len, r)) * elem);
     h.barrier("all_reduce");
     if (off == 0 && !mine_in_heap) {
       check_same_bytes(h, row);
@@ -216,15 +232,14 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
           break;
         }
     }
-    const size_t folded = h.step_bytes() / 2;
-    for (int s = 0; s < n; ++s) srcs[s] = (s == me ? in : h.scratch(s, p)) + lo(me) * elem;
-    char* mine = h.scratch(me, p) + folded + lo(me) * elem;
-    fold(mine, srcs, lo(me + 1) - lo(me), dtype, op);
-    std::memcpy(in + lo(me) * elem, mine, bytes(me));
-    h.barrier("all_reduce");
-    for (int r = 0; r < n; ++r)
-      if (r != me) std::memcpy(in + lo(r) * elem, h.scratch(r, p) + folded + lo(r) * elem, bytes(r));
+    if (off > 0) collect(off - chunk, prev);
+    for (int s = 0; s < n; ++s) srcs[s] = (s == me ? in : h.scratch(s, p)) + lo(len, me) * elem;
+    char* mine = h.scratch(me, p) + folded + lo(len, me) * elem;
+    fold(mine, srcs, lo(len, me + 1) - lo(len, me), dtype, op);
+    std::memcpy(in + lo(len, me) * elem, mine, (lo(len, me + 1) - lo(len, me)) * elem);
   }
+  h.barrier("all_reduce");
+  collect(off - chunk, p);
 }
 
 void reduce_scatter(Heap& h, const at::Tensor& in, at::Tensor out, const std::vector<int64_t>& counts,
