@@ -6,7 +6,8 @@
 // (broadcast: * 1). The ratio is Gloo's median time over shared memory's. One copy of
 // the message on every rank at once (memcpy, and hp's streamed copy_large), per size, is
 // the bus bandwidth's ceiling for private tensors. Rows *_symm run the same call on
-// tensors in the symmetric heap.
+// tensors in the symmetric heap; all_reduce_unstaged, on private tensors with
+// HP_SHM_STAGING=0 (large ones through the windows instead of staged in the heap).
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
@@ -64,6 +65,15 @@ std::function<void()> on_gloo(std::function<void()> f) {
   };
 }
 
+// Runs `f` with large private tensors sent through the windows, not staged in the heap.
+std::function<void()> unstaged(std::function<void()> f) {
+  return [f] {
+    ::setenv("HP_SHM_STAGING", "0", 1);
+    f();
+    ::unsetenv("HP_SHM_STAGING");
+  };
+}
+
 void wait(const WorkPtr& w) { w->wait(); }
 
 std::string size_name(int64_t bytes) {
@@ -87,11 +97,11 @@ int main(int argc, char** argv) {
     std::printf("%-19s %8s %10s %10s %10s %9s %9s %9s %8s\n", "collective", "size", "c10d_us", "gloo_us", "shm_us",
                 "c10d_bw", "gloo_bw", "shm_bw", "ratio");
   }
-  // t: {c10d (when it has the call), hp over Gloo, hp over shared memory, and the same on
-  // buffers in the symmetric heap (when timed)}. Every row's ratio is against the faster
-  // Gloo of the two on private tensors, the baseline a user starts from.
+  // t: {c10d (when it has the call), hp over Gloo, hp over shared memory, then one more
+  // shared-memory variant per entry of `extra`, named by its suffix}. Every row's ratio is
+  // against the faster Gloo of the two on private tensors, the baseline a user starts from.
   auto report = [&](const char* name, int64_t bytes, std::vector<double> t, double factor, bool has_c10d,
-                    bool has_symm) {
+                    const std::vector<std::string>& extra) {
     if (rank != 0) return;
     if (!has_c10d) t.insert(t.begin(), 0.0);
     auto bw = [&](double s) { return s > 0 ? bytes * factor / s / 1e9 : 0.0; };
@@ -101,7 +111,7 @@ int main(int argc, char** argv) {
                   c10d * 1e6, hp_gloo * 1e6, shm * 1e6, bw(c10d), bw(hp_gloo), bw(shm), gloo / shm);
     };
     row(name, t[0], t[1], t[2]);
-    if (has_symm) row(std::string(name) + "_symm", t[0], t[1], t[3]);
+    for (size_t i = 0; i < extra.size(); ++i) row(name + extra[i], t[0], t[1], t[3 + i]);
     std::fflush(stdout);
   };
 
@@ -139,15 +149,15 @@ int main(int argc, char** argv) {
       report("all_reduce", bytes,
              median_seconds(*g, iters, calls,
                             {[&] { wait(raw.allreduce(v, o)); }, on_gloo(hp_call), hp_call,
-                             [&] { all_reduce_(s, *g, ReduceOp::Avg); }}),
-             2 * ring, true, true);
+                             [&] { all_reduce_(s, *g, ReduceOp::Avg); }, unstaged(hp_call)}),
+             2 * ring, true, {"_symm", "_unstaged"});
     }
     {  // reduce_scatter of a `bytes` input (c10d's Gloo has none)
       at::Tensor s = in_heap(x);
       auto hp_call = [&] { reduce_scatter(x, *g); };
       report("reduce_scatter", bytes,
              median_seconds(*g, iters, calls, {on_gloo(hp_call), hp_call, [&] { reduce_scatter(s, *g); }}), ring,
-             false, true);
+             false, {"_symm"});
     }
     {  // all_gather to a `bytes` output, against c10d's list all-gather
       at::Tensor part = x.narrow(0, 0, numel / n).clone(), s = in_heap(part);
@@ -159,7 +169,7 @@ int main(int argc, char** argv) {
              median_seconds(*g, iters, calls,
                             {[&] { wait(raw.allgather(outs, in)); }, on_gloo(hp_call), hp_call,
                              [&] { all_gather(s, *g); }}),
-             ring, true, true);
+             ring, true, {"_symm"});
     }
     {  // all_to_all, equal splits
       at::Tensor out = at::empty_like(x);
@@ -171,7 +181,7 @@ int main(int argc, char** argv) {
              median_seconds(*g, iters, calls,
                             {[&] { wait(raw.alltoall_base(out, x, none, none, o)); }, on_gloo(hp_call), hp_call,
                              [&] { all_to_all(s, *g, 0, 0); }}),
-             ring, true, true);
+             ring, true, {"_symm"});
     }
     {  // all_to_all with uneven splits: rank r sends piece s of (r + s + 1) units, `bytes` on average
       std::vector<int64_t> send(n), recv(n);
@@ -184,8 +194,7 @@ int main(int argc, char** argv) {
       for (auto r : recv) got += r;
       at::Tensor out = at::empty({got});
       auto hp_call = [&] { all_to_all_single_async(out, in, *g, recv, send).wait(); };
-      report("all_to_all_v", bytes, median_seconds(*g, iters, calls, {on_gloo(hp_call), hp_call}), ring, false,
-             false);
+      report("all_to_all_v", bytes, median_seconds(*g, iters, calls, {on_gloo(hp_call), hp_call}), ring, false, {});
     }
     {  // broadcast from rank 0
       std::vector<at::Tensor> v{x};
@@ -196,7 +205,7 @@ int main(int argc, char** argv) {
              median_seconds(*g, iters, calls,
                             {[&] { wait(raw.broadcast(v, o)); }, on_gloo(hp_call), hp_call,
                              [&] { broadcast_(s, *g, 0); }}),
-             1.0, true, true);
+             1.0, true, {"_symm"});
     }
   }
   return 0;

@@ -323,8 +323,8 @@ TEST(ShmCollectives, SymmetricTensorsReduceInPlace) {
 }
 
 // From 32 steps, a private tensor's all-reduce stages the slices its peers fold in the
-// heap, and an all-gather its input; a rank without room sends every rank through the
-// windows. Both give the rank-order fold, bit for bit, at 2-4 ranks.
+// heap; a rank without room sends every rank through the windows. Both give the
+// rank-order fold, bit for bit, at 2-4 ranks.
 TEST(ShmCollectives, LargePrivateTensorsAreStagedInTheHeap) {
   ScopedEnv small("HP_SHM_STEP_KIB", "4");  // staged from 128 KiB
   const int64_t numel = 300001;
@@ -348,13 +348,6 @@ TEST(ShmCollectives, LargePrivateTensorsAreStagedInTheHeap) {
             ASSERT_TRUE(at::equal(all_reduce(rank_input(rank, {numel}, dtype), *g, op), want))
                 << "all_reduce, " << dtype << ", op " << int(op) << ", " << where;
         }
-        std::vector<int64_t> sizes(world);
-        std::vector<at::Tensor> parts;
-        for (int r = 0; r < world; ++r) {
-          sizes[r] = r == 1 ? 0 : numel / world + r;  // uneven, rank 1 empty
-          parts.push_back(rank_input(r, {sizes[r]}, at::kFloat));
-        }
-        ASSERT_TRUE(at::equal(all_gather(parts[rank], *g, 0, sizes), at::cat(parts))) << "all_gather, " << where;
       });
     }
   }

@@ -1,6 +1,6 @@
 // Collectives over the symmetric heap, for groups whose ranks share a host. They move
 // bytes with memcpy through each rank's scratch window, chunk by chunk, with one barrier
-// per chunk (two for a large all-reduce), and are synchronous.
+// per chunk, and are synchronous.
 //
 // Reductions are deterministic: element i is always op(x_0[i], x_1[i], ..., x_{n-1}[i])
 // folded in rank order, with 16-bit floats accumulated in float32, whatever the timing.
@@ -11,7 +11,9 @@
 // 256 KiB (or one step), ranks publish where their buffers lie and, if all are in the
 // heap, read each other's in place, one copy per byte; broadcast then spreads the copying
 // over all ranks, the root included. Otherwise (a buffer is private on some rank) the
-// windows carry it.
+// windows carry it. From 32 steps (8 MiB), all-reduce first stages a private tensor in
+// the heap, where there is room (one streamed copy; HP_SHM_STAGING=0 does not), and then
+// reads it in place.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -38,8 +40,8 @@ bool can_reduce(at::ScalarType dtype);
 // room. Collective over g when they run here (try_empty): all ranks get the same answer.
 at::Tensor try_in_place_buffer(int64_t numel, at::ScalarType dtype, const comm::Group& g);
 
-// `t`: contiguous, reduced in place; the same size on every rank, and in the symmetric
-// heap on every rank or on none (checked: an error on every rank otherwise).
+// `t`: contiguous, reduced in place; the same size on every rank (checked: an error on
+// every rank otherwise).
 void all_reduce(Heap& h, at::Tensor t, ReduceOp op);
 // `in`: contiguous, every rank's the same numel; this rank's result, `counts[rank]`
 // elements starting at sum(counts[<rank]), goes to `out` (contiguous).
