@@ -46,8 +46,14 @@ std::vector<double> median_seconds(const Group& g, int iters, int calls,
   std::vector<double> t;
   for (int i = 0; i < iters; ++i) {
     for (const auto& op : ops) {
-      if (shm) symm::barrier(g);
-      else barrier(g);
+      if (shm) {
+        // Twice: a rank that waited long in the first (for a slow peer) may have gone to
+        // sleep and leave it late; the second finds every rank awake.
+        symm::barrier(g);
+        symm::barrier(g);
+      } else {
+        barrier(g);
+      }
       auto s = std::chrono::steady_clock::now();
       for (int c = 0; c < calls; ++c) op();
       t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count() / calls);

@@ -322,11 +322,11 @@ TEST(ShmCollectives, SymmetricTensorsReduceInPlace) {
   });
 }
 
-// From 32 steps, a private tensor's all-reduce stages the slices its peers fold in the
+// From 4 steps, a private tensor's all-reduce stages the slices its peers fold in the
 // heap; a rank without room sends every rank through the windows. Both give the
 // rank-order fold, bit for bit, at 2-4 ranks.
 TEST(ShmCollectives, LargePrivateTensorsAreStagedInTheHeap) {
-  ScopedEnv small("HP_SHM_STEP_KIB", "4");  // staged from 128 KiB
+  ScopedEnv small("HP_SHM_STEP_KIB", "4");  // staged from 16 KiB
   const int64_t numel = 300001;
   for (int world : {2, 3, 4}) {
     for (const int crowded : {-1, 1}) {  // the rank whose heap is full (-1: none)

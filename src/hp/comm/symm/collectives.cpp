@@ -32,11 +32,13 @@ constexpr size_t kSingleCopyBytes = 64 << 10;
 constexpr size_t kInPlaceBytes = 256 << 10;
 bool may_read_in_place(const Heap& h, size_t bytes) { return bytes >= std::min(kInPlaceBytes, h.step_bytes()); }
 
-// From this many steps, all-reduce stages a private tensor in the heap (one streamed copy)
-// and reads it in place from there: long streams and three barriers beat a barrier and
-// short copies per step once the message outgrows the caches (1.3x faster at 8 MiB, 1.6x
-// at 64 MiB; slower at 4 MiB). HP_SHM_STAGING=0 keeps the windows.
-constexpr size_t kStagedSteps = 32;
+// From this many steps, all-reduce stages a private tensor in the heap (one copy) and
+// reads it in place from there: three barriers instead of one per step, and long streams
+// once the message outgrows the caches. At 2 ranks the same speed as the windows at 1-4
+// MiB, 1.3x faster at 8 MiB, 1.6x at 64 MiB; at 4 ranks on 2 cores, where every barrier
+// waits for descheduled peers, 1.1-1.5x faster from 1 MiB. HP_SHM_STAGING=0 keeps the
+// windows.
+constexpr size_t kStagedSteps = 4;
 bool worth_staging(const Heap& h, size_t bytes) {
   const char* v = std::getenv("HP_SHM_STAGING");  // read each time: benchmarks flip it
   return bytes >= kStagedSteps * h.step_bytes() && !(v && std::string(v) == "0");
