@@ -439,6 +439,54 @@ TEST(ShmCollectives, SymmetricBuffersAreReadInPlace) {
   });
 }
 
+// hp::comm's all-gather and all-to-all return outputs in the heap's local region, and a
+// sender writes each piece of a private input straight into its receivers' outputs: the
+// right pieces at 2-4 ranks, uneven, with single copy on and off. A rank whose local
+// region is full gets a private output, and the pieces bound for it take another path.
+TEST(ShmCollectives, OutputsInTheHeapAreWrittenBySenders) {
+  auto distinct = [](int rank, int64_t numel) { return at::arange(numel, at::kFloat) + 1e6 * (rank + 1); };
+  for (const char* single : {"1", "0"}) {
+    ScopedEnv env("HP_SHM_SINGLE_COPY", single);
+    for (int world : {2, 3, 4}) {
+      for (const int crowded : {-1, 1}) {  // the rank whose local region is full (-1: none)
+        run_local_ranks(world, [&](int rank) {
+          auto g = current_world()->world_group();
+          symm::Heap& h = *g->symm_heap();
+          at::Tensor hog;
+          if (rank == crowded) hog = symm::try_local_empty(int64_t(h.local_bytes()) - (64 << 10), at::kByte, *g);
+          const std::string where = std::to_string(world) + " ranks, single copy " + single +
+                                    (crowded < 0 ? "" : ", rank 1's local region full");
+          auto in_local_region = [&](const at::Tensor& t) {
+            return h.holds(t.data_ptr(), t.nbytes()) && !symm::is_symmetric(t);
+          };
+
+          std::vector<int64_t> sizes(world);
+          std::vector<at::Tensor> parts;
+          for (int r = 0; r < world; ++r) {
+            sizes[r] = 100000 + 16 * r;
+            parts.push_back(distinct(r, sizes[r]));
+          }
+          at::Tensor gathered = all_gather(parts[rank], *g, 0, sizes);
+          ASSERT_TRUE(at::equal(gathered, at::cat(parts))) << "all_gather, " << where;
+          EXPECT_EQ(in_local_region(gathered), rank != crowded) << "all_gather's output, " << where;
+
+          std::vector<int64_t> send(world), recv(world);
+          for (int s = 0; s < world; ++s) send[s] = (rank + s + 1) * 40000, recv[s] = (s + rank + 1) * 40000;
+          const int64_t sent = std::accumulate(send.begin(), send.end(), int64_t{0});
+          at::Tensor out = all_to_all(distinct(rank, sent), *g, 0, 0, send, recv);
+          EXPECT_EQ(in_local_region(out), rank != crowded) << "all_to_all's output, " << where;
+          for (int s = 0, at_out = 0; s < world; at_out += recv[s], ++s) {
+            int64_t from = 0;
+            for (int d = 0; d < rank; ++d) from += (s + d + 1) * 40000;
+            ASSERT_TRUE(at::equal(out.narrow(0, at_out, recv[s]), distinct(s, from + recv[s]).narrow(0, from, recv[s])))
+                << "all_to_all from " << s << ", " << where;
+          }
+        });
+      }
+    }
+  }
+}
+
 TEST(ShmCollectives, AbsentPeerIsNamedAfterTheTimeout) {
   try {
     run_local_ranks(

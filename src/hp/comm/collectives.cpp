@@ -86,6 +86,15 @@ std::vector<int64_t> splits_or_empty(const std::vector<int64_t>& s) {
 // Groups on one host use shared memory (hp/comm/symm) for what it covers; Gloo otherwise.
 bool use_shm(const Group& g) { return symm::shm_collectives_enabled(g); }
 
+// An all-gather's or all-to-all's output: in the group's heap on shared memory, where peers
+// write their pieces straight into it; else pooled.
+at::Tensor output_buffer(const Group& g, int64_t numel, const at::TensorOptions& options) {
+  if (use_shm(g))
+    if (at::Tensor t = symm::try_output_buffer(numel, c10::typeMetaToScalarType(options.dtype()), g); t.defined())
+      return t;
+  return g.buffer(numel, options);
+}
+
 // Runs `body` on the group's symmetric heap (created on first use), naming the op on failure.
 template <typename F>
 void run_shm(const char* op, const Group& g, F&& body) {
@@ -238,7 +247,9 @@ Pending all_gather_async(const at::Tensor& t, const Group& g, int64_t dim, std::
     at::Tensor rows = t.movedim(dim, 0).contiguous();
     std::vector<int64_t> out_shape = rows.sizes().vec();
     out_shape[0] = sum(sizes);
-    at::Tensor out = g.buffer(c10::multiply_integers(out_shape), t.options()).view(out_shape);
+    at::Tensor out = (hierarchical ? g.buffer(c10::multiply_integers(out_shape), t.options())
+                                   : output_buffer(g, c10::multiply_integers(out_shape), t.options()))
+                         .view(out_shape);
     std::vector<size_t> bytes(n);
     for (int r = 0; r < n; ++r) bytes[r] = sizes[r] * row_numel(rows) * t.element_size();
     if (hierarchical) run_hier("all_gather", g, [&] { hier::all_gather(g, rows.data_ptr(), bytes, out.data_ptr()); });
@@ -355,7 +366,7 @@ Pending all_to_all_async(const at::Tensor& t, const Group& g, int64_t split_dim,
     out_splits[r] = std::accumulate(in_shapes[r].begin(), in_shapes[r].end(), int64_t{1},
                                     std::multiplies<int64_t>());
   }
-  at::Tensor out = g.buffer(sum(out_splits), t.options());
+  at::Tensor out = output_buffer(g, sum(out_splits), t.options());
   // Gloo's all-to-all with explicit splits is ~2x slower than with equal pieces.
   return all_to_all_single_unlogged(out, send, g, splits_or_empty(out_splits), splits_or_empty(in_splits))
       .then(

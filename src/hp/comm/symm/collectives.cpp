@@ -44,11 +44,11 @@ bool worth_staging(const Heap& h, size_t bytes) {
   return bytes >= kStagedSteps * h.step_bytes() && !(v && std::string(v) == "0");
 }
 
-// Room in this rank's heap for one call, given back when the call returns; none where the
-// heap is full.
+// Room in this rank's local region of the heap for one call, given back when the call
+// returns; none where the region is full.
 class Staging {
  public:
-  Staging(Heap& h, size_t bytes) : h_(h), ok_(bytes > 0 && h.try_allocate(bytes, &off_)) {}
+  Staging(Heap& h, size_t bytes) : h_(h), ok_(bytes > 0 && h.try_allocate_local(bytes, &off_)) {}
   ~Staging() {
     if (ok_) h_.release(off_);
   }
@@ -94,6 +94,38 @@ std::vector<char*> heap_buffers(const Heap& h, int row) {
   return at;
 }
 
+// Publishes, in row `row`, where this rank's output lies in its heap (null or elsewhere:
+// 0) and its size, so that peers can write into it.
+void publish_output(Heap& h, int row, const void* p, size_t bytes) {
+  Control& c = h.control(h.rank());
+  const char* at = static_cast<const char*>(p);
+  c.out_at[row] = at && h.holds(at, bytes) ? static_cast<uint64_t>(at - h.user(h.rank())) + 1 : 0;
+  c.out_bytes[row] = bytes;
+}
+
+// After the barrier that follows publishing: whether rank r's input (output) is in its
+// heap, and where, as this rank maps it.
+bool input_in_heap(const Heap& h, int row, int r) { return h.control(r).heap_at[row] != 0; }
+bool output_in_heap(const Heap& h, int row, int r) { return h.control(r).out_at[row] != 0; }
+const char* peer_input(const Heap& h, int row, int r) { return h.user(r) + (h.control(r).heap_at[row] - 1); }
+char* peer_output(const Heap& h, int row, int r) { return h.user(r) + (h.control(r).out_at[row] - 1); }
+
+// Who moves the piece from rank s to rank r when it moves once, straight from input to
+// output: r reads it where s's input is in the heap, else s writes it where r's output
+// is. Both sides reach the same answer from what was published.
+bool receiver_reads(const Heap& h, int row, int s, int r) {
+  return input_in_heap(h, row, s) || !output_in_heap(h, row, r);
+}
+
+// Whether every non-empty piece (moves(s, r)) has an input or an output in the heap.
+template <typename Moves>
+bool every_piece_reachable(const Heap& h, int row, Moves moves) {
+  for (int s = 0; s < h.size(); ++s)
+    for (int r = 0; r < h.size(); ++r)
+      if (s != r && moves(s, r) && !input_in_heap(h, row, s) && !output_in_heap(h, row, r)) return false;
+  return true;
+}
+
 // What rank r published must be what this rank expects of it: reading in place past the
 // end of a peer's buffer, or writing past it, would corrupt that peer's heap.
 void check_bytes(const Heap& h, int row, const char* op, int r, size_t expected) {
@@ -119,6 +151,11 @@ bool can_reduce(at::ScalarType dtype) { return can_fold(dtype); }
 at::Tensor try_in_place_buffer(int64_t numel, at::ScalarType dtype, const comm::Group& g) {
   if (!shm_collectives_enabled(g) || !can_reduce(dtype)) return at::Tensor();
   return try_empty({numel}, dtype, g);
+}
+
+at::Tensor try_output_buffer(int64_t numel, at::ScalarType dtype, const comm::Group& g) {
+  if (numel * static_cast<int64_t>(c10::elementSize(dtype)) < static_cast<int64_t>(kInPlaceBytes)) return {};
+  return try_local_empty(numel, dtype, g);
 }
 
 namespace {
@@ -312,26 +349,39 @@ void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, void*
 
 void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, const std::vector<char*>& out) {
   const int n = h.size(), me = h.rank();
-  if (may_read_in_place(h, std::accumulate(bytes.begin(), bytes.end(), size_t{0}))) {
-    // Inputs in the heap on every rank: each rank copies its peers' straight to its output.
-    // (Staging a large private input there first gains at most 1.1x, within this machine's
-    // noise: not done.)
+  const size_t total = std::accumulate(bytes.begin(), bytes.end(), size_t{0});
+  if (may_read_in_place(h, total)) {
+    // Each piece moves once, straight from its sender's input to its receivers' outputs:
+    // read by each receiver where the input is in the heap, else written by the sender
+    // into outputs in the heap (hp::comm allocates its outputs there). A piece with
+    // neither goes, with all the others, through the windows. (Staging a large private
+    // input in the heap first gained at most 1.1x, within this machine's noise.)
+    bool back_to_back = true;
+    for (int r = 1; r < n; ++r) back_to_back = back_to_back && out[r] == out[r - 1] + bytes[r - 1];
     const int row = h.next_exchange();
     publish(h, row, in, bytes[me]);
+    publish_output(h, row, back_to_back ? out[0] : nullptr, total);
     for (int r = 0; r < n; ++r) h.control(me).sizes[row][r] = bytes[r];
     h.barrier("all_gather");
-    if (const std::vector<char*> bufs = heap_buffers(h, row); !bufs.empty()) {
-      // Every rank compares every rank's sizes with its own: if any two differ, all fail.
+    if (every_piece_reachable(h, row, [&](int s, int) { return bytes[s] > 0; })) {
+      // Every rank compares every rank's sizes with its own: if any two differ, all fail
+      // (before any rank writes into a peer's output).
       for (int q = 0; q < n; ++q)
         for (int r = 0; r < n; ++r)
           HP_CHECK(h.control(q).sizes[row][r] == bytes[r])
               << "all_gather on " << h.what() << ": group rank " << me << " expects " << bytes[r]
               << " bytes from group rank " << r << ", group rank " << q << " expects " << h.control(q).sizes[row][r];
+      const size_t mine_at = std::accumulate(bytes.begin(), bytes.begin() + me, size_t{0});
       for (int i = 0; i < n; ++i) {
         const int r = visit(h, i);
-        if (bytes[r] && out[r] != bufs[r]) copy_large(out[r], bufs[r], bytes[r]);
+        if (r == me) {
+          if (bytes[me] && out[me] != in) copy_large(out[me], in, bytes[me]);
+          continue;
+        }
+        if (bytes[r] && receiver_reads(h, row, r, me)) copy_large(out[r], peer_input(h, row, r), bytes[r]);
+        if (bytes[me] && !receiver_reads(h, row, me, r)) copy_large(peer_output(h, row, r) + mine_at, in, bytes[me]);
       }
-      h.barrier("all_gather");  // no rank changes its input before every peer has read it
+      h.barrier("all_gather");  // every piece has landed, and no input is still being read
       return;
     }
   }
@@ -374,6 +424,7 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
   for (int s = 0; s < n; ++s) mine.sizes[row][s] = send[s];
   mine.send_addr[row] = reinterpret_cast<uint64_t>(in);
   publish(h, row, in, std::accumulate(send.begin(), send.end(), size_t{0}));
+  publish_output(h, row, out, std::accumulate(recv.begin(), recv.end(), size_t{0}));
   const int first = h.next_parity();
   size_t own_most = 0;
   for (int s = 0; s < n; ++s)
@@ -390,24 +441,36 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
       if (r != s) most = std::max<size_t>(most, c.sizes[row][s]);
   }
   copy_large(dst + out_at[me], src + in_at[me], send[me]);
-  if (most >= kSingleCopyBytes && (h.single_copy() || !heap_buffers(h, row).empty())) {
-    // Each piece read once, straight from its sender's buffer: with a plain copy where
-    // that buffer is in the heap, else with a system call. The sizes every rank published
-    // say where it starts. The barrier keeps the senders' buffers unchanged until every
-    // reader is done.
+  auto sends = [&](int s, int r) { return h.control(s).sizes[row][r] > 0; };
+  if (most >= kSingleCopyBytes && (h.single_copy() || every_piece_reachable(h, row, sends))) {
+    // Each piece moves once, straight from its sender's input to its receiver's output:
+    // read by the receiver where the input is in the heap (a plain copy) or else, where the
+    // output is not, with a system call; written by the sender into an output in the heap
+    // otherwise. The sizes every rank published say where each piece starts. The barrier
+    // keeps every input unchanged, and every output unread, until all pieces have moved.
     for (int i = 1; i < n; ++i) {
       const int r = visit(h, i);
-      if (recv[r] == 0) continue;
       const Control& c = h.control(r);
-      uint64_t from = 0;
-      for (int s = 0; s < me; ++s) from += c.sizes[row][s];
-      if (c.heap_at[row]) {
-        copy_large(dst + out_at[r], h.user(r) + (c.heap_at[row] - 1) + from, recv[r]);
-        continue;
+      if (recv[r] && receiver_reads(h, row, r, me)) {
+        uint64_t from = 0;
+        for (int s = 0; s < me; ++s) from += c.sizes[row][s];
+        if (input_in_heap(h, row, r)) {
+          copy_large(dst + out_at[r], peer_input(h, row, r) + from, recv[r]);
+        } else {
+          HP_CHECK(read_peer(c.pid, c.send_addr[row] + from, dst + out_at[r], recv[r]))
+              << "all_to_all on " << h.what() << ": cannot read " << recv[r] << " bytes from group rank " << r
+              << " (pid " << c.pid << ")";
+        }
       }
-      HP_CHECK(read_peer(c.pid, c.send_addr[row] + from, dst + out_at[r], recv[r]))
-          << "all_to_all on " << h.what() << ": cannot read " << recv[r] << " bytes from group rank " << r
-          << " (pid " << c.pid << ")";
+      if (send[r] && !receiver_reads(h, row, me, r)) {
+        // Rank r's output must hold what its senders send, or this write would land past it.
+        uint64_t to = 0, into = 0;
+        for (int q = 0; q < n; ++q) (q < me ? to : into) += h.control(q).sizes[row][r];
+        HP_CHECK(to + into == c.out_bytes[row])
+            << "all_to_all on " << h.what() << ": group rank " << r << " receives " << c.out_bytes[row]
+            << " bytes, its senders send " << to + into;
+        copy_large(peer_output(h, row, r) + to, src + in_at[r], send[r]);
+      }
     }
     h.barrier("all_to_all");
     return;

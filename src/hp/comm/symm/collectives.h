@@ -40,6 +40,11 @@ bool can_reduce(at::ScalarType dtype);
 // room. Collective over g when they run here (try_empty): all ranks get the same answer.
 at::Tensor try_in_place_buffer(int64_t numel, at::ScalarType dtype, const comm::Group& g);
 
+// The output of an all-gather or all-to-all of `numel` elements over g, in this rank's
+// local region of the heap so that peers write their pieces straight into it; undefined
+// where that gains nothing (below 256 KiB) or there is no room. Not collective.
+at::Tensor try_output_buffer(int64_t numel, at::ScalarType dtype, const comm::Group& g);
+
 // `t`: contiguous, reduced in place; the same size on every rank (checked: an error on
 // every rank otherwise).
 void all_reduce(Heap& h, at::Tensor t, ReduceOp op);

@@ -79,7 +79,8 @@ std::shared_ptr<Heap> Heap::create(const comm::Group& g) {
   h->step_bytes_ = std::min(h->scratch_bytes_, bytes_from_env("HP_SHM_STEP_KIB", 256, 10) / 64 * 64);
   HP_CHECK(h->step_bytes_ >= 64 * size_t(g.size())) << "HP_SHM_STEP_KIB is too small for " << g.size() << " ranks";
   h->user_bytes_ = bytes_from_env("HP_SYMM_HEAP_MIB", 64, 20);
-  const size_t total = h->control_bytes_ + 2 * h->scratch_bytes_ + h->user_bytes_;
+  h->local_bytes_ = bytes_from_env("HP_SHM_LOCAL_MIB", 64, 20);
+  const size_t total = h->control_bytes_ + 2 * h->scratch_bytes_ + h->user_bytes_ + h->local_bytes_;
 
   h->own_ = Segment::create(total, std::to_string(g.rank()));
   auto* ctl = reinterpret_cast<Control*>(h->own_.data());
@@ -123,7 +124,8 @@ std::shared_ptr<Heap> Heap::create(const comm::Group& g) {
   h->own_.unlink();
   h->decide_single_copy();
 
-  h->free_[0] = h->user_bytes_;
+  h->symmetric_.free[0] = h->user_bytes_;
+  h->local_.free[h->user_bytes_] = h->local_bytes_;
   std::lock_guard<std::mutex> lock(registry().mu);
   registry().heaps[h->user(h->rank_)] = h;
   return h;
@@ -232,65 +234,70 @@ uint64_t Heap::wait_signal(int slot, uint64_t value, std::chrono::milliseconds t
 size_t Heap::allocate(size_t bytes) {
   std::lock_guard<std::mutex> lock(alloc_mu_);
   size_t off = 0;
-  if (take(bytes, &off)) return off;
+  if (symmetric_.take(bytes, &off)) return off;
   HP_FAIL() << "symmetric heap on " << what_ << " is full: cannot allocate " << bytes << " bytes of "
             << user_bytes_ << " (raise HP_SYMM_HEAP_MIB)";
   return 0;
 }
 
-bool Heap::try_allocate(size_t bytes, size_t* offset) {
+bool Heap::try_allocate(size_t bytes, size_t* offset) { return try_allocate_in(symmetric_, bytes, offset); }
+
+bool Heap::try_allocate_local(size_t bytes, size_t* offset) { return try_allocate_in(local_, bytes, offset); }
+
+bool Heap::try_allocate_in(Arena& a, size_t bytes, size_t* offset) {
   std::lock_guard<std::mutex> lock(alloc_mu_);
-  if (!take(bytes, offset)) return false;
+  if (!a.take(bytes, offset)) return false;
   if (back(*offset, bytes)) return true;
-  give_back(*offset);
+  a.give_back(*offset);
   return false;
 }
 
-bool Heap::take(size_t bytes, size_t* offset) {
+void Heap::release(size_t offset) {
+  std::lock_guard<std::mutex> lock(alloc_mu_);
+  (offset < user_bytes_ ? symmetric_ : local_).give_back(offset);
+}
+
+bool Heap::Arena::take(size_t bytes, size_t* offset) {
   bytes = round_up(std::max<size_t>(bytes, 1), 64);
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
+  for (auto it = free.begin(); it != free.end(); ++it) {
     if (it->second < bytes) continue;
     const size_t off = it->first, left = it->second - bytes;
-    free_.erase(it);
-    if (left) free_[off + bytes] = left;
-    used_[off] = bytes;
+    free.erase(it);
+    if (left) free[off + bytes] = left;
+    used[off] = bytes;
     *offset = off;
     return true;
   }
   return false;
 }
 
+void Heap::Arena::give_back(size_t offset) {
+  auto u = used.find(offset);
+  if (u == used.end()) return;
+  size_t off = offset, bytes = u->second;
+  used.erase(u);
+  auto next = free.find(off + bytes);
+  if (next != free.end()) bytes += next->second, free.erase(next);
+  auto prev = free.lower_bound(off);
+  if (prev != free.begin()) {
+    --prev;
+    if (prev->first + prev->second == off) off = prev->first, bytes += prev->second, free.erase(prev);
+  }
+  free[off] = bytes;
+}
+
 // Populating pages already there still walks them (about 1 ms per 64 MiB here), so each
 // chunk is populated once: shared memory keeps its pages while the segment lives.
 bool Heap::back(size_t offset, size_t bytes) {
-  if (backed_.empty()) backed_.assign((user_bytes_ + kBackedChunk - 1) / kBackedChunk, false);
+  const size_t region = user_bytes_ + local_bytes_;
+  if (backed_.empty()) backed_.assign((region + kBackedChunk - 1) / kBackedChunk, false);
   for (size_t c = offset / kBackedChunk; c * kBackedChunk < offset + bytes; ++c) {
     if (backed_[c]) continue;
-    const size_t len = std::min(kBackedChunk, user_bytes_ - c * kBackedChunk);
+    const size_t len = std::min(kBackedChunk, region - c * kBackedChunk);
     if (::madvise(user(rank_) + c * kBackedChunk, len, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) return false;
     backed_[c] = true;  // EINVAL: a kernel before 5.14 cannot tell; pages come at first use
   }
   return true;
-}
-
-void Heap::release(size_t offset) {
-  std::lock_guard<std::mutex> lock(alloc_mu_);
-  give_back(offset);
-}
-
-void Heap::give_back(size_t offset) {
-  auto u = used_.find(offset);
-  if (u == used_.end()) return;
-  size_t off = offset, bytes = u->second;
-  used_.erase(u);
-  auto next = free_.find(off + bytes);
-  if (next != free_.end()) bytes += next->second, free_.erase(next);
-  auto prev = free_.lower_bound(off);
-  if (prev != free_.begin()) {
-    --prev;
-    if (prev->first + prev->second == off) off = prev->first, bytes += prev->second, free_.erase(prev);
-  }
-  free_[off] = bytes;
 }
 
 }  // namespace hp::symm

@@ -4,7 +4,9 @@
 //
 // Each segment holds, in order: a control block (barrier counter, signal slots, a size
 // exchange area), a scratch window for collectives (two halves, used in alternate steps),
-// and the user heap that hp::symm::empty allocates from.
+// the user heap that hp::symm::empty allocates from (at the same offsets on every rank),
+// and a local region that each rank allocates from on its own (collective outputs and
+// staged inputs), kept apart so that those never move a symmetric tensor's offset.
 //
 // Memory model: data moves with plain copies; ordering comes only from the 64-bit atomic
 // words of the control block (lock-free, hence address-free across processes, as
@@ -54,6 +56,10 @@ struct Control {
   // (offset + 1), or 0 when it is not in the heap, and its size, in alternate rows per call.
   uint64_t heap_at[2];
   uint64_t message_bytes[2];
+  // all_gather and all_to_all: where this rank's output lies past its user heap's start
+  // (offset + 1; 0: not in the heap) and its size, so that peers can write into it.
+  uint64_t out_at[2];
+  uint64_t out_bytes[2];
   // try_empty: whether this rank could allocate and back its part, per call row.
   uint64_t allocated[2];
   // Single-copy probe at creation: an address in this rank's private memory holding
@@ -84,10 +90,15 @@ class Heap {
   size_t step_bytes() const { return step_bytes_; }
   char* user(int peer) const { return peers_[peer] + control_bytes_ + 2 * scratch_bytes_; }
   size_t user_bytes() const { return user_bytes_; }
-  // Whether [p, p + bytes) lies in this rank's user heap.
+  // After the user heap, every rank's local region (HP_SHM_LOCAL_MIB): memory its peers can
+  // reach, allocated by each rank on its own, so at offsets that differ between ranks.
+  // Collectives keep their outputs and staged inputs there.
+  size_t local_bytes() const { return local_bytes_; }
+  // Whether [p, p + bytes) lies in this rank's user heap or local region: offsets from
+  // user() into either are valid in every rank's mapping.
   bool holds(const void* p, size_t bytes) const {
     const char* c = static_cast<const char*>(p);
-    return c >= user(rank_) && c + bytes <= user(rank_) + user_bytes_;
+    return c >= user(rank_) && c + bytes <= user(rank_) + user_bytes_ + local_bytes_;
   }
   // Whether every rank can read every peer's private memory (cross_memory.h), decided
   // together at creation; HP_SHM_SINGLE_COPY=0 turns it off.
@@ -112,6 +123,8 @@ class Heap {
   // The same with its pages backed, so that a full shared-memory file system shows here
   // rather than later as SIGBUS; false, and nothing allocated, where there is no room.
   bool try_allocate(size_t bytes, size_t* offset);
+  // The same in the local region (an offset from user() as well).
+  bool try_allocate_local(size_t bytes, size_t* offset);
   void release(size_t offset);
 
   // The heap whose user region (on this rank) holds `p`, or null.
@@ -120,10 +133,14 @@ class Heap {
  private:
   Heap() = default;
   void decide_single_copy();  // collective, at the end of create()
-  // Under alloc_mu_: first fit; its undoing; backing the pages of a range of the user heap.
-  bool take(size_t bytes, size_t* offset);
-  void give_back(size_t offset);
-  bool back(size_t offset, size_t bytes);
+  // First fit over a range of offsets from user(); used under alloc_mu_.
+  struct Arena {
+    std::map<size_t, size_t> free, used;  // offset -> bytes
+    bool take(size_t bytes, size_t* offset);
+    void give_back(size_t offset);
+  };
+  bool try_allocate_in(Arena& a, size_t bytes, size_t* offset);
+  bool back(size_t offset, size_t bytes);  // populates the pages of a range, under alloc_mu_
   std::vector<int> late_peers(uint64_t epoch) const;
   void check_alive(const char* op) const;
   [[noreturn]] void fail_late(const char* op, const std::vector<int>& late,
@@ -133,7 +150,7 @@ class Heap {
   std::vector<int> global_ranks_;
   std::string what_;
   std::chrono::milliseconds timeout_{0};
-  size_t control_bytes_ = 0, scratch_bytes_ = 0, step_bytes_ = 0, user_bytes_ = 0;
+  size_t control_bytes_ = 0, scratch_bytes_ = 0, step_bytes_ = 0, user_bytes_ = 0, local_bytes_ = 0;
   Segment own_;
   std::vector<Segment> mapped_;  // peers' segments (own_ at our index is left empty)
   std::vector<char*> peers_;     // base of every rank's segment, ours included
@@ -143,9 +160,8 @@ class Heap {
   bool single_copy_ = false;
   uint64_t probe_word_ = 0;  // read by peers to test single-copy reads
   std::mutex alloc_mu_;
-  std::map<size_t, size_t> free_;  // offset -> bytes
-  std::map<size_t, size_t> used_;
-  std::vector<bool> backed_;  // per kBackedChunk of the user heap: its pages are populated
+  Arena symmetric_, local_;
+  std::vector<bool> backed_;  // per kBackedChunk of the user heap and local region: populated
   std::weak_ptr<Heap> self_;
 };
 

@@ -84,6 +84,14 @@ at::Tensor try_empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Gr
   return t;
 }
 
+at::Tensor try_local_empty(int64_t numel, at::ScalarType dtype, const comm::Group& g) {
+  std::shared_ptr<Heap> h = heap_of(g, "hp::symm::try_local_empty");
+  const int64_t bytes = bytes_of({numel}, dtype);
+  size_t off = 0;
+  if (!h->try_allocate_local(bytes, &off)) return at::Tensor();
+  return heap_tensor(h, off, bytes, {numel}, dtype);
+}
+
 bool is_symmetric(const at::Tensor& t) { return t.defined() && Heap::owning(t.data_ptr()) != nullptr; }
 
 at::Tensor peer_view(const at::Tensor& t, int peer) {

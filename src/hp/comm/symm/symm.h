@@ -34,6 +34,12 @@ at::Tensor empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group&
 // instead. Collective: all ranks agree on the outcome.
 at::Tensor try_empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group& g);
 
+// A tensor in this rank's local region of g's heap (heap.h): its peers can reach it, but
+// at an offset of its own, so it is no symmetric tensor (no put/get). The shared-memory
+// collectives keep their outputs there, for peers to write into directly. Undefined where
+// the region has no room. Not collective.
+at::Tensor try_local_empty(int64_t numel, at::ScalarType dtype, const comm::Group& g);
+
 // Called with +bytes when a symmetric tensor is allocated and -bytes when it is freed, so
 // that host-memory accounting (hp::track_cpu_memory) sees the heap too. One observer for
 // the process; a tensor reports its release to the observer that saw its allocation.
