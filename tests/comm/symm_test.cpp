@@ -323,18 +323,24 @@ TEST(ShmCollectives, SymmetricTensorsReduceInPlace) {
 }
 
 // From 4 steps, a private tensor's all-reduce stages the slices its peers fold in the
-// heap; a rank without room sends every rank through the windows. Both give the
-// rank-order fold, bit for bit, at 2-4 ranks.
+// heap (HP_SHM_STAGING=1), or takes the windows (0), or whichever rank 0 has timed faster
+// (unset: the choice switches now and then); a rank without room sends every rank
+// through the windows. All give the rank-order fold, bit for bit, at 2-4 ranks.
 TEST(ShmCollectives, LargePrivateTensorsAreStagedInTheHeap) {
-  ScopedEnv small("HP_SHM_STEP_KIB", "4");  // staged from 16 KiB
+  ScopedEnv small("HP_SHM_STEP_KIB", "4");  // may be staged from 16 KiB
   const int64_t numel = 300001;
+  for (const char* staging : {"1", "0", ""}) {
   for (int world : {2, 3, 4}) {
-    for (const int crowded : {-1, 1}) {  // the rank whose heap is full (-1: none)
+    for (const int crowded : {-1, 1}) {  // the rank whose local region is full (-1: none)
+      if (*staging) ::setenv("HP_SHM_STAGING", staging, 1);
+      else ::unsetenv("HP_SHM_STAGING");
       run_local_ranks(world, [&](int rank) {
         auto g = current_world()->world_group();
+        symm::Heap& h = *g->symm_heap();
         at::Tensor hog;
-        if (rank == crowded) hog = symm::empty({int64_t(g->symm_heap()->user_bytes()) - (64 << 10)}, at::kByte, *g);
-        const std::string where = std::to_string(world) + " ranks" + (crowded < 0 ? "" : ", rank 1 without room");
+        if (rank == crowded) hog = symm::try_local_empty(int64_t(h.local_bytes()) - (64 << 10), at::kByte, *g);
+        const std::string where = std::to_string(world) + " ranks, HP_SHM_STAGING '" + staging + "'" +
+                                  (crowded < 0 ? "" : ", rank 1 without room");
         for (auto dtype : {at::kFloat, at::kBFloat16}) {
           at::Tensor sum = rank_input(0, {numel}, dtype).to(at::kFloat), most = sum.clone();
           for (int r = 1; r < world; ++r) {
@@ -348,9 +354,18 @@ TEST(ShmCollectives, LargePrivateTensorsAreStagedInTheHeap) {
             ASSERT_TRUE(at::equal(all_reduce(rank_input(rank, {numel}, dtype), *g, op), want))
                 << "all_reduce, " << dtype << ", op " << int(op) << ", " << where;
         }
+        at::Tensor mine = rank_input(rank, {numel}, at::kFloat), want = rank_input(0, {numel}, at::kFloat);
+        for (int r = 1; r < world; ++r) want = want + rank_input(r, {numel}, at::kFloat);
+        for (int i = 0; i < 36; ++i) {  // two sizes in turn, each past its 16th call (a switch)
+          const int64_t m = i % 2 ? numel : 70001;
+          ASSERT_TRUE(at::equal(all_reduce(mine.narrow(0, 0, m), *g), want.narrow(0, 0, m)))
+              << "call " << i << ", " << where;
+        }
       });
     }
   }
+  }
+  ::unsetenv("HP_SHM_STAGING");
 }
 
 // Buffers in the heap on every rank are read in place (broadcast's copying spread over all

@@ -3,9 +3,11 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <string>
 
 #include "hp/base/error.h"
@@ -32,17 +34,64 @@ constexpr size_t kSingleCopyBytes = 64 << 10;
 constexpr size_t kInPlaceBytes = 256 << 10;
 bool may_read_in_place(const Heap& h, size_t bytes) { return bytes >= std::min(kInPlaceBytes, h.step_bytes()); }
 
-// From this many steps, all-reduce stages a private tensor in the heap (one copy) and
-// reads it in place from there: three barriers instead of one per step, and long streams
-// once the message outgrows the caches. At 2 ranks the same speed as the windows at 1-4
-// MiB, 1.3x faster at 8 MiB, 1.6x at 64 MiB; at 4 ranks on 2 cores, where every barrier
-// waits for descheduled peers, 1.1-1.5x faster from 1 MiB. HP_SHM_STAGING=0 keeps the
-// windows.
+// From this many steps, all-reduce may stage a private tensor in the heap (one copy) and
+// read it in place from there: three barriers instead of one per step, and long streamed
+// copies instead of small ones that stay in cache. Which wins depends on where the ranks
+// run: with cores apart, staging (1.3-1.6x faster at 16-64 MiB at 2 ranks, 1.1-1.5x from
+// 1 MiB at 4 ranks on 2 cores); with two threads of one core sharing a cache, the
+// windows (staging 0.6-0.75x). This VM's host flips between the two, so the choice is
+// timed (PathChoice). HP_SHM_STAGING=0 or 1 fixes it.
 constexpr size_t kStagedSteps = 4;
-bool worth_staging(const Heap& h, size_t bytes) {
-  const char* v = std::getenv("HP_SHM_STAGING");  // read each time: benchmarks flip it
-  return bytes >= kStagedSteps * h.step_bytes() && !(v && std::string(v) == "0");
-}
+bool may_stage(const Heap& h, size_t bytes) { return bytes >= kStagedSteps * h.step_bytes(); }
+
+// Rank 0 times the large all-reduces of private tensors and publishes, per message size,
+// whether the next ones stage or take the windows: each way twice at first, then the
+// faster so far, but every 16th call the other, so that a change of placement shows. Every rank reads the choice rank 0 wrote
+// during the previous such call (two slots in turn), so all take the same way.
+class PathChoice {
+ public:
+  static constexpr int kStaged = 0, kWindows = 1;
+
+  // Collective: every rank calls it for the same all-reduces (by size), in order.
+  PathChoice(Heap& h, size_t bytes)
+      : h_(h), bucket_(std::min(63, 63 - __builtin_clzll(bytes))), start_(std::chrono::steady_clock::now()) {
+    const char* v = std::getenv("HP_SHM_STAGING");  // read each time: tests and benchmarks set it
+    forced_ = v && std::string(v) == "0" ? kWindows : v && std::string(v) == "1" ? kStaged : -1;
+    const int slot = h.next_choice_slot();
+    path_ = forced_ >= 0 ? forced_ : h.control(0).staging_choice[slot][bucket_];
+    // Rank 0 may write the other slot now: every rank read it before the last call's end.
+    if (h.rank() == 0 && forced_ < 0) publish(slot ^ 1);
+  }
+  bool stage() const { return path_ == kStaged; }
+  // Rank 0, when the call went the chosen way with its own tensor private: its time counts.
+  void took(int path) {
+    if (h_.rank() != 0 || forced_ >= 0 || path != path_) return;
+    auto& t = h_.path_times();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    // A running minimum that creeps up 5% a call: a slow first call (pages touched for the
+    // first time) is forgotten at the next good one, a lasting slowdown shows in ~15 calls.
+    double& best = t.seconds[bucket_][path];
+    best = best == 0 ? s : std::min(s, best * 1.05);
+    ++t.calls[bucket_];
+  }
+
+ private:
+  void publish(int slot) {
+    const auto& t = h_.path_times();
+    for (int b = 0; b < 64; ++b) {
+      const double staged = t.seconds[b][kStaged], windows = t.seconds[b][kWindows];
+      int way = windows > 0 && windows < staged ? kWindows : kStaged;
+      if (t.calls[b] < 4) way = static_cast<int>(t.calls[b] % 2);  // each way twice, first
+      else if (t.calls[b] % 16 == 15) way = 1 - way;
+      h_.control(0).staging_choice[slot][b] = static_cast<uint8_t>(way);
+    }
+  }
+
+  Heap& h_;
+  int bucket_;
+  std::chrono::steady_clock::time_point start_;
+  int forced_ = -1, path_ = kStaged;
+};
 
 // Room in this rank's local region of the heap for one call, given back when the call
 // returns; none where the region is full.
@@ -209,9 +258,12 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
   if (total == 0) return;  // every rank's is empty: no barrier, nothing published
   const size_t bytes = total * elem;
   const bool one_shot = bytes <= std::min(kOneShotBytes, h.step_bytes());
-  // A large private tensor is staged: the slices its peers fold, copied into the heap.
+  // A large private tensor may be staged: the slices its peers fold, copied into the heap.
   const int64_t per = ((total + n - 1) / n + 15) & ~int64_t{15};
-  Staging stage(h, !one_shot && worth_staging(h, bytes) && !h.holds(data, bytes) ? bytes : 0);
+  std::optional<PathChoice> choice;
+  if (!one_shot && may_stage(h, bytes)) choice.emplace(h, bytes);
+  const bool private_tensor = !h.holds(data, bytes);
+  Staging stage(h, choice && choice->stage() && private_tensor ? bytes : 0);
   if (stage.data())
     for (int i = 1; i < n; ++i) {
       const int64_t lo = std::min<int64_t>(total, visit(h, i) * per), hi = std::min<int64_t>(total, lo + per);
@@ -226,8 +278,11 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
   if (mine_in_heap) {
     h.barrier("all_reduce");
     check_same_bytes(h, row);
-    if (const std::vector<char*> at = heap_buffers(h, row); !at.empty())
-      return all_reduce_in_heap(h, data, total, dtype, op, at);
+    if (const std::vector<char*> at = heap_buffers(h, row); !at.empty()) {
+      all_reduce_in_heap(h, data, total, dtype, op, at);
+      if (choice && private_tensor) choice->took(PathChoice::kStaged);
+      return;
+    }
   }
   // Input in the first half of the window, folded slices in the second.
   const int64_t chunk = static_cast<int64_t>(h.step_bytes() / 2 / elem);
@@ -284,6 +339,7 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
   }
   h.barrier("all_reduce");
   collect(off - chunk, p);
+  if (choice && private_tensor && !stage.data()) choice->took(PathChoice::kWindows);
 }
 
 void reduce_scatter(Heap& h, const at::Tensor& in, at::Tensor out, const std::vector<int64_t>& counts,

@@ -60,6 +60,9 @@ struct Control {
   // (offset + 1; 0: not in the heap) and its size, so that peers can write into it.
   uint64_t out_at[2];
   uint64_t out_bytes[2];
+  // all_reduce of private tensors (rank 0's only): per message size (log2 bytes), whether
+  // the next calls stage them in the heap (0) or use the windows (1), in alternate slots.
+  uint8_t staging_choice[2][64];
   // try_empty: whether this rank could allocate and back its part, per call row.
   uint64_t allocated[2];
   // Single-copy probe at creation: an address in this rank's private memory holding
@@ -110,6 +113,16 @@ class Heap {
   int next_parity() { return static_cast<int>(steps_++ & 1); }
   int next_exchange() { return static_cast<int>(exchanges_++ & 1); }
 
+  // Rank 0's timings of two ways to run a collective, by message size (log2 bytes):
+  // recent seconds per call of each, and how many calls it has timed.
+  struct PathTimes {
+    double seconds[64][2] = {};
+    uint32_t calls[64] = {};
+  };
+  PathTimes& path_times() { return path_times_; }
+  // The slot of Control::staging_choice that the next large all-reduce reads.
+  int next_choice_slot() { return static_cast<int>(choices_++ & 1); }
+
   // Every rank arrives (release), then waits for all others (acquire). Fails naming the
   // ranks that did not arrive within the group's timeout, or at once if one has died.
   void barrier(const char* op = "barrier");
@@ -157,6 +170,8 @@ class Heap {
   uint64_t epoch_ = 0;
   uint64_t steps_ = 0;
   uint64_t exchanges_ = 0;
+  uint64_t choices_ = 0;
+  PathTimes path_times_;
   bool single_copy_ = false;
   uint64_t probe_word_ = 0;  // read by peers to test single-copy reads
   std::mutex alloc_mu_;
