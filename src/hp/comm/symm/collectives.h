@@ -11,9 +11,9 @@
 // 256 KiB (or one step), ranks publish where their buffers lie and, if all are in the
 // heap, read each other's in place, one copy per byte; broadcast then spreads the copying
 // over all ranks, the root included. Otherwise (a buffer is private on some rank) the
-// windows carry it. From 4 steps (1 MiB), all-reduce first stages a private tensor in
-// the heap, where there is room (one copy; HP_SHM_STAGING=0 does not), and then reads it
-// in place.
+// windows carry it. From 4 steps (1 MiB), all-reduce may first stage a private tensor in
+// the heap, where there is room (one copy), and then read it in place: whether it does is
+// timed per message size (HP_SHM_STAGING=1 always, 0 never).
 #pragma once
 
 #include <ATen/core/Tensor.h>
