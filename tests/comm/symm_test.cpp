@@ -330,40 +330,41 @@ TEST(ShmCollectives, LargePrivateTensorsAreStagedInTheHeap) {
   ScopedEnv small("HP_SHM_STEP_KIB", "4");  // may be staged from 16 KiB
   const int64_t numel = 300001;
   for (const char* staging : {"1", "0", ""}) {
-  for (int world : {2, 3, 4}) {
-    for (const int crowded : {-1, 1}) {  // the rank whose local region is full (-1: none)
-      if (*staging) ::setenv("HP_SHM_STAGING", staging, 1);
-      else ::unsetenv("HP_SHM_STAGING");
-      run_local_ranks(world, [&](int rank) {
-        auto g = current_world()->world_group();
-        symm::Heap& h = *g->symm_heap();
-        at::Tensor hog;
-        if (rank == crowded) hog = symm::try_local_empty(int64_t(h.local_bytes()) - (64 << 10), at::kByte, *g);
-        const std::string where = std::to_string(world) + " ranks, HP_SHM_STAGING '" + staging + "'" +
-                                  (crowded < 0 ? "" : ", rank 1 without room");
-        for (auto dtype : {at::kFloat, at::kBFloat16}) {
-          at::Tensor sum = rank_input(0, {numel}, dtype).to(at::kFloat), most = sum.clone();
-          for (int r = 1; r < world; ++r) {
-            at::Tensor x = rank_input(r, {numel}, dtype).to(at::kFloat);
-            sum = sum + x;
-            most = at::maximum(most, x);
+    for (int world : {2, 3, 4}) {
+      for (const int crowded : {-1, 1}) {  // the rank whose local region is full (-1: none)
+        if (*staging) ::setenv("HP_SHM_STAGING", staging, 1);
+        else ::unsetenv("HP_SHM_STAGING");
+        run_local_ranks(world, [&](int rank) {
+          auto g = current_world()->world_group();
+          symm::Heap& h = *g->symm_heap();
+          at::Tensor hog;
+          if (rank == crowded) hog = symm::try_local_empty(int64_t(h.local_bytes()) - (64 << 10), at::kByte, *g);
+          const std::string where = std::to_string(world) + " ranks, HP_SHM_STAGING '" + staging + "'" +
+                                    (crowded < 0 ? "" : ", rank 1 without room");
+          for (auto dtype : {at::kFloat, at::kBFloat16}) {
+            at::Tensor sum = rank_input(0, {numel}, dtype).to(at::kFloat), most = sum.clone();
+            for (int r = 1; r < world; ++r) {
+              at::Tensor x = rank_input(r, {numel}, dtype).to(at::kFloat);
+              sum = sum + x;
+              most = at::maximum(most, x);
+            }
+            const std::pair<ReduceOp, at::Tensor> cases[] = {{ReduceOp::Sum, sum.to(dtype)},
+                                                             {ReduceOp::Avg, (sum / world).to(dtype)},
+                                                             {ReduceOp::Max, most.to(dtype)}};
+            for (const auto& [op, want] : cases)
+              ASSERT_TRUE(at::equal(all_reduce(rank_input(rank, {numel}, dtype), *g, op), want))
+                  << "all_reduce, " << dtype << ", op " << int(op) << ", " << where;
           }
-          const std::pair<ReduceOp, at::Tensor> cases[] = {
-              {ReduceOp::Sum, sum.to(dtype)}, {ReduceOp::Avg, (sum / world).to(dtype)}, {ReduceOp::Max, most.to(dtype)}};
-          for (const auto& [op, want] : cases)
-            ASSERT_TRUE(at::equal(all_reduce(rank_input(rank, {numel}, dtype), *g, op), want))
-                << "all_reduce, " << dtype << ", op " << int(op) << ", " << where;
-        }
-        at::Tensor mine = rank_input(rank, {numel}, at::kFloat), want = rank_input(0, {numel}, at::kFloat);
-        for (int r = 1; r < world; ++r) want = want + rank_input(r, {numel}, at::kFloat);
-        for (int i = 0; i < 36; ++i) {  // two sizes in turn, each past its 16th call (a switch)
-          const int64_t m = i % 2 ? numel : 70001;
-          ASSERT_TRUE(at::equal(all_reduce(mine.narrow(0, 0, m), *g), want.narrow(0, 0, m)))
-              << "call " << i << ", " << where;
-        }
-      });
+          at::Tensor mine = rank_input(rank, {numel}, at::kFloat), want = rank_input(0, {numel}, at::kFloat);
+          for (int r = 1; r < world; ++r) want = want + rank_input(r, {numel}, at::kFloat);
+          for (int i = 0; i < 36; ++i) {  // two sizes in turn, each past its 16th call (a switch)
+            const int64_t m = i % 2 ? numel : 70001;
+            ASSERT_TRUE(at::equal(all_reduce(mine.narrow(0, 0, m), *g), want.narrow(0, 0, m)))
+                << "call " << i << ", " << where;
+          }
+        });
+      }
     }
-  }
   }
   ::unsetenv("HP_SHM_STAGING");
 }

@@ -46,8 +46,9 @@ bool may_stage(const Heap& h, size_t bytes) { return bytes >= kStagedSteps * h.s
 
 // Rank 0 times the large all-reduces of private tensors and publishes, per message size,
 // whether the next ones stage or take the windows: each way twice at first, then the
-// faster so far, but every 16th call the other, so that a change of placement shows. Every rank reads the choice rank 0 wrote
-// during the previous such call (two slots in turn), so all take the same way.
+// faster so far, but every 16th call the other, so that a change of placement shows.
+// Every rank reads the choice rank 0 wrote during the previous such call (two slots in
+// turn), so all take the same way; a rank that took the other would cost time, not bits.
 class PathChoice {
  public:
   static constexpr int kStaged = 0, kWindows = 1;
@@ -321,7 +322,8 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
     const int prev = p;
     p = h.next_parity();
     for (int r = 0; r < n; ++r)
-      if (r != me) std::memcpy(h.scratch(me, p) + lo(len, r) * elem, in + lo(len, r) * elem, (lo(len, r + 1) - lo(len, r)) * elem);
+      if (r != me)
+        std::memcpy(h.scratch(me, p) + lo(len, r) * elem, in + lo(len, r) * elem, (lo(len, r + 1) - lo(len, r)) * elem);
     h.barrier("all_reduce");
     if (off == 0 && !mine_in_heap) {
       check_same_bytes(h, row);
