@@ -87,7 +87,7 @@ std::vector<int64_t> splits_or_empty(const std::vector<int64_t>& s) {
 bool use_shm(const Group& g) { return symm::shm_collectives_enabled(g); }
 
 // An all-gather's or all-to-all's output: in the group's heap on shared memory, where peers
-// write their pieces straight into it; else pooled.
+// write their pieces straight into it; else (Gloo, hierarchical: groups across hosts) pooled.
 at::Tensor output_buffer(const Group& g, int64_t numel, const at::TensorOptions& options) {
   if (use_shm(g))
     if (at::Tensor t = symm::try_output_buffer(numel, c10::typeMetaToScalarType(options.dtype()), g); t.defined())
@@ -247,9 +247,7 @@ Pending all_gather_async(const at::Tensor& t, const Group& g, int64_t dim, std::
     at::Tensor rows = t.movedim(dim, 0).contiguous();
     std::vector<int64_t> out_shape = rows.sizes().vec();
     out_shape[0] = sum(sizes);
-    at::Tensor out = (hierarchical ? g.buffer(c10::multiply_integers(out_shape), t.options())
-                                   : output_buffer(g, c10::multiply_integers(out_shape), t.options()))
-                         .view(out_shape);
+    at::Tensor out = output_buffer(g, c10::multiply_integers(out_shape), t.options()).view(out_shape);
     std::vector<size_t> bytes(n);
     for (int r = 0; r < n; ++r) bytes[r] = sizes[r] * row_numel(rows) * t.element_size();
     if (hierarchical) run_hier("all_gather", g, [&] { hier::all_gather(g, rows.data_ptr(), bytes, out.data_ptr()); });

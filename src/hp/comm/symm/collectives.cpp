@@ -121,35 +121,28 @@ std::vector<const char*> peer_ptrs(const Heap& h, int parity, size_t byte_off) {
   return p;
 }
 
+// Where [p, p + bytes) lies in this rank's heap, as peers find it: its offset from user()
+// plus one, or 0 where it is not there (`p` null: not to be reached in place).
+uint64_t heap_place(const Heap& h, const void* p, size_t bytes) {
+  const char* at = static_cast<const char*>(p);
+  return at && h.holds(at, bytes) ? static_cast<uint64_t>(at - h.user(h.rank())) + 1 : 0;
+}
+
 // Publishes, in exchange row `row`, where the buffer this rank's peers read lies in its
-// user heap, or 0 when it is not there (`p` null: it cannot be read in place), and its
-// size. An empty buffer counts as in the heap: there is nothing to read.
+// heap (heap_place), and its size. An empty buffer counts as in the heap: there is
+// nothing to read.
 void publish(Heap& h, int row, const void* p, size_t bytes) {
   Control& c = h.control(h.rank());
-  const char* at = static_cast<const char*>(p);
-  const bool in_heap = bytes == 0 || (at && h.holds(at, bytes));
-  c.heap_at[row] = in_heap ? static_cast<uint64_t>(bytes ? at - h.user(h.rank()) : 0) + 1 : 0;
+  c.heap_at[row] = bytes == 0 ? 1 : heap_place(h, p, bytes);
   c.message_bytes[row] = bytes;
 }
 
-// After every rank has published and passed a barrier: every rank's buffer, as this rank
-// maps it, or nothing if any rank's is not in its heap. All ranks reach the same answer.
-std::vector<char*> heap_buffers(const Heap& h, int row) {
-  std::vector<char*> at(h.size());
-  for (int r = 0; r < h.size(); ++r) {
-    const uint64_t off = h.control(r).heap_at[row];
-    if (off == 0) return {};
-    at[r] = h.user(r) + (off - 1);
-  }
-  return at;
-}
 
 // Publishes, in row `row`, where this rank's output lies in its heap (null or elsewhere:
 // 0) and its size, so that peers can write into it.
 void publish_output(Heap& h, int row, const void* p, size_t bytes) {
   Control& c = h.control(h.rank());
-  const char* at = static_cast<const char*>(p);
-  c.out_at[row] = at && h.holds(at, bytes) ? static_cast<uint64_t>(at - h.user(h.rank())) + 1 : 0;
+  c.out_at[row] = heap_place(h, p, bytes);
   c.out_bytes[row] = bytes;
 }
 
@@ -157,8 +150,19 @@ void publish_output(Heap& h, int row, const void* p, size_t bytes) {
 // heap, and where, as this rank maps it.
 bool input_in_heap(const Heap& h, int row, int r) { return h.control(r).heap_at[row] != 0; }
 bool output_in_heap(const Heap& h, int row, int r) { return h.control(r).out_at[row] != 0; }
-const char* peer_input(const Heap& h, int row, int r) { return h.user(r) + (h.control(r).heap_at[row] - 1); }
+char* peer_input(const Heap& h, int row, int r) { return h.user(r) + (h.control(r).heap_at[row] - 1); }
 char* peer_output(const Heap& h, int row, int r) { return h.user(r) + (h.control(r).out_at[row] - 1); }
+
+// Every rank's published buffer, as this rank maps it, or nothing if any rank's is not in
+// its heap. All ranks reach the same answer.
+std::vector<char*> heap_buffers(const Heap& h, int row) {
+  std::vector<char*> at(h.size());
+  for (int r = 0; r < h.size(); ++r) {
+    if (!input_in_heap(h, row, r)) return {};
+    at[r] = peer_input(h, row, r);
+  }
+  return at;
+}
 
 // Who moves the piece from rank s to rank r when it moves once, straight from input to
 // output: r reads it where s's input is in the heap, else s writes it where r's output
@@ -182,6 +186,13 @@ void check_bytes(const Heap& h, int row, const char* op, int r, size_t expected)
   const uint64_t got = h.control(r).message_bytes[row];
   HP_CHECK(got == expected) << op << " on " << h.what() << ": group rank " << h.rank() << " expects " << expected
                             << " bytes from group rank " << r << ", which has " << got;
+}
+
+// Where rank r's slice of `total` elements starts when an all-reduce splits them over n
+// ranks: slices of 16 elements or more, so that copies stay aligned; trailing ones short.
+int64_t slice_start(int64_t total, int n, int r) {
+  const int64_t per = ((total + n - 1) / n + 15) & ~int64_t{15};
+  return std::min<int64_t>(total, r * per);
 }
 
 // Peers in the order this rank visits them: itself first, then the next ranks round the
@@ -225,8 +236,7 @@ void all_reduce_in_heap(Heap& h, char* data, int64_t total, at::ScalarType dtype
                         const std::vector<char*>& at) {
   const int n = h.size(), me = h.rank();
   const size_t elem = c10::elementSize(dtype);
-  const int64_t per = ((total + n - 1) / n + 15) & ~int64_t{15};
-  auto lo = [&](int r) { return std::min<int64_t>(total, r * per) * static_cast<int64_t>(elem); };
+  auto lo = [&](int r) { return slice_start(total, n, r) * static_cast<int64_t>(elem); };
   // The fold may not alias its inputs. It lands, a window at a time, where this rank's
   // peers read it, and is copied to the tensor while in cache: in the staging buffer's own
   // slice, which holds no input, or, for a tensor in the heap, in the window, copied back.
@@ -260,14 +270,14 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
   const size_t bytes = total * elem;
   const bool one_shot = bytes <= std::min(kOneShotBytes, h.step_bytes());
   // A large private tensor may be staged: the slices its peers fold, copied into the heap.
-  const int64_t per = ((total + n - 1) / n + 15) & ~int64_t{15};
   std::optional<PathChoice> choice;
   if (!one_shot && may_stage(h, bytes)) choice.emplace(h, bytes);
   const bool private_tensor = !h.holds(data, bytes);
   Staging stage(h, choice && choice->stage() && private_tensor ? bytes : 0);
   if (stage.data())
     for (int i = 1; i < n; ++i) {
-      const int64_t lo = std::min<int64_t>(total, visit(h, i) * per), hi = std::min<int64_t>(total, lo + per);
+      const int r = visit(h, i);
+      const int64_t lo = slice_start(total, n, r), hi = slice_start(total, n, r + 1);
       copy_large(stage.data() + lo * elem, data + lo * elem, (hi - lo) * elem);
     }
   const int row = h.next_exchange();
@@ -299,13 +309,13 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
     }
     return;
   }
-  // Slices of 16 elements or more, so copies stay aligned. Each step, every rank stages
-  // the slices of a chunk its peers fold, passes a barrier, copies its peers' folded
-  // slices of the previous chunk back, and folds its own slice of this one (reading its
-  // own input in place) into the second half of its window: one barrier per step, and one
-  // more before the last chunk's folded slices are copied back.
+  // Each step, every rank stages the slices of a chunk its peers fold (slice_start),
+  // passes a barrier, copies its peers' folded slices of the previous chunk back, and
+  // folds its own slice of this one (reading its own input in place) into the second half
+  // of its window: one barrier per step, and one more before the last chunk's folded
+  // slices are copied back.
   const size_t folded = h.step_bytes() / 2;
-  auto lo = [n](int64_t len, int r) { return std::min<int64_t>(len, r * (((len + n - 1) / n + 15) & ~int64_t{15})); };
+  auto lo = [n](int64_t len, int r) { return slice_start(len, n, r); };
   auto collect = [&](int64_t off, int p) {
     const int64_t len = std::min(chunk, total - off);
     for (int r = 0; r < n; ++r)

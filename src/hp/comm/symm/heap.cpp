@@ -22,7 +22,7 @@ namespace {
 
 constexpr uint64_t kMagic = 0x68702d73796d6d31;  // "hp-symm1"
 constexpr size_t kPage = 4096;
-constexpr size_t kBackedChunk = 64 << 10;  // the user heap's pages are backed in chunks of this
+constexpr size_t kBackedChunk = 64 << 10;  // user heap and local region pages are backed in chunks of this
 
 size_t round_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
