@@ -455,6 +455,45 @@ TEST(ShmCollectives, SymmetricBuffersAreReadInPlace) {
   });
 }
 
+// A broadcast whose tensors are not in the heap on every rank moves each byte once: every
+// receiver reads the root's tensor (in the heap, or by a cross-memory read) but for one
+// share that the root writes into it. Private tensors, the root's only in the heap, and
+// the receivers' only, at 2-4 ranks from every root, single copy on and off; sizes that
+// are no multiple of a cache line; sizes that differ fail on every rank.
+TEST(ShmCollectives, BroadcastSharesTheCopyingWithTheRoot) {
+  for (const char* single : {"1", "0"}) {
+    ScopedEnv env("HP_SHM_SINGLE_COPY", single);
+    for (int world : {2, 3, 4}) {
+      run_local_ranks(world, [&](int rank) {
+        auto g = current_world()->world_group();
+        for (const char* placement : {"private", "root in heap", "receivers in heap"}) {
+          for (auto dtype : {at::kFloat, at::kBFloat16}) {
+            for (int root = 0; root < world; ++root) {
+              const int64_t numel = dtype == at::kFloat ? 700001 : 140001;  // 2.8 MB, 280,002 bytes
+              const bool in_heap = std::string(placement) == "root in heap" ? rank == root
+                                   : std::string(placement) == "receivers in heap" ? rank != root
+                                                                                     : false;
+              at::Tensor b = rank_input(rank, {numel}, dtype);
+              if (in_heap) b = symm::empty({numel}, dtype, *g).copy_(b);
+              broadcast_(b, *g, root);
+              ASSERT_TRUE(at::equal(b, rank_input(root, {numel}, dtype)))
+                  << "broadcast from " << root << ", " << placement << ", " << dtype << ", " << world
+                  << " ranks, single copy " << single;
+            }
+          }
+        }
+        at::Tensor b = at::zeros({100000 + 16 * rank});
+        try {
+          broadcast_(b, *g, 0);
+          ADD_FAILURE() << "tensors of different sizes must fail";
+        } catch (const hp::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("bytes from group rank"), std::string::npos) << e.what();
+        }
+      });
+    }
+  }
+}
+
 // hp::comm's all-gather and all-to-all return outputs in the heap's local region, and a
 // sender writes each piece of a private input straight into its receivers' outputs: the
 // right pieces at 2-4 ranks, uneven, with single copy on and off. A rank whose local

@@ -552,23 +552,79 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
   }
 }
 
-void broadcast(Heap& h, void* data, size_t bytes, int root) {
+namespace {
+
+// Where rank k's 1/n share of a broadcast of `bytes` starts, in lines of 64 bytes.
+size_t share_start(size_t bytes, int n, int k) {
+  const size_t per = ((bytes + n - 1) / n + 63) & ~size_t{63};
+  return std::min(bytes, k * per);
+}
+
+// Tensors in the heap on every rank: every rank, the root included, copies its 1/n share
+// of the root's tensor into every receiver's, so the copying is spread over all of them.
+void broadcast_in_heap(Heap& h, const std::vector<char*>& bufs, size_t bytes, int root) {
   const int n = h.size(), me = h.rank();
+  const size_t lo = share_start(bytes, n, me), len = share_start(bytes, n, me + 1) - lo;
+  for (int i = 0; i < n; ++i) {
+    const int r = visit(h, i);
+    if (r != root && len) copy_large(bufs[r] + lo, bufs[root] + lo, len);
+  }
+}
+
+// Otherwise, where every receiver can read the root's tensor (in the heap, or by a
+// cross-memory read): each receiver r copies all but share r from the root, and the root,
+// idle otherwise, writes share r into r meanwhile where it can reach r's tensor. Each byte
+// moves once, and at 2 ranks the root and the receiver copy half each: 1.35-1.6x faster
+// than the windows at 4-64 MiB, cross-memory both ways.
+void broadcast_split(Heap& h, int row, char* d, size_t bytes, int root) {
+  const int n = h.size(), me = h.rank();
+  auto root_writes = [&](int r) { return input_in_heap(h, row, r) || h.single_copy(); };
+  auto lo = [&](int k) { return share_start(bytes, n, k); };
+  if (me == root) {
+    for (int i = 1; i < n; ++i) {
+      const int r = visit(h, i);
+      const size_t len = lo(r + 1) - lo(r);
+      if (!len || !root_writes(r)) continue;
+      if (input_in_heap(h, row, r)) {
+        copy_large(peer_input(h, row, r) + lo(r), d + lo(r), len);
+      } else {
+        const Control& c = h.control(r);
+        HP_CHECK(write_peer(c.pid, c.send_addr[row] + lo(r), d + lo(r), len))
+            << "broadcast on " << h.what() << ": cannot write " << len << " bytes to group rank " << r << " (pid "
+            << c.pid << ")";
+      }
+    }
+    return;
+  }
+  // What this rank reads: [0, bytes), but for its own share if the root writes it.
+  const size_t skip_lo = root_writes(me) ? lo(me) : bytes, skip_hi = root_writes(me) ? lo(me + 1) : bytes;
+  auto read = [&](size_t from, size_t len) {
+    if (!len) return;
+    if (input_in_heap(h, row, root)) return copy_large(d + from, peer_input(h, row, root) + from, len);
+    const Control& c = h.control(root);
+    HP_CHECK(read_peer(c.pid, c.send_addr[row] + from, d + from, len))
+        << "broadcast on " << h.what() << ": cannot read " << len << " bytes from group rank " << root << " (pid "
+        << c.pid << ")";
+  };
+  read(skip_hi, bytes - skip_hi);  // the shares after this rank's first: receivers start apart
+  read(0, skip_lo);
+}
+
+}  // namespace
+
+void broadcast(Heap& h, void* data, size_t bytes, int root) {
+  const int me = h.rank();
   char* d = static_cast<char*>(data);
   if (may_read_in_place(h, bytes)) {
     const int row = h.next_exchange();
     publish(h, row, d, bytes);
+    h.control(me).send_addr[row] = reinterpret_cast<uint64_t>(d);
     h.barrier("broadcast");
-    if (const std::vector<char*> bufs = heap_buffers(h, row); !bufs.empty()) {
-      // Tensors in the heap on every rank: every rank, the root included, copies its 1/n
-      // share of every receiver's tensor, so the copying is spread over all of them.
-      for (int r = 0; r < n; ++r) check_bytes(h, row, "broadcast", r, bytes);
-      const size_t per = ((bytes + n - 1) / n + 63) & ~size_t{63};
-      const size_t lo = std::min(bytes, me * per), len = std::min(bytes, lo + per) - lo;
-      for (int i = 0; i < n; ++i) {
-        const int r = visit(h, i);
-        if (r != root && len) copy_large(bufs[r] + lo, bufs[root] + lo, len);
-      }
+    for (int r = 0; r < h.size(); ++r) check_bytes(h, row, "broadcast", r, bytes);
+    const std::vector<char*> bufs = heap_buffers(h, row);
+    if (!bufs.empty() || input_in_heap(h, row, root) || h.single_copy()) {
+      if (!bufs.empty()) broadcast_in_heap(h, bufs, bytes, root);
+      else broadcast_split(h, row, d, bytes, root);
       h.barrier("broadcast");  // every share written, and the root's read, before any rank goes on
       return;
     }

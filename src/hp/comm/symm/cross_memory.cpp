@@ -6,18 +6,31 @@
 
 namespace hp::symm {
 
-bool read_peer(int64_t pid, uint64_t remote, void* local, size_t bytes) {
-  char* to = static_cast<char*>(local);
+namespace {
+
+// One of process_vm_readv / process_vm_writev, repeated until all `bytes` have moved.
+template <typename Call>
+bool move_all(int64_t pid, uint64_t remote, char* local, size_t bytes, Call call) {
   size_t done = 0;
   while (done < bytes) {
-    iovec l{to + done, bytes - done};
+    iovec l{local + done, bytes - done};
     iovec r{reinterpret_cast<void*>(remote + done), bytes - done};
-    const ssize_t n = ::process_vm_readv(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
+    const ssize_t n = call(static_cast<pid_t>(pid), &l, 1, &r, 1, 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
     done += static_cast<size_t>(n);
   }
   return true;
+}
+
+}  // namespace
+
+bool read_peer(int64_t pid, uint64_t remote, void* local, size_t bytes) {
+  return move_all(pid, remote, static_cast<char*>(local), bytes, ::process_vm_readv);
+}
+
+bool write_peer(int64_t pid, uint64_t remote, const void* local, size_t bytes) {
+  return move_all(pid, remote, const_cast<char*>(static_cast<const char*>(local)), bytes, ::process_vm_writev);
 }
 
 }  // namespace hp::symm

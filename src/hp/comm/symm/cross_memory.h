@@ -1,5 +1,5 @@
-// Single-copy reads from a peer process's private memory (Linux cross-memory attach,
-// process_vm_readv): a collective whose data sits in ordinary buffers then moves each byte
+// Single-copy reads from (and writes to) a peer process's private memory (Linux
+// cross-memory attach, process_vm_readv and process_vm_writev): a collective whose data sits in ordinary buffers then moves each byte
 // once, straight from the sender's buffer into the receiver's, instead of twice through a
 // shared window.
 #pragma once
@@ -12,5 +12,9 @@ namespace hp::symm {
 // Copies `bytes` at address `remote` of process `pid` into `local`. False if the kernel
 // refuses (no permission to read that process, or no such address); never partial.
 bool read_peer(int64_t pid, uint64_t remote, void* local, size_t bytes);
+
+// The other way: copies `bytes` at `local` to address `remote` of process `pid`. The kernel
+// checks the same permission as for reading (ptrace's attach mode).
+bool write_peer(int64_t pid, uint64_t remote, const void* local, size_t bytes);
 
 }  // namespace hp::symm

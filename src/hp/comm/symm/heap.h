@@ -48,8 +48,9 @@ struct Control {
   alignas(64) std::atomic<uint64_t> barrier;
   alignas(64) std::atomic<uint64_t> signals[kSignalSlots];
   // all_to_all: each rank publishes its send sizes here, in alternate rows per call, and
-  // the address of its send buffer for single-copy reads. all_gather in place: the sizes
-  // this rank expects of every rank.
+  // the address of its send buffer for single-copy reads (broadcast: of its tensor, for
+  // single-copy reads and writes). all_gather in place: the sizes this rank expects of
+  // every rank.
   alignas(64) uint64_t sizes[2][kMaxRanks];
   uint64_t send_addr[2];
   // Large collectives: where the buffer its peers read lies in this rank's user heap
