@@ -11,9 +11,12 @@
 // 256 KiB (or one step), ranks publish where their buffers lie and, if all are in the
 // heap, read each other's in place, one copy per byte; broadcast then spreads the copying
 // over all ranks, the root included. Otherwise (a buffer is private on some rank) the
-// windows carry it. From 4 steps (1 MiB), all-reduce may first stage a private tensor in
-// the heap, where there is room (one copy), and then read it in place: whether it does is
-// timed per message size (HP_SHM_STAGING=1 always, 0 never).
+// windows carry it, but for all-gather and all-to-all outputs in the heap, which senders
+// write into, cross-memory reads and writes (cross_memory.h) for all-to-all and
+// broadcast, whose root then copies a share into every receiver. From 4 steps (1 MiB),
+// all-reduce may first stage a private tensor in the heap, where there is room (one
+// copy), and then read it in place: whether it does is timed per message size
+// (HP_SHM_STAGING=1 always, 0 never).
 #pragma once
 
 #include <ATen/core/Tensor.h>
