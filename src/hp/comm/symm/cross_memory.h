@@ -13,8 +13,7 @@ namespace hp::symm {
 // refuses (no permission to read that process, or no such address); never partial.
 bool read_peer(int64_t pid, uint64_t remote, void* local, size_t bytes);
 
-// The other way: copies `bytes` at `local` to address `remote` of process `pid`. The kernel
-// checks the same permission as for reading (ptrace's attach mode).
+// The other way: copies `bytes` at `local` to address `remote` of process `pid`.
 bool write_peer(int64_t pid, uint64_t remote, const void* local, size_t bytes);
 
 }  // namespace hp::symm

@@ -135,8 +135,10 @@ void Heap::decide_single_copy() {
   const char* v = std::getenv("HP_SHM_SINGLE_COPY");
   bool ok = !(v && std::string(v) == "0");
   for (int r = 0; r < size() && ok; ++r) {
+    // Read the peer's word, and write it back unchanged: broadcast writes into peers too.
     uint64_t word = 0;
-    ok = read_peer(control(r).pid, control(r).probe_addr, &word, sizeof word) && word == kMagic;
+    ok = read_peer(control(r).pid, control(r).probe_addr, &word, sizeof word) && word == kMagic &&
+         write_peer(control(r).pid, control(r).probe_addr, &word, sizeof word);
   }
   control(rank_).can_read_peers = ok;
   barrier("single-copy probe");

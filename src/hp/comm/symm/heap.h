@@ -67,7 +67,7 @@ struct Control {
   // try_empty: whether this rank could allocate and back its part, per call row.
   uint64_t allocated[2];
   // Single-copy probe at creation: an address in this rank's private memory holding
-  // kMagic, and whether this rank could read every peer's.
+  // kMagic, and whether this rank could read (and write) every peer's.
   uint64_t probe_addr;
   uint64_t can_read_peers;
 };
@@ -104,8 +104,8 @@ class Heap {
     const char* c = static_cast<const char*>(p);
     return c >= user(rank_) && c + bytes <= user(rank_) + user_bytes_ + local_bytes_;
   }
-  // Whether every rank can read every peer's private memory (cross_memory.h), decided
-  // together at creation; HP_SHM_SINGLE_COPY=0 turns it off.
+  // Whether every rank can read and write every peer's private memory (cross_memory.h),
+  // decided together at creation; HP_SHM_SINGLE_COPY=0 turns it off.
   bool single_copy() const { return single_copy_; }
 
   // The parity of the next collective step. Every rank takes steps in the same order, so
@@ -174,7 +174,7 @@ class Heap {
   uint64_t choices_ = 0;
   PathTimes path_times_;
   bool single_copy_ = false;
-  uint64_t probe_word_ = 0;  // read by peers to test single-copy reads
+  uint64_t probe_word_ = 0;  // read (and written back) by peers to test single-copy moves
   std::mutex alloc_mu_;
   Arena symmetric_, local_;
   std::vector<bool> backed_;  // per kBackedChunk of the user heap and local region: populated
