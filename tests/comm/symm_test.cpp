@@ -470,9 +470,9 @@ TEST(ShmCollectives, BroadcastSharesTheCopyingWithTheRoot) {
           for (auto dtype : {at::kFloat, at::kBFloat16}) {
             for (int root = 0; root < world; ++root) {
               const int64_t numel = dtype == at::kFloat ? 700001 : 140001;  // 2.8 MB, 280,002 bytes
-              const bool in_heap = std::string(placement) == "root in heap" ? rank == root
-                                   : std::string(placement) == "receivers in heap" ? rank != root
-                                                                                     : false;
+              const std::string where = placement;
+              const bool in_heap = (where == "root in heap" && rank == root) ||
+                                   (where == "receivers in heap" && rank != root);
               at::Tensor b = rank_input(rank, {numel}, dtype);
               if (in_heap) b = symm::empty({numel}, dtype, *g).copy_(b);
               broadcast_(b, *g, root);

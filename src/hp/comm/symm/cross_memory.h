@@ -1,7 +1,7 @@
 // Single-copy reads from (and writes to) a peer process's private memory (Linux
-// cross-memory attach, process_vm_readv and process_vm_writev): a collective whose data sits in ordinary buffers then moves each byte
-// once, straight from the sender's buffer into the receiver's, instead of twice through a
-// shared window.
+// cross-memory attach, process_vm_readv and process_vm_writev): a collective whose data
+// sits in ordinary buffers then moves each byte once, straight from the sender's buffer
+// into the receiver's, instead of twice through a shared window.
 #pragma once
 
 #include <cstddef>

@@ -140,10 +140,10 @@ void Heap::decide_single_copy() {
     ok = read_peer(control(r).pid, control(r).probe_addr, &word, sizeof word) && word == kMagic &&
          write_peer(control(r).pid, control(r).probe_addr, &word, sizeof word);
   }
-  control(rank_).can_read_peers = ok;
+  control(rank_).can_reach_peers = ok;
   barrier("single-copy probe");
   single_copy_ = true;
-  for (int r = 0; r < size(); ++r) single_copy_ = single_copy_ && control(r).can_read_peers;
+  for (int r = 0; r < size(); ++r) single_copy_ = single_copy_ && control(r).can_reach_peers;
 }
 
 Heap::~Heap() {

@@ -69,7 +69,7 @@ struct Control {
   // Single-copy probe at creation: an address in this rank's private memory holding
   // kMagic, and whether this rank could read (and write) every peer's.
   uint64_t probe_addr;
-  uint64_t can_read_peers;
+  uint64_t can_reach_peers;
 };
 
 class Heap {
