@@ -128,12 +128,13 @@ uint64_t heap_place(const Heap& h, const void* p, size_t bytes) {
   return at && h.holds(at, bytes) ? static_cast<uint64_t>(at - h.user(h.rank())) + 1 : 0;
 }
 
-// Publishes, in exchange row `row`, where the buffer this rank's peers read lies in its
-// heap (heap_place), and its size. An empty buffer counts as in the heap: there is
-// nothing to read.
+// Publishes, in exchange row `row`, the buffer this rank's peers read: where it lies in
+// its heap (heap_place), its address for cross-memory reads and writes, and its size. An
+// empty buffer counts as in the heap: there is nothing to read.
 void publish(Heap& h, int row, const void* p, size_t bytes) {
   Control& c = h.control(h.rank());
   c.heap_at[row] = bytes == 0 ? 1 : heap_place(h, p, bytes);
+  c.send_addr[row] = reinterpret_cast<uint64_t>(p);
   c.message_bytes[row] = bytes;
 }
 
@@ -152,6 +153,23 @@ bool input_in_heap(const Heap& h, int row, int r) { return h.control(r).heap_at[
 bool output_in_heap(const Heap& h, int row, int r) { return h.control(r).out_at[row] != 0; }
 char* peer_input(const Heap& h, int row, int r) { return h.user(r) + (h.control(r).heap_at[row] - 1); }
 char* peer_output(const Heap& h, int row, int r) { return h.user(r) + (h.control(r).out_at[row] - 1); }
+
+// Copies `bytes` from offset `from` of rank r's published buffer into `dst`, or from `src`
+// to offset `to` of it: a plain copy where it is in r's heap, else a cross-memory one.
+void copy_from_peer(const Heap& h, int row, int r, uint64_t from, void* dst, size_t bytes, const char* op) {
+  if (input_in_heap(h, row, r)) return copy_large(dst, peer_input(h, row, r) + from, bytes);
+  const Control& c = h.control(r);
+  HP_CHECK(read_peer(c.pid, c.send_addr[row] + from, dst, bytes))
+      << op << " on " << h.what() << ": cannot read " << bytes << " bytes from group rank " << r << " (pid "
+      << c.pid << ")";
+}
+void copy_to_peer(const Heap& h, int row, int r, uint64_t to, const void* src, size_t bytes, const char* op) {
+  if (input_in_heap(h, row, r)) return copy_large(peer_input(h, row, r) + to, src, bytes);
+  const Control& c = h.control(r);
+  HP_CHECK(write_peer(c.pid, c.send_addr[row] + to, src, bytes))
+      << op << " on " << h.what() << ": cannot write " << bytes << " bytes to group rank " << r << " (pid "
+      << c.pid << ")";
+}
 
 // Every rank's published buffer, as this rank maps it, or nothing if any rank's is not in
 // its heap. All ranks reach the same answer.
@@ -285,7 +303,7 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
   // Where this rank's buffer is in the heap, a barrier tells whether every rank's is; if
   // one is not, the windows carry the tensor, and that rank (which staged its first window
   // before its first barrier) waits one barrier more, for this rank to stage its own.
-  const bool mine_in_heap = !one_shot && h.control(me).heap_at[row] != 0;
+  const bool mine_in_heap = !one_shot && input_in_heap(h, row, me);
   if (mine_in_heap) {
     h.barrier("all_reduce");
     check_same_bytes(h, row);
@@ -338,7 +356,7 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
     if (off == 0 && !mine_in_heap) {
       check_same_bytes(h, row);
       for (int r = 0; r < n; ++r)
-        if (h.control(r).heap_at[row]) {
+        if (input_in_heap(h, row, r)) {
           h.barrier("all_reduce");
           break;
         }
@@ -490,7 +508,6 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
   const int row = h.next_exchange();
   Control& mine = h.control(me);
   for (int s = 0; s < n; ++s) mine.sizes[row][s] = send[s];
-  mine.send_addr[row] = reinterpret_cast<uint64_t>(in);
   publish(h, row, in, std::accumulate(send.begin(), send.end(), size_t{0}));
   publish_output(h, row, out, std::accumulate(recv.begin(), recv.end(), size_t{0}));
   const int first = h.next_parity();
@@ -522,13 +539,7 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
       if (recv[r] && receiver_reads(h, row, r, me)) {
         uint64_t from = 0;
         for (int s = 0; s < me; ++s) from += c.sizes[row][s];
-        if (input_in_heap(h, row, r)) {
-          copy_large(dst + out_at[r], peer_input(h, row, r) + from, recv[r]);
-        } else {
-          HP_CHECK(read_peer(c.pid, c.send_addr[row] + from, dst + out_at[r], recv[r]))
-              << "all_to_all on " << h.what() << ": cannot read " << recv[r] << " bytes from group rank " << r
-              << " (pid " << c.pid << ")";
-        }
+        copy_from_peer(h, row, r, from, dst + out_at[r], recv[r], "all_to_all");
       }
       if (send[r] && !receiver_reads(h, row, me, r)) {
         // Rank r's output must hold what its senders send, or this write would land past it.
@@ -584,30 +595,15 @@ void broadcast_split(Heap& h, int row, char* d, size_t bytes, int root) {
     for (int i = 1; i < n; ++i) {
       const int r = visit(h, i);
       const size_t len = lo(r + 1) - lo(r);
-      if (!len || !root_writes(r)) continue;
-      if (input_in_heap(h, row, r)) {
-        copy_large(peer_input(h, row, r) + lo(r), d + lo(r), len);
-      } else {
-        const Control& c = h.control(r);
-        HP_CHECK(write_peer(c.pid, c.send_addr[row] + lo(r), d + lo(r), len))
-            << "broadcast on " << h.what() << ": cannot write " << len << " bytes to group rank " << r << " (pid "
-            << c.pid << ")";
-      }
+      if (len && root_writes(r)) copy_to_peer(h, row, r, lo(r), d + lo(r), len, "broadcast");
     }
     return;
   }
   // What this rank reads: [0, bytes), but for its own share if the root writes it.
   const size_t skip_lo = root_writes(me) ? lo(me) : bytes, skip_hi = root_writes(me) ? lo(me + 1) : bytes;
-  auto read = [&](size_t from, size_t len) {
-    if (!len) return;
-    if (input_in_heap(h, row, root)) return copy_large(d + from, peer_input(h, row, root) + from, len);
-    const Control& c = h.control(root);
-    HP_CHECK(read_peer(c.pid, c.send_addr[row] + from, d + from, len))
-        << "broadcast on " << h.what() << ": cannot read " << len << " bytes from group rank " << root << " (pid "
-        << c.pid << ")";
-  };
-  read(skip_hi, bytes - skip_hi);  // the shares after this rank's first: receivers start apart
-  read(0, skip_lo);
+  // The shares after this rank's first: receivers start apart.
+  copy_from_peer(h, row, root, skip_hi, d + skip_hi, bytes - skip_hi, "broadcast");
+  copy_from_peer(h, row, root, 0, d, skip_lo, "broadcast");
 }
 
 }  // namespace
@@ -618,7 +614,6 @@ void broadcast(Heap& h, void* data, size_t bytes, int root) {
   if (may_read_in_place(h, bytes)) {
     const int row = h.next_exchange();
     publish(h, row, d, bytes);
-    h.control(me).send_addr[row] = reinterpret_cast<uint64_t>(d);
     h.barrier("broadcast");
     for (int r = 0; r < h.size(); ++r) check_bytes(h, row, "broadcast", r, bytes);
     const std::vector<char*> bufs = heap_buffers(h, row);

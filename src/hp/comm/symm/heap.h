@@ -47,14 +47,13 @@ struct Control {
   int64_t pid;  // whose segment: a peer that has died is named at once
   alignas(64) std::atomic<uint64_t> barrier;
   alignas(64) std::atomic<uint64_t> signals[kSignalSlots];
-  // all_to_all: each rank publishes its send sizes here, in alternate rows per call, and
-  // the address of its send buffer for single-copy reads (broadcast: of its tensor, for
-  // single-copy reads and writes). all_gather in place: the sizes this rank expects of
-  // every rank.
+  // all_to_all: each rank publishes its send sizes here, in alternate rows per call.
+  // all_gather in place: the sizes this rank expects of every rank.
   alignas(64) uint64_t sizes[2][kMaxRanks];
+  // Large collectives: the address of the buffer its peers read (for single-copy reads
+  // and writes), where it lies in this rank's user heap (offset + 1), or 0 when it is not
+  // in the heap, and its size, in alternate rows per call.
   uint64_t send_addr[2];
-  // Large collectives: where the buffer its peers read lies in this rank's user heap
-  // (offset + 1), or 0 when it is not in the heap, and its size, in alternate rows per call.
   uint64_t heap_at[2];
   uint64_t message_bytes[2];
   // all_gather and all_to_all: where this rank's output lies past its user heap's start

@@ -48,7 +48,7 @@ int64_t bytes_of(at::IntArrayRef shape, at::ScalarType dtype) {
   return numel * static_cast<int64_t>(c10::elementSize(dtype));
 }
 
-// The tensor over `bytes` at `off` in h's user heap, which it gives back when it dies.
+// The tensor over `bytes` at `off` from h's user(), which it gives back when it dies.
 at::Tensor heap_tensor(const std::shared_ptr<Heap>& h, size_t off, int64_t bytes, at::IntArrayRef shape,
                        at::ScalarType dtype) {
   auto* observer = allocation_observer.load();
