@@ -16,4 +16,9 @@ bool read_peer(int64_t pid, uint64_t remote, void* local, size_t bytes);
 // The other way: copies `bytes` at `local` to address `remote` of process `pid`.
 bool write_peer(int64_t pid, uint64_t remote, const void* local, size_t bytes);
 
+// Lets this process's peers use the two calls above on it where Yama restricts ptrace to
+// a process's ancestors (ptrace_scope 1, Ubuntu's default): a group's ranks are siblings.
+// It restores the plain same-user rule for this process only; a no-op without Yama.
+void allow_peer_access();
+
 }  // namespace hp::symm

@@ -36,6 +36,12 @@ size_t bytes_from_env(const char* name, size_t fallback, int shift) {
   return static_cast<size_t>(x) << shift;
 }
 
+// Single copy (cross-memory attach) unless HP_SHM_SINGLE_COPY=0.
+bool single_copy_wanted() {
+  const char* v = std::getenv("HP_SHM_SINGLE_COPY");
+  return !(v && std::string(v) == "0");
+}
+
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -82,6 +88,8 @@ std::shared_ptr<Heap> Heap::create(const comm::Group& g) {
   h->local_bytes_ = bytes_from_env("HP_SHM_LOCAL_MIB", 64, 20);
   const size_t total = h->control_bytes_ + 2 * h->scratch_bytes_ + h->user_bytes_ + h->local_bytes_;
 
+  // Before the barrier after which peers probe this process.
+  if (single_copy_wanted()) allow_peer_access();
   h->own_ = Segment::create(total, std::to_string(g.rank()));
   auto* ctl = reinterpret_cast<Control*>(h->own_.data());
   ctl->magic = kMagic;
@@ -132,8 +140,7 @@ std::shared_ptr<Heap> Heap::create(const comm::Group& g) {
 }
 
 void Heap::decide_single_copy() {
-  const char* v = std::getenv("HP_SHM_SINGLE_COPY");
-  bool ok = !(v && std::string(v) == "0");
+  bool ok = single_copy_wanted();
   for (int r = 0; r < size() && ok; ++r) {
     // Read the peer's word, and write it back unchanged: broadcast writes into peers too.
     uint64_t word = 0;
