@@ -135,9 +135,17 @@ int main(int argc, char** argv) {
     {  // the ceiling: one copy of the message on every rank at once, the faster of memcpy and
        // hp's streamed copy (bus bandwidth can reach it only by moving each byte once; Gloo's
        // loopback TCP copies it at least twice)
+      // Each ends at a barrier, as a collective does: with more ranks than cores, a rank
+      // that runs its copy before its peers are scheduled would otherwise time it alone.
       at::Tensor from = at::rand({numel}), to = at::empty({numel});
-      auto copy = [&] { std::memcpy(to.data_ptr(), from.data_ptr(), bytes); };
-      auto streamed = [&] { symm::copy_large(to.data_ptr(), from.data_ptr(), bytes); };
+      auto copy = [&] {
+        std::memcpy(to.data_ptr(), from.data_ptr(), bytes);
+        symm::barrier(*g);
+      };
+      auto streamed = [&] {
+        symm::copy_large(to.data_ptr(), from.data_ptr(), bytes);
+        symm::barrier(*g);
+      };
       const auto s = median_seconds(*g, iters, calls, {copy, streamed});
       if (rank == 0) {
         for (int i = 0; i < 2; ++i)
