@@ -145,7 +145,6 @@ void publish(Heap& h, int row, const void* p, size_t bytes) {
   c.message_bytes[row] = bytes;
 }
 
-
 // Publishes, in row `row`, where this rank's output lies in its heap (null or elsewhere:
 // 0) and its size, so that peers can write into it.
 void publish_output(Heap& h, int row, const void* p, size_t bytes) {
@@ -321,7 +320,8 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
     }
   }
   // Input in the first half of the window, folded slices in the second.
-  const int64_t chunk = static_cast<int64_t>(fold_step(h) / 2 / elem);
+  const size_t folded = fold_step(h) / 2;
+  const int64_t chunk = static_cast<int64_t>(folded / elem);
   if (one_shot) {
     for (int64_t off = 0; off < total; off += chunk) {
       const int64_t len = std::min(chunk, total - off);
@@ -339,7 +339,6 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
   // folds its own slice of this one (reading its own input in place) into the second half
   // of its window: one barrier per step, and one more before the last chunk's folded
   // slices are copied back.
-  const size_t folded = fold_step(h) / 2;
   auto lo = [n](int64_t len, int r) { return slice_start(len, n, r); };
   auto collect = [&](int64_t off, int p) {
     const int64_t len = std::min(chunk, total - off);
