@@ -195,6 +195,17 @@ bool receiver_reads(const Heap& h, int row, int s, int r) {
   return input_in_heap(h, row, s) || !output_in_heap(h, row, r);
 }
 
+// Whether rank r leaves the first window of an all-to-all unstaged, from what it published
+// before the first barrier: a piece of kSingleCopyBytes or more, which moves once where
+// single copy works or where r's output is in the heap, as hp::comm's are (peers' outputs
+// then likely are too).
+bool skips_staging(const Heap& h, int row, int r) {
+  size_t most = 0;
+  for (int s = 0; s < h.size(); ++s)
+    if (s != r) most = std::max<size_t>(most, h.control(r).sizes[row][s]);
+  return most >= kSingleCopyBytes && (h.single_copy() || output_in_heap(h, row, r));
+}
+
 // Whether every non-empty piece (moves(s, r)) has an input or an output in the heap.
 template <typename Moves>
 bool every_piece_reachable(const Heap& h, int row, Moves moves) {
@@ -508,19 +519,16 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
   };
 
   // The sizes go out with the first step's data, under one barrier: a small all-to-all
-  // is one barrier. Pieces that will be read in place (single copy) are not staged; which
-  // path runs is known only after the barrier, but a rank that skips staging has a piece
-  // of kSingleCopyBytes or more, and then every rank takes the single-copy path.
+  // is one barrier. A rank skips staging where its pieces will likely move once
+  // (skips_staging); which path runs is known only after the barrier, and if it is the
+  // windows after all, the ranks that skipped stage then, under one barrier more.
   const int row = h.next_exchange();
   Control& mine = h.control(me);
   for (int s = 0; s < n; ++s) mine.sizes[row][s] = send[s];
   publish(h, row, in, std::accumulate(send.begin(), send.end(), size_t{0}));
   publish_output(h, row, out, std::accumulate(recv.begin(), recv.end(), size_t{0}));
   const int first = h.next_parity();
-  size_t own_most = 0;
-  for (int s = 0; s < n; ++s)
-    if (s != me) own_most = std::max(own_most, send[s]);
-  if (!h.single_copy() || own_most < kSingleCopyBytes) stage(first, 0);
+  if (!skips_staging(h, row, me)) stage(first, 0);
   h.barrier("all_to_all");
   size_t most = 0;
   for (int r = 0; r < n; ++r) {
@@ -559,6 +567,12 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
     }
     h.barrier("all_to_all");
     return;
+  }
+  bool late = false;
+  for (int r = 0; r < n; ++r) late = late || skips_staging(h, row, r);
+  if (late) {
+    if (skips_staging(h, row, me)) stage(first, 0);
+    h.barrier("all_to_all");
   }
   unstage(first, 0);
   for (size_t off = piece; off < most; off += piece) {
