@@ -5,9 +5,11 @@
 // caches as a collective in a training step would, after other work. A copy timed after
 // itself finds a message of 16 MiB partly still in cache and runs 1.5-2x faster.
 //   hprun --nproc-per-node 2 build/bin/bench_copy_bound [max MiB]
-// Columns: median us of the slowest rank; `x copy`: the collective's time over the copy's
-// (broadcast: over (n-1)/n copies, as its ranks share them); `bound`: Gloo's all-to-all
-// over the copy, the most any all-to-all moving each byte once could reach against it.
+// Columns: median us of the slowest rank; `bound`: Gloo's all-to-all over the copy, the
+// most any all-to-all moving each byte once could reach against it; `heap_copy`: the same
+// copy into the heap's local region, where hp's all-gather and all-to-all put their
+// outputs (4 KiB shared pages); `x copy`: each time over the copy's (broadcast: over
+// (n-1)/n copies, as its ranks share them).
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
@@ -36,19 +38,28 @@ int main(int argc, char** argv) {
   const int64_t max_bytes = int64_t(argc > 1 ? std::atoll(argv[1]) : 64) << 20;
   if (rank == 0)
     std::printf("# %d ranks, float32, private tensors; median us, each call after a Gloo all-to-all\n"
-                "%-8s %9s %9s %7s %11s %9s %11s %9s %11s %9s\n",
-                n, "size", "gloo_a2a", "copy", "bound", "all_to_all", "x copy", "all_gather", "x copy", "broadcast",
-                "x copy");
+                "%-8s %9s %9s %7s %10s %7s %11s %7s %11s %7s %10s %7s\n",
+                n, "size", "gloo_a2a", "copy", "bound", "heap_copy", "x copy", "all_to_all", "x copy", "all_gather",
+                "x copy", "broadcast", "x copy");
   for (int64_t bytes = int64_t(1) << 20; bytes <= max_bytes; bytes *= 4) {
     const int64_t numel = bytes / 4 / n * n;  // whole rows of the all-to-all
     at::Tensor x = at::rand({numel}), out = at::empty({numel}), to = at::empty({numel});
     at::Tensor rows = x.view({n, numel / n}), part = x.narrow(0, 0, numel / n);
     std::vector<int64_t> none;
     c10d::AllToAllOptions o;
+    // Each copy ends at a barrier, as a collective does: with more ranks than cores, no
+    // rank copies alone.
     const std::vector<std::function<void()>> ops = {
         [&] {
           symm::copy_large(to.data_ptr(), x.data_ptr(), x.nbytes());
-          symm::barrier(*g);  // as a collective ends: with more ranks than cores, no rank copies alone
+          symm::barrier(*g);
+        },
+        [&] {  // allocated per call, as the collectives' outputs are, to leave them the room
+          at::Tensor in_heap = symm::try_output_buffer(numel, at::kFloat, *g);
+          HP_CHECK(in_heap.defined()) << "bench_copy_bound: no room for " << (bytes >> 20)
+                                      << " MiB in the heap's local region (HP_SHM_LOCAL_MIB)";
+          symm::copy_large(in_heap.data_ptr(), x.data_ptr(), x.nbytes());
+          symm::barrier(*g);
         },
         [&] { all_to_all(rows, *g, 0, 0); },
         [&] { all_gather(part, *g); },
@@ -78,9 +89,9 @@ int main(int argc, char** argv) {
     if (rank != 0) continue;
     const double gloo = m[0], copy = m[1];  // Gloo before the copy, and the copy
     const std::string size = std::to_string(bytes >> 20) + " MiB";
-    std::printf("%-8s %9.1f %9.1f %6.1fx %11.1f %8.2fx %11.1f %8.2fx %9.1f %8.2fx\n", size.c_str(), gloo * 1e6,
-                copy * 1e6, gloo / copy, m[3] * 1e6, m[3] / copy, m[5] * 1e6, m[5] / copy, m[7] * 1e6,
-                m[7] / (copy * (n - 1) / n));
+    std::printf("%-8s %9.1f %9.1f %6.1fx %10.1f %6.2fx %11.1f %6.2fx %11.1f %6.2fx %10.1f %6.2fx\n", size.c_str(),
+                gloo * 1e6, copy * 1e6, gloo / copy, m[3] * 1e6, m[3] / copy, m[5] * 1e6, m[5] / copy, m[7] * 1e6,
+                m[7] / copy, m[9] * 1e6, m[9] / (copy * (n - 1) / n));
     std::fflush(stdout);
   }
   return 0;
