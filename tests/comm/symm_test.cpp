@@ -497,7 +497,9 @@ TEST(ShmCollectives, BroadcastSharesTheCopyingWithTheRoot) {
 // hp::comm's all-gather and all-to-all return outputs in the heap's local region, and a
 // sender writes each piece of a private input straight into its receivers' outputs: the
 // right pieces at 2-4 ranks, uneven, with single copy on and off. A rank whose local
-// region is full gets a private output, and the pieces bound for it take another path.
+// region is full gets a private output, and the pieces bound for it take another path:
+// with single copy off, the windows, whose first step the other ranks (outputs in the
+// heap) left unstaged and stage after the first barrier.
 TEST(ShmCollectives, OutputsInTheHeapAreWrittenBySenders) {
   auto distinct = [](int rank, int64_t numel) { return at::arange(numel, at::kFloat) + 1e6 * (rank + 1); };
   for (const char* single : {"1", "0"}) {
