@@ -223,12 +223,17 @@ void check_bytes(const Heap& h, int row, const char* op, int r, size_t expected)
                             << " bytes from group rank " << r << ", which has " << got;
 }
 
-// Where rank r's slice of `total` elements starts when an all-reduce splits them over n
-// ranks: slices of 16 elements or more, so that copies stay aligned; trailing ones short.
-int64_t slice_start(int64_t total, int n, int r) {
-  const int64_t per = ((total + n - 1) / n + 15) & ~int64_t{15};
-  return std::min<int64_t>(total, r * per);
+// Where part k starts when `total` units are split over n ranks in parts of a multiple of
+// `align` (a power of two) units each, so that copies stay aligned; trailing parts short.
+template <typename T>
+T part_start(T total, int n, int k, T align) {
+  const T per = ((total + n - 1) / n + align - 1) & ~(align - 1);
+  return std::min<T>(total, k * per);
 }
+
+// Where rank r's slice of `total` elements starts when an all-reduce splits them over n
+// ranks: slices of 16 elements.
+int64_t slice_start(int64_t total, int n, int r) { return part_start<int64_t>(total, n, r, 16); }
 
 // Peers in the order this rank visits them: itself first, then the next ranks round the
 // ring, so that no rank's memory is read by all the others at once.
@@ -528,7 +533,8 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
   publish(h, row, in, std::accumulate(send.begin(), send.end(), size_t{0}));
   publish_output(h, row, out, std::accumulate(recv.begin(), recv.end(), size_t{0}));
   const int first = h.next_parity();
-  if (!skips_staging(h, row, me)) stage(first, 0);
+  const bool skipped = skips_staging(h, row, me);
+  if (!skipped) stage(first, 0);
   h.barrier("all_to_all");
   size_t most = 0;
   for (int r = 0; r < n; ++r) {
@@ -571,7 +577,7 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
   bool late = false;
   for (int r = 0; r < n; ++r) late = late || skips_staging(h, row, r);
   if (late) {
-    if (skips_staging(h, row, me)) stage(first, 0);
+    if (skipped) stage(first, 0);
     h.barrier("all_to_all");
   }
   unstage(first, 0);
@@ -586,10 +592,7 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
 namespace {
 
 // Where rank k's 1/n share of a broadcast of `bytes` starts, in lines of 64 bytes.
-size_t share_start(size_t bytes, int n, int k) {
-  const size_t per = ((bytes + n - 1) / n + 63) & ~size_t{63};
-  return std::min(bytes, k * per);
-}
+size_t share_start(size_t bytes, int n, int k) { return part_start<size_t>(bytes, n, k, 64); }
 
 // Tensors in the heap on every rank: every rank, the root included, copies its 1/n share
 // of the root's tensor into every receiver's, so the copying is spread over all of them.
