@@ -3,7 +3,7 @@
 JOBS ?= $(shell nproc)
 BUILD := build
 
-.PHONY: demo test build setup configure asan clean
+.PHONY: demo test build setup configure asan cuda clean
 
 setup:
 	@./scripts/setup
@@ -18,11 +18,15 @@ demo: build
 	./scripts/demo
 
 test: build
-	cd $(BUILD) && OPENBLAS_NUM_THREADS=1 ctest --output-on-failure -j $(JOBS) --timeout 600
+	cd $(BUILD) && OMP_NUM_THREADS=1 ctest --output-on-failure -j $(JOBS) --timeout 600
 
 asan: setup
 	cmake --preset asan > /dev/null && cmake --build build-asan -j $(JOBS) && \
-	  cd build-asan && OPENBLAS_NUM_THREADS=1 ctest --output-on-failure -j $(JOBS)
+	  cd build-asan && OMP_NUM_THREADS=1 ctest --output-on-failure -j $(JOBS)
+
+# Compiles and links everything with CUDA and NCCL (nothing runs: no GPU needed).
+cuda: setup
+	@PATH="$$PATH:/usr/local/cuda/bin" cmake --preset cuda > /dev/null && cmake --build build-cuda -j $(JOBS)
 
 clean:
-	rm -rf $(BUILD) build-asan
+	rm -rf $(BUILD) build-asan build-cuda

@@ -2,4 +2,4 @@
 #pragma once
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/Backend.hpp>

@@ -61,7 +61,7 @@ DistEnv read_dist_env(const EnvGetter& getenv) {
     e.world_size = env.integer("WORLD_SIZE");
     e.local_rank = env.integer_or("LOCAL_RANK", e.rank);
     e.local_world_size = env.integer_or("LOCAL_WORLD_SIZE", e.world_size);
-    HP_CHECK(env.has("MASTER_ADDR") && env.has("MASTER_PORT") || e.world_size == 1)
+    HP_CHECK((env.has("MASTER_ADDR") && env.has("MASTER_PORT")) || e.world_size == 1)
         << "RANK and WORLD_SIZE are set but "
         << (env.has("MASTER_ADDR") ? "MASTER_PORT" : "MASTER_ADDR")
         << " is not: the launcher must give the rendezvous address";

@@ -35,7 +35,7 @@ std::string string_of(const std::vector<uint8_t>& v) { return {v.begin(), v.end(
 // Every rank adds itself; the last one to arrive opens the gate.
 void store_barrier(const SaveJob& job, const std::string& name) {
   const std::string key = job.key + "/" + name;
-  if (job.store->add(key, 1) == job.world_size) job.store->set(key + "/open", {1});
+  if (job.store->add(key, 1) == job.world_size) job.store->set(key + "/open", std::vector<uint8_t>{1});
   try {
     job.store->wait({key + "/open"}, job.timeout);
   } catch (const std::exception& e) {

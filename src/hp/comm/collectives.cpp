@@ -19,10 +19,10 @@ bool all_equal(const std::vector<int64_t>& v) {
   return std::all_of(v.begin(), v.end(), [&](int64_t x) { return x == v.front(); });
 }
 
-// Gloo in LibTorch 1.13 cannot carry bfloat16 (nor int16): move its bits as float16,
-// which data-movement collectives copy without arithmetic.
+// Gloo cannot carry int16: move its bits as float16, which data-movement collectives copy
+// without arithmetic.
 at::Tensor wire(const at::Tensor& t) {
-  if (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kShort) return t.view(at::kHalf);
+  if (t.scalar_type() == at::kShort) return t.view(at::kHalf);
   if (t.scalar_type() == at::kBool) return t.view(at::kByte);
   return t;
 }
@@ -155,7 +155,7 @@ std::vector<int64_t> chunk_sizes(int64_t n, int parts) {
 
 Pending all_reduce_async(at::Tensor t, const Group& g, ReduceOp op) {
   g.record("all_reduce", t);
-  // Reduce 16-bit floats in float32: Gloo lacks bfloat16, and it is more accurate.
+  // Reduce bfloat16 in float32 on the CPU: more accurate, as the shared-memory paths do.
   const bool widen = t.scalar_type() == at::kBFloat16 && g.device() == "cpu";
   at::Tensor buf = widen ? t.to(at::kFloat) : t.contiguous();
   if (g.size() == 1) return Pending::done(t);

@@ -33,15 +33,14 @@ class CountingAllocator : public c10::Allocator {
  public:
   CountingAllocator(c10::Allocator* inner, Counters* counters) : inner_(inner), counters_(counters) {}
 
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) override {
     auto* held = new Held{inner_->allocate(n), static_cast<int64_t>(n), counters_};
     count(*counters_, held->bytes);
     // The context, not the data pointer, carries the release: meta data pointers are null.
     return c10::DataPtr(held->ptr.get(), held, &release, held->ptr.device());
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-  // LibTorch 2.x asks allocators to copy; 1.13 does not know the method.
-  void copy_data(void* dst, const void* src, std::size_t count) const { std::memcpy(dst, src, count); }
+  void copy_data(void* dst, const void* src, std::size_t count) const override { std::memcpy(dst, src, count); }
 
  private:
   struct Held {
