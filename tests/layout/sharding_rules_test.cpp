@@ -3,6 +3,7 @@
 // layouts) and the results must form the chosen output layout of the global result.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "hp/base/error.h"
@@ -118,6 +119,30 @@ Arr run_op(const Op& op, const std::vector<Arr>& in, const std::vector<V>& offse
       out = sim::box(in[0], off, out_shape);
       break;
     }
+    case OpKind::Attention: {
+      // Causal by global query position (keys are whole); query head h reads kv head h / g.
+      const Arr &q = in[0], &k = in[1], &v = in[2];
+      const int64_t g = q.shape[1] / k.shape[1], keys = k.shape[2];
+      sim::for_each_index(out_shape, [&](const V& i) {
+        const int64_t pos = i[2] + offsets[0][2];
+        std::vector<double> s;
+        for (int64_t j = 0; j < keys && j <= pos; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < q.shape[3]; ++d)
+            dot += q.v[sim::flat(q.shape, {i[0], i[1], i[2], d})] * k.v[sim::flat(k.shape, {i[0], i[1] / g, j, d})];
+          s.push_back(dot / 100);
+        }
+        const double top = *std::max_element(s.begin(), s.end());
+        double z = 0, acc = 0;
+        for (size_t j = 0; j < s.size(); ++j) {
+          const double w = std::exp(s[j] - top);
+          z += w;
+          acc += w * v.v[sim::flat(v.shape, {i[0], i[1] / g, static_cast<int64_t>(j), i[3]})];
+        }
+        out.v[sim::flat(out_shape, i)] = acc / z;
+      });
+      break;
+    }
     default: ADD_FAILURE() << "no reference kernel for " << op.to_string();
   }
   return out;
@@ -214,6 +239,10 @@ TEST(ShardingRules, NewOpsGiveTheRightData) {
   EXPECT_EQ(check_op(Op::cat(1, 3), {data({4, 6}), data({4, 2}), data({4, 3})}), 16 * 16 * 16);
   EXPECT_EQ(check_op(Op::narrow(1, 1, 4), {data({4, 6})}), 16);
   EXPECT_EQ(check_op(Op::narrow(0, 3, 1), {data({4, 6})}), 16);
+  // Grouped-query attention, 3 positions (uneven on 2 ranks): every layout of q, k, v.
+  EXPECT_EQ(check_op(Op::attention(), {data({2, 4, 3, 2}), data({2, 2, 3, 2}), data({2, 2, 3, 3})},
+                     {false, false, false}),
+            25 * 25 * 25);
 }
 
 TEST(ShardingRules, NewOpsKeepShardsTheyCan) {

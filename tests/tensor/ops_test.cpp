@@ -93,6 +93,19 @@ std::vector<OpCase> op_cases() {
                [](auto& x) { return at::embedding(x[0], x[1]); }, {false, true}});
   c.push_back({"cross_entropy", {{6, 8}, {6}}, [](auto& x) { return cross_entropy(x[0], x[1]); },
                [](auto& x) { return at::cross_entropy_loss(x[0], x[1]); }, {false, true}});
+  // Attention against the explicit form it replaced in nn::Attention: kv heads repeated,
+  // scaled scores, future positions masked to -inf, softmax, then the values. 5 positions
+  // split unevenly; heads 4 over 2 kv heads.
+  for (bool causal : {true, false}) {
+    c.push_back({causal ? "attention causal gqa" : "attention gqa", {{2, 4, 5, 6}, {2, 2, 5, 6}, {2, 2, 5, 6}},
+                 [causal](auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2], causal); },
+                 [causal](auto& x) {
+                   at::Tensor k = x[1].repeat_interleave(2, 1), v = x[2].repeat_interleave(2, 1);
+                   at::Tensor s = at::matmul(x[0] / std::sqrt(6.0), k.transpose(2, 3));
+                   if (causal) s = s.masked_fill(at::ones({5, 5}, at::kBool).triu(1), -INFINITY);
+                   return at::matmul(s.softmax(-1), v);
+                 }});
+  }
   return c;
 }
 

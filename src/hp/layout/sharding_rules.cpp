@@ -34,6 +34,7 @@ const char* kind_name(OpKind k) {
     case OpKind::Permute: return "permute";
     case OpKind::Cat: return "cat";
     case OpKind::Narrow: return "narrow";
+    case OpKind::Attention: return "attention";
   }
   return "?";
 }
@@ -124,6 +125,7 @@ int Op::arity() const {
     case OpKind::Add:
     case OpKind::Mul:
     case OpKind::Cat: return num_inputs;
+    case OpKind::Attention: return 3;
     case OpKind::Matmul:
     case OpKind::Linear:
     case OpKind::Embedding: return 2;
@@ -223,6 +225,14 @@ Shape output_shape(const Op& op, const std::vector<Shape>& in) {
       Shape out = in[0];
       out[d] = length;
       return out;
+    }
+    case OpKind::Attention: {
+      const Shape &q = in[0], &k = in[1], &v = in[2];
+      HP_CHECK(q.size() == 4 && k.size() == 4 && v.size() == 4 && k[0] == q[0] && v[0] == q[0] && k[1] == v[1] &&
+               k[1] > 0 && q[1] % k[1] == 0 && k[2] == v[2] && k[3] == q[3])
+          << "attention expects q[B, Hq, Sq, D], k[B, Hkv, Sk, D], v[B, Hkv, Sk, Dv] with Hq a multiple of Hkv; "
+          << "found " << shapes_string(in);
+      return {q[0], q[1], q[2], v[3]};
     }
   }
   return {};
@@ -349,6 +359,14 @@ std::vector<Signature> signatures(const Op& op, const std::vector<Shape>& in, in
       for (int t = 0; t < static_cast<int>(in[0].size()); ++t)
         if (t != d) sigs.push_back({std::vector<Placement>(n, Shard(t)), Shard(t)});
       add_passthrough_partials(sigs, n);
+      break;
+    }
+    case OpKind::Attention: {
+      sigs.push_back({{Shard(0), Shard(0), Shard(0)}, Shard(0)});  // batch
+      // Heads: each rank's query heads must read its own kv heads, which an even split
+      // of both gives.
+      if (even(in[0][1]) && even(in[1][1])) sigs.push_back({{Shard(1), Shard(1), Shard(1)}, Shard(1)});
+      sigs.push_back({{Shard(2), Replicate(), Replicate()}, Shard(2)});  // query positions
       break;
     }
   }

@@ -36,6 +36,8 @@ enum class OpKind {
   Permute,      // output dim j is input dim dims[j]
   Cat,          // num_inputs tensors joined along dims[0]
   Narrow,       // dims = {dim, start, length}
+  Attention,    // q[B, Hq, Sq, D], k[B, Hkv, Sk, D], v[B, Hkv, Sk, Dv] -> [B, Hq, Sq, Dv]
+                // (Hq a multiple of Hkv); queries may be split by position, keys not
 };
 
 struct Op {
@@ -59,6 +61,7 @@ struct Op {
   static Op permute(std::vector<int64_t> dims) { return {OpKind::Permute, std::move(dims), false, 1}; }
   static Op cat(int64_t dim, int num_inputs) { return {OpKind::Cat, {dim}, false, num_inputs}; }
   static Op narrow(int64_t dim, int64_t start, int64_t length) { return {OpKind::Narrow, {dim, start, length}, false, 1}; }
+  static Op attention() { return {OpKind::Attention, {}, false, 3}; }
 
   int arity() const;
   bool operator==(const Op& o) const {

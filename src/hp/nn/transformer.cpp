@@ -2,9 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include <cmath>
-#include <limits>
-
 #include "hp/base/error.h"
 #include "hp/tensor/ops.h"
 
@@ -19,58 +16,50 @@ DTensor along_last_dim(const DTensor& x, const LocalKernel& kernel) {
 
 }  // namespace
 
-DTensor apply_rotary(const DTensor& x, double theta) {
-  return along_last_dim(x, [theta](const std::vector<at::Tensor>& t, const LocalContext& ctx) {
+std::pair<at::Tensor, at::Tensor> Rotary::tables(int64_t first, int64_t end, int64_t head_dim,
+                                                  const at::Tensor& like) {
+  const int64_t half = head_dim / 2;
+  // float32 tables serve float32 and narrower inputs; float64 inputs get float64 ones.
+  const auto wide = like.options().dtype(like.scalar_type() == at::kDouble ? at::kDouble : at::kFloat);
+  if (!cos_.defined() || cos_.size(0) < end || cos_.size(1) != half || cos_.device() != like.device() ||
+      cos_.scalar_type() != wide.dtype().toScalarType()) {
+    at::Tensor pos = at::arange(end, wide);
+    at::Tensor freq = at::pow(theta_, -at::arange(0, half, wide) * (2.0 / head_dim));
+    at::Tensor angle = pos.unsqueeze(1) * freq.unsqueeze(0);  // [end, half]
+    cos_ = angle.cos();
+    sin_ = angle.sin();
+  }
+  const int64_t n = end - first;
+  return {cos_.narrow(0, first, n).to(like.scalar_type()), sin_.narrow(0, first, n).to(like.scalar_type())};
+}
+
+DTensor Rotary::operator()(const DTensor& x) {
+  return along_last_dim(x, [this](const std::vector<at::Tensor>& t, const LocalContext& ctx) {
     const at::Tensor& v = t[0];
     const int64_t half = v.size(-1) / 2;
     const int64_t first = ctx.output.global_offset(ctx.coord)[2];  // positions may be sharded
-    at::Tensor pos = at::arange(first, first + v.size(2), v.options());
-    at::Tensor freq = at::pow(theta, -at::arange(0, half, v.options()) * (2.0 / v.size(-1)));
-    at::Tensor angle = pos.unsqueeze(1) * freq.unsqueeze(0);  // [S, half]
-    at::Tensor cos = angle.cos(), sin = angle.sin();
+    auto [cos, sin] = tables(first, first + v.size(2), v.size(-1), v);
     at::Tensor x1 = v.narrow(-1, 0, half), x2 = v.narrow(-1, half, half);
     return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
   });
 }
 
-DTensor causal_softmax(const DTensor& scores) {
-  return along_last_dim(scores, [](const std::vector<at::Tensor>& t, const LocalContext& ctx) {
-    const at::Tensor& s = t[0];
-    const int64_t first = ctx.output.global_offset(ctx.coord)[2];
-    at::Tensor rows = at::arange(first, first + s.size(2), s.options().dtype(at::kLong)).unsqueeze(1);
-    at::Tensor cols = at::arange(s.size(3), s.options().dtype(at::kLong)).unsqueeze(0);
-    return s.masked_fill(cols > rows, -std::numeric_limits<double>::infinity()).softmax(-1);
-  });
-}
-
-DTensor repeat_kv(const DTensor& x, int64_t rep) {
-  if (rep == 1) return x;
-  const int64_t b = x.size(0), kv = x.size(1), s = x.size(2), d = x.size(3);
-  // Broadcasting against a [1, 1, rep, 1] zero repeats each head with no copy rule needed.
-  DTensor zeros = distribute_tensor(at::zeros({1, 1, rep, 1}, x.to_local().options()),
-                                    x.device_mesh(), std::vector<Placement>(x.device_mesh().ndim(), Replicate()));
-  return view(add(view(x, {b, kv, 1, s * d}), zeros), {b, kv * rep, s, d});
-}
+DTensor apply_rotary(const DTensor& x, double theta) { return Rotary(theta)(x); }
 
 Attention::Attention(const LlamaConfig& c, const DeviceMesh& mesh)
     : c_(c),
       q_proj_(register_module("q_proj", std::make_shared<Linear>(c.dim, c.heads * c.head_dim(), mesh))),
       k_proj_(register_module("k_proj", std::make_shared<Linear>(c.dim, c.kv_heads * c.head_dim(), mesh))),
       v_proj_(register_module("v_proj", std::make_shared<Linear>(c.dim, c.kv_heads * c.head_dim(), mesh))),
-      o_proj_(register_module("o_proj", std::make_shared<Linear>(c.heads * c.head_dim(), c.dim, mesh))) {}
+      o_proj_(register_module("o_proj", std::make_shared<Linear>(c.heads * c.head_dim(), c.dim, mesh))),
+      rotary_(c.rope_theta) {}
 
 DTensor Attention::forward(const DTensor& x) {
   const int64_t b = x.size(0), s = x.size(1), hd = c_.head_dim();
   auto heads = [&](Linear& proj, int64_t n) { return transpose(view(proj(x), {b, s, n, hd}), 1, 2); };
-  // Scale q rather than the scores: S / Dh times fewer elements to touch.
-  const double scale = 1.0 / std::sqrt(double(hd));
-  DTensor q = map(apply_rotary(heads(*q_proj_, c_.heads), c_.rope_theta),
-                  [scale](const at::Tensor& t) { return t * scale; });
-  DTensor k = repeat_kv(apply_rotary(heads(*k_proj_, c_.kv_heads), c_.rope_theta), c_.heads / c_.kv_heads);
-  DTensor v = repeat_kv(heads(*v_proj_, c_.kv_heads), c_.heads / c_.kv_heads);
-  DTensor scores = matmul(q, transpose(k, 2, 3));
-  DTensor probs = c_.causal ? causal_softmax(scores) : softmax(scores, -1);
-  DTensor out = matmul(probs, v);  // [B, H, S, Dh]
+  DTensor q = rotary_(heads(*q_proj_, c_.heads));
+  DTensor k = rotary_(heads(*k_proj_, c_.kv_heads));
+  DTensor out = scaled_dot_product_attention(q, k, heads(*v_proj_, c_.kv_heads), c_.causal);  // [B, H, S, Dh]
   return (*o_proj_)(view(transpose(out, 1, 2), {b, s, c_.heads * hd}));
 }
 

@@ -9,6 +9,21 @@
 
 namespace hp::nn {
 
+// Rotary position embedding of x [B, H, S, Dh] (rotate-half convention), positions taken
+// globally (they may be sharded). The cos/sin tables are computed once (in float32, or
+// float64 for float64 inputs) for positions [0, n) and grown when a longer sequence comes.
+class Rotary {
+ public:
+  explicit Rotary(double theta) : theta_(theta) {}
+  DTensor operator()(const DTensor& x);
+
+ private:
+  // cos and sin [end - first, Dh / 2] in `like`'s dtype and device.
+  std::pair<at::Tensor, at::Tensor> tables(int64_t first, int64_t end, int64_t head_dim, const at::Tensor& like);
+  double theta_;
+  at::Tensor cos_, sin_;  // [n, Dh / 2]
+};
+
 class Attention : public Module {
  public:
   Attention(const LlamaConfig& c, const DeviceMesh& mesh);
@@ -17,6 +32,7 @@ class Attention : public Module {
  private:
   LlamaConfig c_;
   std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;
+  Rotary rotary_;
 };
 
 class MLP : public Module {
@@ -59,11 +75,7 @@ class Llama : public Module {
   std::shared_ptr<Linear> output_;  // absent with tied embeddings
 };
 
-// Rotary position embedding of x [B, H, S, Dh] (rotate-half convention).
+// Rotary position embedding of x [B, H, S, Dh], tables made for this call only.
 DTensor apply_rotary(const DTensor& x, double theta);
-// Softmax over the last dim of scores [B, H, S, S] with future positions masked out.
-DTensor causal_softmax(const DTensor& scores);
-// [B, KV, S, Dh] -> [B, KV * rep, S, Dh], each kv head repeated for its query heads.
-DTensor repeat_kv(const DTensor& x, int64_t rep);
 
 }  // namespace hp::nn

@@ -140,6 +140,19 @@ DTensor log_softmax(const DTensor& x, int64_t dim) {
   return dispatch(Op::softmax(dim), {x}, [dim](const auto& t, const auto&) { return t[0].log_softmax(dim); });
 }
 
+DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const DTensor& v, bool causal,
+                                     std::optional<double> scale) {
+  return dispatch(Op::attention(), {q, k, v}, [causal, scale](const auto& t, const LocalContext& ctx) {
+    const at::Tensor &lq = t[0], &lk = t[1], &lv = t[2];
+    const int64_t first = ctx.output.global_offset(ctx.coord)[2];
+    if (!causal || (first == 0 && lq.size(2) == lk.size(2))) return attention(lq, lk, lv, {}, causal, scale);
+    // Queries from position `first` on (a shard of the positions): each sees keys up to its own.
+    at::Tensor rows = at::arange(first, first + lq.size(2), lq.options().dtype(at::kLong)).unsqueeze(1);
+    at::Tensor cols = at::arange(lk.size(2), lq.options().dtype(at::kLong)).unsqueeze(0);
+    return attention(lq, lk, lv, cols <= rows, false, scale);
+  });
+}
+
 DTensor embedding(const DTensor& table, const DTensor& ids) {
   HP_CHECK(at::isIntegralType(ids.scalar_type(), false))
       << "embedding ids must be integers, got " << ids.scalar_type();

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "hp/layout/sharding_rules.h"
@@ -54,6 +55,13 @@ std::vector<DTensor> split(const DTensor& x, const std::vector<int64_t>& sizes, 
 std::vector<DTensor> chunk(const DTensor& x, int64_t n, int64_t dim);
 // An elementwise function of one tensor (relu, silu, x * 2, ...).
 DTensor map(const DTensor& x, const std::function<at::Tensor(const at::Tensor&)>& fn);
+
+// Softmax attention of q [B, Hq, Sq, D] over k [B, Hkv, Sk, D] and v [B, Hkv, Sk, Dv]
+// (grouped-query when Hq is a multiple of Hkv), through at::scaled_dot_product_attention,
+// scaled by 1/sqrt(D) unless `scale` is given. With `causal`, the query at global position
+// i sees keys 0..i. Batch or heads may be sharded, query positions too (keys stay whole).
+DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const DTensor& v, bool causal,
+                                     std::optional<double> scale = std::nullopt);
 
 DTensor rms_norm(const DTensor& x, const DTensor& weight, double eps = 1e-6);
 DTensor layer_norm(const DTensor& x, const DTensor& weight, const DTensor& bias, double eps = 1e-5);
