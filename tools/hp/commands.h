@@ -16,7 +16,8 @@ namespace hp::cli {
 void add_version_command(CLI::App& app);
 void add_schedule_command(CLI::App& app);
 void add_plan_commands(CLI::App& app);  // dryrun, plan
-void add_train_command(CLI::App& app);  // only when built with LibTorch
+void add_train_command(CLI::App& app);    // only when built with LibTorch
+void add_convert_command(CLI::App& app);  // only when built with LibTorch
 
 // `hp dryrun --real`: the trainer's step as rank `rank` of the resolved strategy `s`, on a
 // fake world and meta tensors, beside the estimator (only when built with LibTorch).

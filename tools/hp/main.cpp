@@ -1,4 +1,4 @@
-// hp: the HyperParallel command line (schedule, dryrun, plan, train).
+// hp: the HyperParallel command line (schedule, dryrun, plan, train, convert).
 #include <CLI/CLI.hpp>
 #include <iostream>
 
@@ -9,7 +9,7 @@ namespace hp::cli {
 
 void add_version_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("version", "print the version");
-  cmd->callback([] { std::cout << "hp 0.1.0\n"; });
+  cmd->callback([] { std::cout << "hp 0.2.0\n"; });
 }
 
 }  // namespace hp::cli
@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   hp::cli::add_plan_commands(app);
 #ifdef HP_WITH_TRAIN
   hp::cli::add_train_command(app);
+  hp::cli::add_convert_command(app);
 #endif
   try {
     app.parse(argc, argv);

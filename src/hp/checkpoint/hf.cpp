@@ -112,7 +112,11 @@ nn::LlamaConfig read_hf_config(const std::string& dir) {
     c.kv_heads = j.value("num_key_value_heads", c.heads);
     c.ffn_dim = j.at("intermediate_size");
     c.max_seq = j.value("max_position_embeddings", c.max_seq);
-    c.rope_theta = j.value("rope_theta", 10000.0);
+    // transformers 5 writes rope_parameters {rope_type, rope_theta}; 4.x rope_theta and rope_scaling.
+    const json rope = j.value("rope_parameters", json::object());
+    HP_CHECK(rope.value("rope_type", std::string("default")) == "default")
+        << path << ": rope_type " << rope.at("rope_type") << ", only the default rotary embedding is supported";
+    c.rope_theta = rope.value("rope_theta", j.value("rope_theta", 10000.0));
     c.tied_embeddings = j.value("tie_word_embeddings", false);
     c.norm_eps = j.value("rms_norm_eps", c.norm_eps);
     HP_CHECK(j.value("hidden_act", std::string("silu")) == "silu")
@@ -165,11 +169,16 @@ void export_hf(const std::string& ckpt_dir, const nn::LlamaConfig& c, const std:
             {"num_key_value_heads", c.kv_heads},
             {"intermediate_size", c.ffn_dim},
             {"max_position_embeddings", c.max_seq},
-            {"rope_theta", c.rope_theta},
+            {"rope_theta", c.rope_theta},  // transformers 4.x
+            {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", c.rope_theta}}},  // 5.x
             {"rms_norm_eps", c.norm_eps},
             {"tie_word_embeddings", c.tied_embeddings},
             {"hidden_act", "silu"},
-            {"torch_dtype", torch_dtype}};
+            {"head_dim", c.head_dim()},
+            {"attention_bias", false},
+            {"mlp_bias", false},
+            {"torch_dtype", torch_dtype},  // transformers 4.x
+            {"dtype", torch_dtype}};       // 5.x
   write_file_synced(out_dir + "/config.json", j.dump(2) + "\n");
 }
 

@@ -185,7 +185,8 @@ std::string TrainConfig::to_string() const {
      << "ffn_dim = " << model.ffn_dim << "\n"
      << "max_seq = " << model.max_seq << "\n"
      << "rope_theta = " << toml_float(model.rope_theta) << "\n"
-     << "tied_embeddings = " << b(model.tied_embeddings) << "\n\n"
+     << "tied_embeddings = " << b(model.tied_embeddings) << "\n"
+     << "norm_eps = " << toml_float(model.norm_eps) << "\n\n"
      << "[train]\n"
      << "steps = " << train.steps << "\n"
      << "batch = " << train.batch << "\n"
@@ -253,6 +254,7 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
   model.get("max_seq", c.model.max_seq);
   model.get("rope_theta", c.model.rope_theta);
   model.get("tied_embeddings", c.model.tied_embeddings);
+  model.get("norm_eps", c.model.norm_eps);
   model.finish();
 
   SectionReader train(source, "train", section("train"));
@@ -322,6 +324,8 @@ void validate(const TrainConfig& c) {
   positive("model.kv_heads", md.kv_heads);
   positive("model.ffn_dim", md.ffn_dim);
   positive("model.max_seq", md.max_seq);
+  HP_CHECK(md.norm_eps > 0 && std::isfinite(md.norm_eps)) << src << ": model.norm_eps = " << md.norm_eps
+                                                         << " must be > 0";
   HP_CHECK(md.vocab >= 256) << src << ": model.vocab = " << md.vocab
                             << " must be >= 256 (the tokenizer is byte-level)";
   HP_CHECK(md.dim % md.heads == 0) << src << ": model.dim = " << md.dim
