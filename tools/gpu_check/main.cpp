@@ -1,0 +1,139 @@
+// What scripts/gpu_check runs on a machine with a GPU (built with HP_CUDA): DTensor ops and
+// a tensor-parallel Llama step on the GPU against the same on the CPU, the NCCL process
+// group with world size 1, and a bf16 training step. Prints one line per check and
+// `RESULT gpu_check pass|fail` last.
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+
+#include <cmath>
+#include <iostream>
+#include <string>
+
+#include "hp/hp.h"
+
+using namespace hp;
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const std::string& what) {
+  std::cout << (ok ? "ok    " : "FAIL  ") << what << std::endl;
+  if (!ok) ++failures;
+}
+
+bool close(const at::Tensor& gpu, const at::Tensor& cpu, double rtol, double atol) {
+  return gpu.sizes() == cpu.sizes() && at::allclose(gpu.cpu().to(at::kFloat), cpu.to(at::kFloat), rtol, atol);
+}
+
+nn::LlamaConfig tiny() {
+  nn::LlamaConfig c;
+  c.vocab = 64, c.dim = 64, c.layers = 2, c.heads = 4, c.kv_heads = 2, c.ffn_dim = 128, c.max_seq = 32;
+  return c;
+}
+
+void ops(const DeviceMesh& cpu, const DeviceMesh& gpu) {
+  manual_seed(0);
+  at::Tensor x = hp::randn({8, 16}), w = hp::randn({32, 16}), n = hp::randn({16});
+  at::Tensor q = hp::randn({2, 4, 9, 8}), k = hp::randn({2, 2, 9, 8}), v = hp::randn({2, 2, 9, 8});
+  auto on = [](const at::Tensor& t, const DeviceMesh& m) {
+    return distribute_tensor(m.device_type() == "cuda" ? t.cuda() : t, m, {Replicate()});
+  };
+  auto both = [&](const std::string& name, const std::function<DTensor(const DeviceMesh&)>& f) {
+    at::Tensor want = f(cpu).full_tensor(), got = f(gpu).full_tensor();
+    check(got.is_cuda() && close(got, want, 1e-4, 1e-5), "DTensor " + name + " on cuda equals cpu");
+  };
+  both("linear", [&](const DeviceMesh& m) { return linear(on(x, m), on(w, m)); });
+  both("softmax", [&](const DeviceMesh& m) { return softmax(on(x, m), -1); });
+  both("rms_norm", [&](const DeviceMesh& m) { return rms_norm(on(x, m), on(n, m)); });
+  both("attention (causal, gqa)",
+       [&](const DeviceMesh& m) { return scaled_dot_product_attention(on(q, m), on(k, m), on(v, m), true); });
+}
+
+// One step of the tiny Llama, tensor parallel over a mesh of one, from the same weights.
+struct Step {
+  double loss;
+  std::map<std::string, at::Tensor> grads, params;
+};
+
+Step llama_step(const DeviceMesh& mesh, const std::map<std::string, at::Tensor>& init, bool bf16) {
+  nn::Llama model(tiny(), mesh);
+  parallelize_llama(model, mesh["tp"]);
+  for (auto& [name, p] : model.named_parameters()) {
+    at::NoGradGuard no_grad;
+    p->to_local().copy_(init.at(name));
+  }
+  optim::AdamW opt(model.parameters(), {.lr = 1e-2});
+  manual_seed(3);
+  at::Tensor tokens = (hp::rand({4, 33}, at::kDouble) * 64).floor().to(at::kLong);
+  if (mesh.device_type() == "cuda") tokens = tokens.cuda();
+  DTensor ids = distribute_tensor(tokens.narrow(1, 0, 32).contiguous(), mesh, {Replicate(), Replicate()});
+  DTensor targets = distribute_tensor(tokens.narrow(1, 1, 32).contiguous(), mesh, {Replicate(), Replicate()});
+  if (bf16) {
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+  }
+  DTensor loss = model.loss(ids, targets);
+  if (bf16) {
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+    at::autocast::clear_cache();
+  }
+  loss.to_local().backward();
+  Step s{loss.full_tensor().item<double>(), {}, {}};
+  for (auto& [name, p] : model.named_parameters()) s.grads[name] = p->grad()->full_tensor().cpu();
+  opt.step();
+  for (auto& [name, p] : model.named_parameters()) s.params[name] = p->full_tensor().cpu();
+  return s;
+}
+
+void llama(const DeviceMesh& cpu, const DeviceMesh& gpu) {
+  manual_seed(1);
+  std::map<std::string, at::Tensor> init;
+  {
+    nn::Llama model(tiny(), cpu);
+    for (auto& [name, p] : model.named_parameters()) init[name] = p->full_tensor().clone();
+  }
+  Step want = llama_step(cpu, init, false), got = llama_step(gpu, init, false);
+  check(std::abs(got.loss - want.loss) < 1e-4 * want.loss, "TP Llama loss on cuda " + std::to_string(got.loss) +
+                                                               " equals cpu " + std::to_string(want.loss));
+  bool grads = true, params = true;
+  for (auto& [name, g] : want.grads) grads = grads && close(got.grads.at(name), g, 1e-3, 1e-5);
+  for (auto& [name, p] : want.params) params = params && close(got.params.at(name), p, 1e-4, 1e-5);
+  check(grads, "TP Llama gradients on cuda equal cpu");
+  check(params, "TP Llama parameters after an AdamW step on cuda equal cpu");
+  Step half = llama_step(gpu, init, true);
+  check(std::isfinite(half.loss) && std::abs(half.loss - want.loss) < 0.02 * want.loss,
+        "bf16 (autocast) Llama step: loss " + std::to_string(half.loss) + " near float32 " +
+            std::to_string(want.loss));
+}
+
+void nccl() {
+  auto group = comm::current_world()->world_group("cuda");
+  std::vector<at::Tensor> t{at::full({1024}, 3.0, at::TensorOptions().device(at::kCUDA))};
+  c10d::AllreduceOptions opts;
+  auto work = group->backend().allreduce(t, opts);
+  work->wait();
+  check(group->backend().getBackendName() == "nccl" && at::equal(t[0].cpu(), at::full({1024}, 3.0)),
+        "NCCL process group (" + group->backend().getBackendName() + "), world size 1: all-reduce");
+}
+
+}  // namespace
+
+int main() {
+  try {
+    check(at::hasCUDA(), "LibTorch sees CUDA");
+    if (at::hasCUDA()) {
+      comm::run_local_ranks(1, [](int) {
+        DeviceMesh cpu = init_device_mesh("cpu", {1, 1}, {"dp", "tp"});
+        DeviceMesh gpu = init_device_mesh("cuda", {1, 1}, {"dp", "tp"});
+        ops(cpu["tp"], gpu["tp"]);
+        llama(cpu, gpu);
+        nccl();
+      });
+    }
+  } catch (const std::exception& e) {
+    check(false, std::string("no exception: ") + e.what());
+  }
+  std::cout << "RESULT gpu_check " << (failures == 0 ? "pass" : "fail") << std::endl;
+  return failures == 0 ? 0 : 1;
+}
