@@ -10,7 +10,7 @@ steps=${2:-6}
 bin=build/bin
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-export OPENBLAS_NUM_THREADS=1
+export OMP_NUM_THREADS=1
 
 strip() { sed -n 's/^\[rank0\]: //p'; }
 

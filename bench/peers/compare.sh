@@ -63,7 +63,7 @@ run_hp() {  # ranks shm(0|1)
   local log=$tmp/hp.log
   HP_SHM_COLLECTIVES=$2 "$bin/hprun" --nproc-per-node "$1" "$bin/hp" train \
     --config "$tmp/hp$1.toml" > "$log" 2>&1 || { tail -20 "$log" >&2; return 1; }
-  # As bench/compare_ddp.sh: a progress line per step, the number before "ms/step" of the
+  # A progress line per step: the number before "ms/step" of the
   # steps of the second half, the upper median.
   grep -E "^\[rank0\]: step" "$log" | awk -v half=$((steps / 2)) '$3 >= half { print $(NF - 3) }' | sort -g |
     awk -v tokens=$((8 * $1 * seq)) '{ ms[NR] = $1 } END { print tokens / (ms[int(NR / 2) + 1] / 1000) }'
