@@ -231,3 +231,21 @@ TEST(CollectiveErrors, AbsentPeerTimesOutNamingTheOp) {
 }
 
 }  // namespace
+
+TEST(CollectiveLifetime, ManyGlooWorldsInOneProcess) {
+  // A long-lived process creates and drops many groups (here: 200 worlds of 4 ranks as
+  // threads, Gloo only). PyTorch's flight recorder, shared by every group of the process,
+  // crashed such a process after about 100 of them; hp turns it off unless
+  // TORCH_FR_BUFFER_SIZE is set.
+  ::unsetenv("HP_SHM_COLLECTIVES");
+  ::setenv("HP_SHM_COLLECTIVES", "0", 1);
+  for (int round = 0; round < 200; ++round)
+    run_local_ranks(4, [&](int rank) {
+      auto g = current_world()->world_group();
+      at::Tensor sum = all_reduce(at::ones({8}), *g);
+      at::Tensor all = all_gather(at::full({2}, double(rank)), *g);
+      ASSERT_TRUE(at::equal(sum, at::full({8}, 4.0))) << "round " << round;
+      ASSERT_EQ(all.size(0), 8) << "round " << round;
+    });
+  ::unsetenv("HP_SHM_COLLECTIVES");
+}

@@ -82,10 +82,15 @@ World::World(int rank, int size, StorePtr store, std::chrono::milliseconds timeo
   // Communication buffers are large and short-lived. Served by mmap they are page-faulted
   // in afresh on every call (~12 us per 4 KiB page), which costs more than the copy
   // itself; from the heap they are reused.
-  static std::once_flag heap_tuned;
-  std::call_once(heap_tuned, [] {
+  static std::once_flag process_tuned;
+  std::call_once(process_tuned, [] {
     ::mallopt(M_MMAP_THRESHOLD, 32 << 20);  // the largest glibc accepts
     ::mallopt(M_TRIM_THRESHOLD, 1 << 30);
+    // PyTorch's flight recorder (a trace of every c10d call, one for the whole process)
+    // crashes a process that has made and dropped many Gloo groups, and hp names late
+    // ranks itself: off unless asked for. It reads the variable when the first group is made.
+    if (!std::getenv("TORCH_FR_BUFFER_SIZE") && !std::getenv("TORCH_NCCL_TRACE_BUFFER_SIZE"))
+      ::setenv("TORCH_FR_BUFFER_SIZE", "0", 0);
   });
   HP_CHECK(size >= 1 && rank >= 0 && rank < size) << "rank " << rank << " outside world of " << size;
   ranks_per_host_ = ranks_per_host > 0 ? ranks_per_host : loopback ? size : std::max(1, env_.local_world_size);
