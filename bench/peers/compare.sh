@@ -43,7 +43,7 @@ done
 
 # The two models must be the same: torch's parameter count against hp's module layout
 # (a formula over the config, llama.py) and hp's planner (hp dryrun on the same shapes).
-read -r torch_params formula_params < <("$PYTHON" bench/peers/peer.py --params --config "$tmp/hp2.toml")
+read -r torch_params formula_params < <("$PYTHON" bench/peers/llama.py "$tmp/hp2.toml" | awk '{ print $3 }' | xargs)
 hp_params=$("$bin/hp" dryrun --json --model configs/bench_3m_desc.toml --strategy dp=1 --devices 1 \
               --topology cluster-16k | "$PYTHON" -c 'import json, sys; print(json.load(sys.stdin)["active_params"])')
 hp_at=$bin/hp
@@ -72,7 +72,7 @@ run_peer() {  # ranks mode
   local log=$tmp/peer.log
   "$PYTHON" bench/peers/peer.py --mode "$2" --ranks "$1" --steps "$steps" --config "$tmp/hp$1.toml" \
     > "$log" 2>&1 || { tail -20 "$log" >&2; return 1; }
-  awk '$1 == "tok/s" { print $2 }' "$log"
+  awk '$1 == "RESULT" { print $3 }' "$log"
 }
 run() {  # ranks name
   case $2 in
@@ -94,4 +94,5 @@ for ranks in 2 4; do
   done
 done
 echo
-"$PYTHON" bench/peers/summary.py "$tmp/runs"
+"$PYTHON" bench/peers/summary.py "$tmp/runs" "$tmp/results"
+while read -r name value; do echo "RESULT $name $value"; done < "$tmp/results"

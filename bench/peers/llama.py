@@ -1,7 +1,7 @@
 """The Llama that `hp train` trains (src/hp/nn/transformer.cpp), in plain PyTorch 2.x.
 
 Same parameters, same shapes, same FLOPs: bias-free linears, RMSNorm with a learned scale
-(eps 1e-6, hp's LlamaConfig::norm_eps, not settable from a TOML), rotary embeddings on the
+(eps from [model] norm_eps, 1e-6 by default as in hp), rotary embeddings on the
 two halves of each head (theta 10000 unless the config says otherwise), grouped-query
 attention with a causal mask, a SwiGLU MLP, and an output head of its own unless
 tied_embeddings. Module names follow hp's (q_proj, gate_proj, ...) so that the tensor
@@ -11,6 +11,11 @@ Nothing here knows about parallelism: the attention views its projections with -
 so the same code runs on the heads a rank holds once ColwiseParallel has split q/k/v.
 Call the model itself (forward) and take the loss outside: DDP and fully_shard hook
 forward, not other methods.
+
+Run alone, it prints the parameter count of an hp train config's model (default: the
+bench model), on the torch model and by hp's module shapes; compare.sh checks them equal:
+
+    $(scripts/venv_path)/bin/python bench/peers/llama.py [hp.toml]
 """
 import dataclasses
 import tomllib
@@ -144,3 +149,11 @@ class Llama(nn.Module):
             x = layer(x)
         x = self.norm(x)
         return self.output(x) if self.output is not None else F.linear(x, self.tok_embeddings.weight)
+
+
+if __name__ == "__main__":
+    import sys
+
+    config = LlamaConfig.from_toml(sys.argv[1]) if len(sys.argv) > 1 else LlamaConfig()
+    print(f"RESULT peers_params_torch {sum(p.numel() for p in Llama(config).parameters())}")
+    print(f"RESULT peers_params_hp_shapes {config.param_count()}")

@@ -1,8 +1,9 @@
 """PyTorch 2.x's own parallelism on the model `hp train` trains (llama.py), N ranks on Gloo,
-one intra-op thread each, for bench/peers/compare.sh. Prints global tokens/s last:
+one intra-op thread each, for bench/peers/compare.sh. Prints global tokens/s last, as
+`RESULT peers_<mode>_<N>r <tok/s>`:
 
     $(scripts/venv_path)/bin/python bench/peers/peer.py --mode ddp --ranks 2 --steps 20
-    ... --mode fsdp2 | --mode tp      [--params: print the parameter count and exit]
+    ... --mode fsdp2 | --mode tp
     ... --config hp.toml   (an hp train config: its model; seq, lr, weight decay, global batch)
 
   ddp    torch.nn.parallel.DistributedDataParallel; each rank its own 8 sequences
@@ -105,7 +106,7 @@ def worker(rank, args, cfg, port):
         tokens = args.batch * args.ranks * args.seq
         print(f"{args.mode} ranks {args.ranks}: loss {losses[0]:.3f} -> {losses[-1]:.3f}, "
               f"median {ms:.1f} ms/step over steps {args.steps // 2}..{args.steps - 1}", flush=True)
-        print(f"tok/s {tokens / (ms / 1e3):.0f}", flush=True)
+        print(f"RESULT peers_{args.mode}_{args.ranks}r {tokens / (ms / 1e3):.0f}", flush=True)
     dist.destroy_process_group()
 
 
@@ -127,8 +128,6 @@ def main():
     p.add_argument("--seq", type=int, help="default 256")
     p.add_argument("--lr", type=float, help="default 3e-3")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--params", action="store_true",
-                   help="print the model's parameter count (torch's, then by formula) and exit")
     args = p.parse_args()
     cfg, train = LlamaConfig(), dict(batch=8 * args.ranks, seq=256, lr=3e-3, weight_decay=0.0)
     if args.config:
@@ -141,9 +140,6 @@ def main():
     args.seq = args.seq or train["seq"]
     args.lr = args.lr or train["lr"]
     args.weight_decay = train["weight_decay"]
-    if args.params:
-        print(sum(t.numel() for t in Llama(cfg).parameters()), cfg.param_count())
-        return
     if args.steps < 2:
         p.error("--steps must be at least 2 (the second half is timed)")
     mp.spawn(worker, args=(args, cfg, free_port()), nprocs=args.ranks)

@@ -10,6 +10,7 @@
 #include "hp/comm.h"
 #include "hp/comm/symm/collectives.h"
 #include "rank_data.h"
+#include "scoped_env.h"
 
 using namespace hp;
 using namespace hp::comm;
@@ -237,8 +238,7 @@ TEST(CollectiveLifetime, ManyGlooWorldsInOneProcess) {
   // threads, Gloo only). PyTorch's flight recorder, shared by every group of the process,
   // crashed such a process after about 100 of them; hp turns it off unless
   // TORCH_FR_BUFFER_SIZE is set.
-  ::unsetenv("HP_SHM_COLLECTIVES");
-  ::setenv("HP_SHM_COLLECTIVES", "0", 1);
+  ScopedEnv gloo_only("HP_SHM_COLLECTIVES", "0");
   for (int round = 0; round < 200; ++round)
     run_local_ranks(4, [&](int rank) {
       auto g = current_world()->world_group();
@@ -247,5 +247,4 @@ TEST(CollectiveLifetime, ManyGlooWorldsInOneProcess) {
       ASSERT_TRUE(at::equal(sum, at::full({8}, 4.0))) << "round " << round;
       ASSERT_EQ(all.size(0), 8) << "round " << round;
     });
-  ::unsetenv("HP_SHM_COLLECTIVES");
 }

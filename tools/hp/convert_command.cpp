@@ -22,14 +22,6 @@ std::string step_directory(const std::string& path) {
   return checkpoint::step_dir(path, *step);
 }
 
-at::ScalarType dtype_from(const std::string& name) {
-  if (name == "float32") return at::kFloat;
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16") return at::kHalf;
-  HP_FAIL() << "--dtype " << name << ": expected float32, bfloat16 or float16";
-  return at::kFloat;
-}
-
 void from_hf(const std::string& hf_dir, const std::string& root) {
   const nn::LlamaConfig c = checkpoint::read_hf_config(hf_dir);
   comm::run_local_ranks(1, [&](int) {
@@ -67,7 +59,7 @@ void add_convert_command(CLI::App& app) {
     if (!a->from_hf.empty()) return from_hf(a->from_hf, a->out);
     HP_CHECK(!a->config.empty()) << "hp convert --to-hf: --config FILE.toml is needed (the model's shape)";
     const std::string dir = step_directory(a->to_hf);
-    checkpoint::export_hf(dir, train::load_config(a->config).model, a->out, dtype_from(a->dtype));
+    checkpoint::export_hf(dir, train::load_config(a->config).model, a->out, checkpoint::hf_dtype_from_name(a->dtype));
     std::cout << "wrote " << a->out << "/config.json and " << a->out << "/model.safetensors from " << dir << "\n";
   });
 }

@@ -131,6 +131,20 @@ nn::LlamaConfig read_hf_config(const std::string& dir) {
   return c;
 }
 
+std::string hf_dtype_name(at::ScalarType dtype) {
+  if (dtype == at::kBFloat16) return "bfloat16";
+  if (dtype == at::kHalf) return "float16";
+  HP_CHECK(dtype == at::kFloat) << "Hugging Face export: dtype " << dtype << ", expected float32, bfloat16 or float16";
+  return "float32";
+}
+
+at::ScalarType hf_dtype_from_name(const std::string& name) {
+  for (at::ScalarType t : {at::kFloat, at::kBFloat16, at::kHalf})
+    if (hf_dtype_name(t) == name) return t;
+  HP_FAIL() << "dtype " << name << ": expected float32, bfloat16 or float16";
+  return at::kFloat;
+}
+
 void load_hf(const std::string& dir, nn::Llama& model) {
   State state;
   state.add_module(model);
@@ -159,7 +173,7 @@ void export_hf(const std::string& ckpt_dir, const nn::LlamaConfig& c, const std:
   std::string file = safetensors_header(keys, dtypes, shapes, bytes);
   for (const auto& t : data) file.append(static_cast<const char*>(t.data_ptr()), t.nbytes());
   write_file_synced(out_dir + "/model.safetensors", file);
-  const char* torch_dtype = dtype == at::kBFloat16 ? "bfloat16" : dtype == at::kHalf ? "float16" : "float32";
+  const std::string torch_dtype = hf_dtype_name(dtype);
   json j = {{"architectures", {"LlamaForCausalLM"}},
             {"model_type", "llama"},
             {"vocab_size", c.vocab},

@@ -28,6 +28,10 @@ nn::LlamaConfig read_hf_config(const std::string& dir);  // dir/config.json
 // tensor (bfloat16 or float16 files are converted to the model's dtype).
 void load_hf(const std::string& dir, nn::Llama& model);
 
+// The dtype names of Hugging Face's config.json: "float32", "bfloat16", "float16".
+std::string hf_dtype_name(at::ScalarType dtype);
+at::ScalarType hf_dtype_from_name(const std::string& name);  // error if unknown
+
 // Writes the parameters of the hp checkpoint `ckpt_dir` (saved with prefix "model.") as
 // out_dir/config.json + out_dir/model.safetensors in `dtype`. One process.
 void export_hf(const std::string& ckpt_dir, const nn::LlamaConfig& config, const std::string& out_dir,
