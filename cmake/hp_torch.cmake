@@ -38,6 +38,11 @@ message(STATUS "LibTorch ${HP_TORCH_VERSION} from ${HP_TORCH_DIR}")
 
 add_library(hp_torch INTERFACE)
 if(HP_CUDA)
+  # TorchConfig finds these with find_library, which searches the system before the wheel:
+  # pinned to the wheel, a system LibTorch (such as Debian's) is never linked instead.
+  set(c10_LIBRARY ${HP_TORCH_DIR}/lib/libc10.so CACHE FILEPATH "" FORCE)
+  set(C10_CUDA_LIBRARY ${HP_TORCH_DIR}/lib/libc10_cuda.so CACHE FILEPATH "" FORCE)
+  set(TORCH_LIBRARY ${HP_TORCH_DIR}/lib/libtorch.so CACHE FILEPATH "" FORCE)
   list(APPEND CMAKE_PREFIX_PATH ${HP_TORCH_DIR}/share/cmake)
   find_package(Torch REQUIRED)
   if(NOT TARGET torch_cuda)
