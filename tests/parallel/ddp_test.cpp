@@ -78,3 +78,28 @@ TEST(DistributedDataParallel, BucketsFollowTheCap) {
     EXPECT_THROW(DistributedDataParallel(c, init_device_mesh("cpu", {2}, {"x"})), hp::Error);
   });
 }
+
+// Replicas that initialise differently (each rank its own seed) start equal: every rank's
+// parameters are those of its data-parallel group's rank 0, bitwise, alone (3 ranks) and
+// beside tensor parallelism (the tp pieces differ; each dp group holds one of them).
+TEST(DistributedDataParallel, ReplicasStartFromTheFirstOnes) {
+  for (auto [shape, names] : {std::pair<std::vector<int64_t>, std::vector<std::string>>{{3}, {"dp"}},
+                              {{2, 2}, {"dp", "tp"}}}) {
+    const int world = static_cast<int>(shape[0] * (shape.size() > 1 ? shape[1] : 1));
+    std::vector<std::map<std::string, at::Tensor>> locals(world);
+    std::mutex mu;
+    comm::run_local_ranks(world, [&](int rank) {
+      DeviceMesh mesh = init_device_mesh("cpu", shape, names);
+      manual_seed(100 + rank);
+      nn::Llama model(hp::testing::tiny_llama(), mesh);
+      if (names.back() == "tp") parallelize_llama(model, mesh["tp"], {/*sequence_parallel=*/true, true});
+      DistributedDataParallel ddp(model, mesh["dp"]);
+      std::lock_guard<std::mutex> lock(mu);
+      for (auto& [name, p] : model.named_parameters()) locals[rank][name] = p->to_local().detach().clone();
+    });
+    const int tp = shape.size() > 1 ? static_cast<int>(shape[1]) : 1;
+    for (int rank = 0; rank < world; ++rank)
+      for (auto& [name, t] : locals[rank])
+        EXPECT_TRUE(at::equal(t, locals[rank % tp][name])) << "rank " << rank << " " << name << " on " << names.size() << "-D mesh";
+  }
+}

@@ -42,12 +42,25 @@ struct LlamaRunSpec {
   std::function<void(nn::Llama&, int64_t step)> after_backward;  // inspects the model
 };
 
-// Rank 0's view of the run.
+// Every rank must see the same run, bitwise (losses, and the full gradients and
+// parameters it gathers): a replicated parameter that drifted on one rank is caught here.
+inline void expect_ranks_agree(const std::vector<LlamaRun>& views) {
+  for (size_t r = 1; r < views.size(); ++r) {
+    EXPECT_EQ(views[r].losses, views[0].losses) << "rank " << r << "'s losses differ from rank 0's";
+    for (auto which : {&LlamaRun::first_grads, &LlamaRun::final_params})
+      for (auto& [name, t] : views[0].*which) {
+        ASSERT_TRUE((views[r].*which).count(name)) << "rank " << r << " lacks " << name;
+        EXPECT_TRUE(at::equal((views[r].*which).at(name), t)) << "rank " << r << "'s " << name << " differs from rank 0's";
+      }
+  }
+}
+
+// Rank 0's view of the run, after checking that every rank's is the same.
 inline LlamaRun train_llama(const LlamaRunSpec& spec) {
-  LlamaRun out;
   std::mutex mu;
   int64_t world = 1;
   for (int64_t s : spec.mesh_shape) world *= s;
+  std::vector<LlamaRun> views(world);
   comm::run_local_ranks(static_cast<int>(world), [&](int rank) {
     DeviceMesh mesh = init_device_mesh("cpu", spec.mesh_shape, spec.mesh_names);
     manual_seed(1234);
@@ -61,8 +74,9 @@ inline LlamaRun train_llama(const LlamaRunSpec& spec) {
     for (int k = 0; k < mesh.ndim(); ++k)
       if (spec.mesh_names[k].rfind("dp", 0) == 0) rows[k] = Shard(0);
     LlamaRun mine;
+    // One batch every step: the loss falls for sure, so matching it proves something.
+    const at::Tensor tokens = (hp::rand({spec.batch, spec.seq + 1}, at::kDouble) * c.vocab).floor().to(at::kLong);
     for (int64_t step = 0; step < spec.steps; ++step) {
-      at::Tensor tokens = (hp::rand({spec.batch, spec.seq + 1}, at::kDouble) * c.vocab).floor().to(at::kLong);
       double loss_sum = 0;
       const int64_t rows_per_micro = spec.batch / spec.micro_steps;
       for (int micro = 0; micro < spec.micro_steps; ++micro) {
@@ -82,12 +96,11 @@ inline LlamaRun train_llama(const LlamaRunSpec& spec) {
       opt->zero_grad();
     }
     for (auto& [name, p] : model.named_parameters()) mine.final_params[name] = p->full_tensor();
-    if (rank == 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      out = mine;
-    }
+    std::lock_guard<std::mutex> lock(mu);
+    views[rank] = mine;
   });
-  return out;
+  expect_ranks_agree(views);
+  return views[0];
 }
 
 // float32 on both sides: relative `rtol` with an absolute floor for values near zero.

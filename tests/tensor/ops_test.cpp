@@ -180,6 +180,43 @@ TEST(DTensorOps, AttentionWithShardedHeads) {
   });
 }
 
+// Each draw moves the offset past exactly the counters it consumed: numel for rand and
+// dropout, two per value for randn (Box-Muller). Too little and a later draw reuses
+// uniforms; too much and a rank that draws differently falls out of step.
+TEST(DistributedRng, OffsetAdvancesByTheCountersEachDrawConsumes) {
+  comm::run_local_ranks(2, [&](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {2});
+    manual_seed(7);
+    auto offset = [] { return get_rng_state().offset; };
+    hp::rand({3, 5});
+    EXPECT_EQ(offset(), 15u);
+    hp::randn({3, 5});
+    EXPECT_EQ(offset(), 45u);
+    hp::dropout(at::ones({4}), 0.5);
+    EXPECT_EQ(offset(), 49u);
+    hp::rand({6, 2}, mesh, {Shard(0)});
+    EXPECT_EQ(offset(), 61u);
+    hp::randn({6, 2}, mesh, {Shard(1)});
+    EXPECT_EQ(offset(), 85u);
+    hp::dropout(distribute_tensor(at::ones({6}), mesh, {Shard(0)}), 0.5);
+    EXPECT_EQ(offset(), 91u);
+    // No counter is used twice: a normal drawn after another equals one drawn from a
+    // state that starts exactly past the first draw's counters.
+    manual_seed(3);
+    hp::randn({10}, at::kDouble);
+    at::Tensor second = hp::randn({10}, at::kDouble);
+    set_rng_state({3, 20});
+    EXPECT_TRUE(at::equal(second, hp::randn({10}, at::kDouble)));
+    // ... and a uniform drawn after a normal never repeats one of its uniforms.
+    manual_seed(3);
+    hp::randn({10}, at::kDouble);
+    at::Tensor u = hp::rand({20}, at::kDouble);
+    set_rng_state({3, 0});
+    at::Tensor consumed = hp::rand({20}, at::kDouble);  // the normal's 20 uniforms
+    EXPECT_FALSE(at::isin(u, consumed).any().item<bool>());
+  });
+}
+
 TEST(DistributedRng, ShardsDrawTheirPieceOfTheFullTensor) {
   comm::run_local_ranks(4, [&](int rank) {
     DeviceMesh mesh = init_device_mesh("cpu", {2, 2});

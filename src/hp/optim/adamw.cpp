@@ -2,8 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
+#include "hp/comm/collectives.h"
 #include "hp/tensor/ops.h"
 
 namespace hp::optim {
@@ -48,16 +50,43 @@ void zero_grads(const std::vector<DTensor*>& params) {
   }
 }
 
+namespace {
+
+// Parameters whose gradients are sharded over the same dims of the same mesh: their
+// squared norms add up locally and then over those dims' groups.
+struct NormGroup {
+  DeviceMesh mesh;
+  std::vector<int> sharded_dims;
+  at::Tensor sum_sq;  // float64 scalar on the mesh's device
+};
+
+std::vector<int> sharded_dims(const DTensor& p) {
+  std::vector<int> dims;  // Partial parameters have Replicate gradients (gradient_spec)
+  for (int d = 0; d < p.device_mesh().ndim(); ++d)
+    if (p.placements()[d].is_shard()) dims.push_back(d);
+  return dims;
+}
+
+}  // namespace
+
 double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm) {
-  double total = 0;
+  // Groups in first-appearance order, decided by layout alone, so every rank issues the
+  // same collectives whichever of its parameters have gradients; a missing one adds zero.
+  std::vector<NormGroup> groups;
   for (DTensor* p : params) {
-    auto g = p->grad();
-    if (!g) continue;
-    std::vector<int64_t> dims(g->dim());
-    for (int64_t d = 0; d < g->dim(); ++d) dims[d] = d;
-    DTensor sq = g->dim() == 0 ? mul(*g, *g) : sum(mul(*g, *g), dims);
-    at::Tensor whole = sq.full_tensor();
-    if (!whole.is_meta()) total += whole.item<double>();  // a dry-run's meta tensors hold no value
+    std::vector<int> dims = sharded_dims(*p);
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const NormGroup& g) { return g.mesh == p->device_mesh() && g.sharded_dims == dims; });
+    if (it == groups.end()) {
+      groups.push_back({p->device_mesh(), dims, at::zeros({}, p->to_local().options().dtype(at::kDouble))});
+      it = groups.end() - 1;
+    }
+    if (auto g = p->grad()) it->sum_sq += g->to_local().to(at::kDouble).square().sum();
+  }
+  double total = 0;
+  for (NormGroup& g : groups) {
+    for (int d : g.sharded_dims) comm::all_reduce_(g.sum_sq, g.mesh.group(d));
+    if (!g.sum_sq.is_meta()) total += g.sum_sq.item<double>();  // a dry-run's meta tensors hold no value
   }
   const double norm = std::sqrt(total);
   if (norm > max_norm) {

@@ -37,6 +37,8 @@ class AdamW : public Optimizer {
 
 // Scales gradients so that their global norm (every element of every parameter counted
 // once, whatever the layout) is at most `max_norm`; returns the norm before clipping.
+// Collective over the params' meshes: one float64 all-reduce per sharded mesh dim of each
+// distinct layout, the same on every rank whichever parameters have gradients.
 double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm);
 
 // Linear warm-up to `base` over `warmup` steps, then cosine decay to base/10 at `total`.

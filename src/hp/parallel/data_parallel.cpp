@@ -75,6 +75,25 @@ struct DDPState {
 
 }  // namespace parallel
 
+namespace {
+
+// Replicas start equal, as PyTorch's DDP makes them: one broadcast per bucket, through
+// the bucket's own buffer, from the group's rank 0.
+void broadcast_from_first_replica(parallel::Bucket& b) {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < b.params.size(); ++i) {
+    const at::Tensor& p = b.params[i]->to_local();
+    b.flat.narrow(0, b.offsets[i], p.numel()).copy_(p.reshape(-1));
+  }
+  comm::broadcast_(b.flat, *b.group, 0);
+  for (size_t i = 0; i < b.params.size(); ++i) {
+    const at::Tensor& p = b.params[i]->to_local();
+    p.copy_(b.flat.narrow(0, b.offsets[i], p.numel()).view(p.sizes()));
+  }
+}
+
+}  // namespace
+
 DistributedDataParallel::DistributedDataParallel(nn::Module& module, const DeviceMesh& mesh, DDPOptions options)
     : state_(std::make_shared<parallel::DDPState>()) {
   auto params = module.parameters();
@@ -119,6 +138,8 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, const Devic
   for (parallel::Bucket& b : state_->buckets)
     if (at::Tensor s = symm::try_in_place_buffer(b.flat.numel(), b.flat.scalar_type(), *b.group); s.defined())
       b.flat = s;
+  if (options.init_sync)
+    for (parallel::Bucket& b : state_->buckets) broadcast_from_first_replica(b);
   for (size_t bi = 0; bi < state_->buckets.size(); ++bi) {
     parallel::Bucket& b = state_->buckets[bi];
     b.waiting = static_cast<int>(b.params.size());

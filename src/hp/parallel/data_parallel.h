@@ -17,6 +17,9 @@ namespace hp {
 
 struct DDPOptions {
   double bucket_cap_mb = 25;
+  // At construction, every replica takes the parameters of the group's rank 0 (as
+  // PyTorch's DDP `init_sync`), so replicas initialised differently still train as one.
+  bool init_sync = true;
 };
 
 namespace parallel {

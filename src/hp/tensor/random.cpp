@@ -40,11 +40,11 @@ at::Tensor draw(Dist dist, const std::vector<int64_t>& global, const std::vector
   for (int64_t i = 0; i < n; ++i) {
     uint64_t g = 0;
     for (int d = 0; d < nd; ++d) g += static_cast<uint64_t>((offset[d] + idx[d]) * stride[d]);
-    const uint64_t c = s.offset + g;
     if (dist == Dist::Uniform) {
-      p[i] = uniform_at(s.seed, c);
-    } else {  // Box-Muller on two streams of the same counter
-      double u1 = 1.0 - uniform_at(s.seed, 2 * c), u2 = uniform_at(s.seed, 2 * c + 1);
+      p[i] = uniform_at(s.seed, s.offset + g);
+    } else {  // Box-Muller on the element's two counters
+      const uint64_t c = s.offset + 2 * g;
+      double u1 = 1.0 - uniform_at(s.seed, c), u2 = uniform_at(s.seed, c + 1);
       p[i] = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
     }
     for (int d = nd - 1; d >= 0; --d) {
@@ -61,10 +61,14 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// The state for one draw of `numel` values; advances the thread's offset past it.
-RngState take(int64_t numel) {
+// Counters one value of `dist` consumes: Box-Muller takes two uniforms per normal.
+uint64_t counters_per_value(Dist dist) { return dist == Dist::Normal ? 2 : 1; }
+
+// The state for one draw of `numel` values; advances the thread's offset past every
+// counter the draw consumes, so the next draw never reuses one.
+RngState take(Dist dist, int64_t numel) {
   RngState s = t_state;
-  t_state.offset += static_cast<uint64_t>(numel);
+  t_state.offset += counters_per_value(dist) * static_cast<uint64_t>(numel);
   return s;
 }
 
@@ -72,7 +76,7 @@ DTensor draw_dtensor(Dist dist, const std::vector<int64_t>& shape, const DeviceM
                      std::vector<Placement> placements, at::ScalarType dtype) {
   ShardSpec spec = make_spec(shape, dtype, mesh, std::move(placements));
   HP_CHECK(!spec.has_partial()) << "random tensors cannot be Partial: " << spec.to_string();
-  RngState s = take(numel_of(shape));
+  RngState s = take(dist, numel_of(shape));
   auto coord = mesh.coordinate();
   // A dry-run on meta tensors draws nothing (the offset still advances, as on a device).
   if (mesh.device_type() == "meta") return DTensor(at::empty(spec.local_shape(coord), tensor_options(mesh, dtype)), mesh, spec);
@@ -92,17 +96,17 @@ RngState get_rng_state() { return t_state; }
 void set_rng_state(RngState state) { t_state = state; }
 
 at::Tensor rand(const std::vector<int64_t>& shape, at::ScalarType dtype) {
-  return draw(Dist::Uniform, shape, std::vector<int64_t>(shape.size(), 0), shape, take(numel_of(shape))).to(dtype);
+  return draw(Dist::Uniform, shape, std::vector<int64_t>(shape.size(), 0), shape, take(Dist::Uniform, numel_of(shape))).to(dtype);
 }
 
 at::Tensor randn(const std::vector<int64_t>& shape, at::ScalarType dtype) {
-  return draw(Dist::Normal, shape, std::vector<int64_t>(shape.size(), 0), shape, take(numel_of(shape))).to(dtype);
+  return draw(Dist::Normal, shape, std::vector<int64_t>(shape.size(), 0), shape, take(Dist::Normal, numel_of(shape))).to(dtype);
 }
 
 at::Tensor dropout(const at::Tensor& x, double p) {
   HP_CHECK(p >= 0 && p < 1) << "dropout probability must be in [0, 1), got " << p;
   auto shape = x.sizes().vec();
-  RngState s = take(numel_of(shape));
+  RngState s = take(Dist::Uniform, numel_of(shape));
   return x * dropout_mask(shape, std::vector<int64_t>(shape.size(), 0), shape, s, p, x.scalar_type());
 }
 
@@ -118,7 +122,7 @@ DTensor randn(const std::vector<int64_t>& shape, const DeviceMesh& mesh, std::ve
 
 DTensor dropout(const DTensor& x, double p) {
   HP_CHECK(p >= 0 && p < 1) << "dropout probability must be in [0, 1), got " << p;
-  RngState s = take(numel_of(x.sizes()));
+  RngState s = take(Dist::Uniform, numel_of(x.sizes()));
   const std::vector<int64_t> global = x.sizes();
   return dispatch(Op::elementwise(1), {x}, [&](const auto& t, const LocalContext& ctx) {
     return t[0] * dropout_mask(global, ctx.output.global_offset(ctx.coord), ctx.output.local_shape(ctx.coord), s, p,

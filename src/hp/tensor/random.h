@@ -1,8 +1,10 @@
 // A counter-based random generator: element i of a tensor drawn at state (seed, offset)
-// is a pure function of (seed, offset + i), i its row-major index in the global tensor.
-// A shard draws exactly its piece of what one device draws for the whole tensor, on any
-// layout, with no communication. Each draw advances the offset by the global numel, so
-// ranks that make the same calls stay in step. State is per thread (ranks as threads).
+// is a pure function of (seed, offset + i) for uniforms and of (seed, offset + 2i,
+// offset + 2i + 1) for normals, i its row-major index in the global tensor. A shard draws
+// exactly its piece of what one device draws for the whole tensor, on any layout, with no
+// communication. Each draw advances the offset past every counter it consumed (numel or
+// 2·numel), so no two draws share one and ranks that make the same calls stay in step.
+// State is per thread (ranks as threads).
 #pragma once
 
 #include <ATen/core/Tensor.h>
