@@ -108,9 +108,9 @@ TEST(CheckpointReshard, EachElementIsWrittenOnceAndFilesAreSafetensors) {
   EXPECT_EQ(chunk_bytes, global_bytes);
   // Each file: 8-byte little-endian header length, a JSON header, then exactly the data.
   int64_t data_bytes = 0;
-  for (const auto& [file, size] : m.files) {
+  for (const auto& [file, meta] : m.files) {
     const std::string bytes = read_file(dir + "/" + file);
-    ASSERT_EQ(static_cast<int64_t>(bytes.size()), size) << file;
+    ASSERT_EQ(static_cast<int64_t>(bytes.size()), meta.bytes) << file;
     uint64_t n = 0;
     for (int k = 7; k >= 0; --k) n = (n << 8) | static_cast<uint8_t>(bytes[k]);
     ASSERT_LE(8 + n, bytes.size()) << file;

@@ -19,7 +19,7 @@ std::string step_directory(const std::string& path) {
   if (std::ifstream(path + "/metadata.json")) return path;
   auto step = checkpoint::latest_step(path);
   HP_CHECK(step) << path << ": neither a checkpoint (no metadata.json) nor a root holding published ones";
-  return checkpoint::step_dir(path, *step);
+  return checkpoint::published_dir(path, *step);
 }
 
 void from_hf(const std::string& hf_dir, const std::string& root) {

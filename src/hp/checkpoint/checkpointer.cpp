@@ -5,10 +5,12 @@
 #include <cstring>
 #include <functional>
 #include <iostream>
+#include <iterator>
 
 #include "hp/base/error.h"
 #include "hp/checkpoint/load.h"
 #include "hp/checkpoint/save.h"
+#include "hp/comm/world.h"
 
 namespace hp::checkpoint {
 
@@ -104,10 +106,56 @@ void Checkpointer::wait() {
 
 std::optional<int64_t> Checkpointer::latest_step() const { return checkpoint::latest_step(options_.dir); }
 
+namespace {
+
+// Every rank says whether it loaded; returns "" when all did, else one failing rank's
+// reason, the same on every rank.
+std::string failure_anywhere(const std::string& key, const std::string& why) {
+  auto world = comm::current_world();
+  const std::vector<uint8_t> text = [&] {
+    const std::string s = "rank " + std::to_string(world->rank()) + ": " + why;
+    return std::vector<uint8_t>(s.begin(), s.end());
+  }();
+  if (!why.empty()) world->store()->set(key + "/why", text);
+  world->store()->add(key + "/failed", why.empty() ? 0 : 1);
+  store_barrier(*world->store(), key + "/arrived", world->size(), world->timeout(),
+                "loading a checkpoint: rank " + std::to_string(world->rank()));
+  if (world->store()->add(key + "/failed", 0) == 0) return "";
+  const auto got = world->store()->get(key + "/why");
+  return {got.begin(), got.end()};
+}
+
+}  // namespace
+
 std::optional<int64_t> Checkpointer::load_latest(State& state) const {
-  auto step = latest_step();
-  if (step) load(step_dir(options_.dir, *step), state);
-  return step;
+  const auto steps = list_steps(options_.dir);
+  if (steps.empty()) return std::nullopt;
+  auto world = comm::current_world();
+  // Every rank loads in the same order, so its own counter names the same load everywhere.
+  const std::string key = "hp/ckpt/load/" + std::to_string(world->store()->add(
+                                                 "hp/ckpt/load_seq/" + std::to_string(world->rank()), 1));
+  std::string failures;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const std::string dir = published_dir(options_.dir, *it);
+    std::string why;
+    try {
+      load(dir, state);
+    } catch (const std::exception& e) {
+      why = e.what();
+      if (why.empty()) why = "unknown error";
+    }
+    const std::string failure = failure_anywhere(key + "/" + std::to_string(*it), why);
+    if (failure.empty()) return *it;
+    failures += "\n  " + dir + ": " + failure;
+    if (world->rank() == 0)
+      std::cerr << "checkpoint: " << dir << " failed verification (" << failure << "); "
+                << (std::next(it) != steps.rend() ? "falling back to step " + std::to_string(*std::next(it))
+                                                  : std::string("no older checkpoint"))
+                << std::endl;
+  }
+  HP_FAIL() << "checkpoint: none of the " << steps.size() << " checkpoints under " << options_.dir
+            << " is intact:" << failures;
+  return std::nullopt;
 }
 
 }  // namespace hp::checkpoint

@@ -44,7 +44,10 @@ class Checkpointer {
   void wait_for_snapshot();
 
   std::optional<int64_t> latest_step() const;
-  // Loads the latest published checkpoint into `state`; returns its step, none if there is none.
+  // Loads the latest intact checkpoint into `state` and returns its step; none if there is
+  // none. Collective over the world: a checkpoint that fails verification on any rank
+  // (metadata, headers, data checksums) is skipped by all, which fall back to the next
+  // older one and say so on stderr; an error when every checkpoint fails.
   std::optional<int64_t> load_latest(State& state) const;
 
   const CheckpointOptions& options() const { return options_; }

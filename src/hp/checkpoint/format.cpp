@@ -1,6 +1,7 @@
 #include "hp/checkpoint/format.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -11,6 +12,7 @@
 #include <sstream>
 
 #include "hp/base/error.h"
+#include "hp/checkpoint/validate.h"
 
 namespace hp::checkpoint {
 
@@ -97,6 +99,27 @@ void StreamingChecksum::update(const void* data, size_t n) {
 }
 uint64_t StreamingChecksum::digest() const { return XXH3_64bits_digest(static_cast<XXH3_state_t*>(state_)); }
 
+namespace {
+
+constexpr int kVersion = 2;  // 1 had no metadata or header checksums
+
+// The checksum of a metadata document is over its compact dump without the checksum
+// field; nlohmann keeps object keys sorted, so a parse and a dump give the same bytes.
+uint64_t document_checksum(json j) {
+  j.erase("xxh3_64");
+  const std::string text = j.dump();
+  return checksum(text.data(), text.size());
+}
+
+uint64_t parse_hex(const json& v, const std::string& what) {
+  const std::string s = v.get<std::string>();
+  HP_CHECK(s.size() == 16 && s.find_first_not_of("0123456789abcdef") == std::string::npos)
+      << what << " is not a 16-digit hex checksum: '" << s << "'";
+  return std::stoull(s, nullptr, 16);
+}
+
+}  // namespace
+
 std::string to_json(const Metadata& m) {
   json tensors = json::object();
   for (const auto& [name, t] : m.tensors) {
@@ -109,23 +132,36 @@ std::string to_json(const Metadata& m) {
     }
     tensors[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"chunks", chunks}};
   }
-  json j = {{"format", "hp-checkpoint"}, {"version", 1},       {"step", m.step},    {"block_bytes", kBlockBytes},
-            {"scalars", m.scalars},     {"files", m.files},   {"tensors", tensors}};
+  json files = json::object();
+  for (const auto& [name, f] : m.files) files[name] = {{"bytes", f.bytes}, {"header_xxh3_64", hex(f.header_checksum)}};
+  json j = {{"format", "hp-checkpoint"}, {"version", kVersion}, {"step", m.step},    {"block_bytes", kBlockBytes},
+            {"scalars", m.scalars},     {"files", files},      {"tensors", tensors}};
+  j["xxh3_64"] = hex(document_checksum(j));
   return j.dump(1);
 }
 
-Metadata metadata_from_json(const std::string& text, const std::string& source) {
+Metadata metadata_from_json(const std::string& text, const std::string& source, bool part) {
   Metadata m;
   try {
     json j = json::parse(text);
-    HP_CHECK(j.at("format") == "hp-checkpoint" && j.at("version") == 1)
-        << source << ": not an hp checkpoint of version 1 (format " << j.at("format") << ", version "
-        << j.at("version") << ")";
+    HP_CHECK(j.at("format") == "hp-checkpoint")
+        << source << ": not an hp checkpoint (format " << j.at("format") << ")";
+    HP_CHECK(j.at("version") == kVersion)
+        << source << ": hp checkpoint version " << j.at("version") << ", this build reads version " << kVersion
+        << (j.at("version") == 1 ? " (version 1 had no metadata checksum: re-save it with the build that wrote it "
+                                   "and convert, or resume from a newer checkpoint)"
+                                 : "");
+    HP_CHECK(j.contains("xxh3_64")) << source << ": no metadata checksum (xxh3_64)";
+    const uint64_t stored = parse_hex(j.at("xxh3_64"), source + ": xxh3_64"), actual = document_checksum(j);
+    HP_CHECK(stored == actual) << source << " is corrupt: its contents have checksum " << hex(actual)
+                               << ", the file records " << hex(stored)
+                               << " (was it edited? step, positions and offsets are covered)";
     HP_CHECK(j.at("block_bytes") == kBlockBytes)
         << source << ": checksum blocks of " << j.at("block_bytes") << " bytes, this build uses " << kBlockBytes;
     m.step = j.at("step").get<int64_t>();
     m.scalars = j.at("scalars").get<std::map<std::string, int64_t>>();
-    m.files = j.at("files").get<std::map<std::string, int64_t>>();
+    for (const auto& [name, f] : j.at("files").items())
+      m.files[name] = FileMeta{f.at("bytes").get<int64_t>(), parse_hex(f.at("header_xxh3_64"), source + ": file " + name)};
     for (const auto& [name, t] : j.at("tensors").items()) {
       TensorMeta tm;
       tm.dtype = t.at("dtype").get<std::string>();
@@ -137,7 +173,7 @@ Metadata metadata_from_json(const std::string& text, const std::string& source) 
         ch.file = c.at("file").get<std::string>();
         ch.begin = c.at("begin").get<int64_t>();
         ch.end = c.at("end").get<int64_t>();
-        for (const auto& s : c.at("xxh3_64")) ch.checksums.push_back(std::stoull(s.get<std::string>(), nullptr, 16));
+        for (const auto& s : c.at("xxh3_64")) ch.checksums.push_back(parse_hex(s, source + ": tensor " + name));
         tm.chunks.push_back(std::move(ch));
       }
       m.tensors.emplace(name, std::move(tm));
@@ -145,6 +181,7 @@ Metadata metadata_from_json(const std::string& text, const std::string& source) 
   } catch (const json::exception& e) {
     HP_FAIL() << source << ": malformed checkpoint metadata: " << e.what();
   }
+  validate_metadata(m, source, /*whole=*/!part);
   return m;
 }
 
@@ -156,12 +193,49 @@ void merge_into(Metadata& all, const Metadata& part) {
         << nlohmann::json(it->second.shape).dump() << " against " << t.dtype << " " << nlohmann::json(t.shape).dump();
     it->second.chunks.insert(it->second.chunks.end(), t.chunks.begin(), t.chunks.end());
   }
-  for (const auto& [f, size] : part.files) all.files[f] = size;
+  for (const auto& [f, meta] : part.files) all.files[f] = meta;
 }
 
 Metadata read_metadata(const std::string& dir) {
   const std::string path = dir + "/metadata.json";
   return metadata_from_json(read_file(path), path);
+}
+
+int64_t safetensors_header_bytes(int fd, int64_t file_bytes, const std::string& path) {
+  uint8_t prefix[8];
+  HP_CHECK(file_bytes >= 8 && ::pread(fd, prefix, 8, 0) == 8)
+      << "checkpoint file " << path << " is truncated: no safetensors header (" << file_bytes << " bytes)";
+  uint64_t n = 0;
+  for (int k = 7; k >= 0; --k) n = (n << 8) | prefix[k];
+  HP_CHECK(n <= static_cast<uint64_t>(file_bytes - 8))
+      << "checkpoint file " << path << " is corrupt: its header claims " << n << " bytes, the file has " << file_bytes;
+  return 8 + static_cast<int64_t>(n);
+}
+
+void verify_file(int fd, const std::string& path, const FileMeta& meta) {
+  struct stat st {};
+  HP_CHECK(::fstat(fd, &st) == 0) << "checkpoint: cannot stat " << path << ": " << std::strerror(errno);
+  HP_CHECK(st.st_size == meta.bytes) << "checkpoint file " << path
+                                     << (st.st_size < meta.bytes ? " is truncated: " : " has grown: ") << st.st_size
+                                     << " bytes, its metadata records " << meta.bytes;
+  std::string header(static_cast<size_t>(safetensors_header_bytes(fd, st.st_size, path)), '\0');
+  HP_CHECK(::pread(fd, header.data(), header.size(), 0) == static_cast<ssize_t>(header.size()))
+      << "checkpoint: cannot read the header of " << path << ": " << std::strerror(errno);
+  const uint64_t sum = checksum(header.data(), header.size());
+  HP_CHECK(sum == meta.header_checksum) << "checkpoint file " << path << " has a corrupt safetensors header: checksum "
+                                        << hex(sum) << ", expected " << hex(meta.header_checksum);
+}
+
+void verify_file(const std::string& path, const FileMeta& meta) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  HP_CHECK(fd >= 0) << "checkpoint: cannot open " << path << ": " << std::strerror(errno);
+  try {
+    verify_file(fd, path, meta);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
 }
 
 std::string safetensors_header(const std::vector<std::string>& keys, const std::vector<std::string>& dtypes,

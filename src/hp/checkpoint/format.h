@@ -2,9 +2,12 @@
 //   rank-NNNNN.safetensors  the chunks one rank owns (8-byte little-endian header length,
 //                           JSON header, raw row-major data: any safetensors reader opens it)
 //   metadata.json           global shape and dtype of every tensor, where each chunk lies
-//                           (file, byte range) with a checksum per block, and the scalars
+//                           (file, byte range) with a checksum per block, the scalars, each
+//                           file's size and header checksum, and a checksum of all of that
 // Checksums are XXH3-64 over blocks of kBlockBytes of a chunk, so a rank that reads part of
-// a chunk verifies what it reads without reading the rest.
+// a chunk verifies what it reads without reading the rest. Parsing metadata.json verifies
+// its own checksum and validates every chunk (validate.h), so a changed step, position or
+// offset is an error, never a silent resume at the wrong place.
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -32,11 +35,16 @@ struct TensorMeta {
   std::vector<Chunk> chunks;
 };
 
+struct FileMeta {
+  int64_t bytes = 0;             // the file's size
+  uint64_t header_checksum = 0;  // of its safetensors header, length prefix included
+};
+
 struct Metadata {
   int64_t step = 0;
   std::map<std::string, int64_t> scalars;
   std::map<std::string, TensorMeta> tensors;
-  std::map<std::string, int64_t> files;  // name -> size in bytes
+  std::map<std::string, FileMeta> files;  // by name, relative to the checkpoint directory
 };
 
 std::string dtype_name(at::ScalarType t);
@@ -44,11 +52,20 @@ at::ScalarType dtype_from_name(const std::string& name);  // error if unknown
 int64_t dtype_size(const std::string& name);
 
 std::string to_json(const Metadata& m);
-Metadata metadata_from_json(const std::string& text, const std::string& source);
+// Verifies the checksum and validates (validate_metadata); errors name `source`. One
+// rank's part of a save (`part`) need not cover its tensors.
+Metadata metadata_from_json(const std::string& text, const std::string& source, bool part = false);
 // The part of a Metadata one rank knows (its tensors and chunks), merged by rank 0.
 void merge_into(Metadata& all, const Metadata& part);
 
 Metadata read_metadata(const std::string& dir);  // dir/metadata.json
+
+// Bytes of the safetensors header at the start of `file` (8 + the length its prefix
+// gives), checked against the file's size; errors name `path`.
+int64_t safetensors_header_bytes(int fd, int64_t file_bytes, const std::string& path);
+// Errors unless the open file `fd` has meta's size and header checksum; names `path`.
+void verify_file(int fd, const std::string& path, const FileMeta& meta);
+void verify_file(const std::string& path, const FileMeta& meta);
 
 // The safetensors header (with its 8-byte length prefix, padded to 8 bytes) for tensors
 // named keys[i] with dtypes, shapes and data sizes; data follows in that order.

@@ -13,20 +13,22 @@
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
 #include "hp/checkpoint/format.h"
+#include "hp/checkpoint/validate.h"
 
 namespace hp::checkpoint {
 namespace {
 
+// Each file is opened once; one the metadata lists is verified (size, header) on opening.
 class OpenFiles {
  public:
-  explicit OpenFiles(std::string dir) : dir_(std::move(dir)) {}
+  OpenFiles(std::string dir, const std::map<std::string, FileMeta>& listed) : dir_(std::move(dir)), listed_(listed) {}
   ~OpenFiles() {
     for (auto& [_, fd] : fds_) ::close(fd);
   }
   // Reads [begin, end) of `file` for tensor `tensor`.
   void read(const std::string& file, int64_t begin, int64_t end, uint8_t* out, const std::string& tensor) {
     const std::string path = dir_ + "/" + file;
-    int fd = open(file, path);
+    int fd = open(file, path, tensor);
     int64_t done = 0;
     while (begin + done < end) {
       ssize_t n = ::pread(fd, out + done, static_cast<size_t>(end - begin - done), begin + done);
@@ -39,16 +41,26 @@ class OpenFiles {
   }
 
  private:
-  int open(const std::string& file, const std::string& path) {
+  int open(const std::string& file, const std::string& path, const std::string& tensor) {
     auto it = fds_.find(file);
     if (it != fds_.end()) return it->second;
+    HP_CHECK(is_plain_file_name(file)) << "checkpoint " << dir_ << ": file '" << file
+                                        << "' is not a plain name inside the checkpoint directory";
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     HP_CHECK(fd >= 0) << "checkpoint: cannot open " << path << ": " << std::strerror(errno);
     fds_[file] = fd;
+    if (auto it = listed_.find(file); it != listed_.end()) {
+      try {
+        verify_file(fd, path, it->second);
+      } catch (const Error& e) {
+        HP_FAIL() << e.what() << " (while reading tensor " << tensor << ")";
+      }
+    }
     return fd;
   }
 
   std::string dir_;
+  const std::map<std::string, FileMeta>& listed_;
   std::map<std::string, int> fds_;
 };
 
@@ -153,7 +165,7 @@ void fill(OpenFiles& files, const std::string& dir, const std::string& name, con
 }  // namespace
 
 void load_from(const Metadata& m, const std::string& dir, State& state, bool convert) {
-  OpenFiles files(dir);
+  OpenFiles files(dir, m.files);
   std::vector<uint8_t> scratch;
   at::NoGradGuard no_grad;
   for (auto& e : state.tensors) {
@@ -188,7 +200,7 @@ at::Tensor read_tensor(const std::string& dir, const std::string& name) {
   const Metadata m = read_metadata(dir);
   auto it = m.tensors.find(name);
   HP_CHECK(it != m.tensors.end()) << "checkpoint " << dir << " has no tensor " << name;
-  OpenFiles files(dir);
+  OpenFiles files(dir, m.files);
   std::vector<uint8_t> scratch;
   at::Tensor out = at::empty(it->second.shape, at::TensorOptions().dtype(dtype_from_name(it->second.dtype)));
   if (out.numel() > 0)

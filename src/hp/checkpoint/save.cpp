@@ -2,13 +2,17 @@
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
+#include <stdio.h>  // renameat2
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <thread>
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
@@ -32,16 +36,9 @@ std::string tmp_dir(const std::string& root, int64_t step) {
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 std::string string_of(const std::vector<uint8_t>& v) { return {v.begin(), v.end()}; }
 
-// Every rank adds itself; the last one to arrive opens the gate.
-void store_barrier(const SaveJob& job, const std::string& name) {
-  const std::string key = job.key + "/" + name;
-  if (job.store->add(key, 1) == job.world_size) job.store->set(key + "/open", std::vector<uint8_t>{1});
-  try {
-    job.store->wait({key + "/open"}, job.timeout);
-  } catch (const std::exception& e) {
-    HP_FAIL() << "checkpoint step " << job.step << ": rank " << job.rank << " waited " << job.timeout.count()
-              << " ms for the other ranks at '" << name << "' (" << e.what() << ")";
-  }
+void job_barrier(const SaveJob& job, const std::string& name) {
+  store_barrier(*job.store, job.key + "/" + name, job.world_size, job.timeout,
+                "checkpoint step " + std::to_string(job.step) + ": rank " + std::to_string(job.rank) + " at '" + name + "'");
 }
 
 // Writes the pieces as one safetensors file; returns this rank's chunks.
@@ -77,13 +74,66 @@ Metadata write_rank_file(const SaveJob& job, const std::string& dir) {
       part.tensors.at(p.tensor).chunks.push_back(std::move(c));
     }
     HP_CHECK(::fsync(fd) == 0) << "checkpoint: cannot fsync " << path << ": " << std::strerror(errno);
-    part.files[name] = at;
+    part.files[name] = FileMeta{at, checksum(header.data(), header.size())};
   } catch (...) {
     ::close(fd);
     throw;
   }
   ::close(fd);
   return part;
+}
+
+// Moves the complete directory `tmp` to `final_dir`. A step saved again swaps the two
+// atomically (RENAME_EXCHANGE) and then deletes the old one, so a crash at any point
+// leaves one whole checkpoint there; where the file system cannot swap, the old one is
+// renamed to .old-step-N first, which list_steps still finds until the new one is in place.
+void publish_dir(const std::string& tmp, const std::string& final_dir, const std::string& root) {
+  if (!fs::exists(final_dir)) {
+    fs::rename(tmp, final_dir);
+    return;
+  }
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    fsync_dir(root);
+    fs::remove_all(tmp);  // now the old checkpoint
+    return;
+  }
+  const std::string old = root + "/.old-" + fs::path(final_dir).filename().string();
+  fs::remove_all(old);
+  fs::rename(final_dir, old);
+  fs::rename(tmp, final_dir);
+}
+
+// Puts back a checkpoint that a re-save interrupted between its renames left at
+// .old-step-N (step-N missing), so that retention sees it where it belongs.
+void restore_moved_aside(const std::string& root) {
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(".old-step-", 0) == 0 && !fs::exists(fs::path(root) / n.substr(5))) fs::rename(e.path(), fs::path(root) / n.substr(5));
+  }
+}
+
+// Reads back what a reader checks first: the metadata (its checksum and chunks) and each
+// file's size and header checksum.
+void verify_written(const std::string& dir) {
+  const Metadata m = read_metadata(dir);
+  for (const auto& [file, meta] : m.files) verify_file(dir + "/" + file, meta);
+}
+
+// HP_CHECKPOINT_PAUSE=STEP:PATH (fault-injection tests): in the save of STEP, between
+// writing metadata.json and publishing, rank 0 creates PATH and waits while it exists (up
+// to the timeout), so that a test can kill the job there or damage files from outside.
+void pause_for_fault_injection(const SaveJob& job) {
+  const char* spec = std::getenv("HP_CHECKPOINT_PAUSE");
+  if (!spec || !*spec) return;
+  const std::string s = spec;
+  const auto colon = s.find(':');
+  HP_CHECK(colon != std::string::npos && colon > 0) << "HP_CHECKPOINT_PAUSE must be STEP:PATH, got '" << s << "'";
+  if (std::stoll(s.substr(0, colon)) != job.step) return;
+  const std::string path = s.substr(colon + 1);
+  write_file_synced(path, std::to_string(job.step) + "\n");
+  const auto deadline = std::chrono::steady_clock::now() + job.timeout;
+  while (fs::exists(path) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
 }
 
 // Rank 0: merges every rank's part, writes metadata.json, renames the directory into place
@@ -96,21 +146,20 @@ void publish(const SaveJob& job, const std::string& tmp) {
     const std::string text = string_of(job.store->get(job.key + "/part/" + std::to_string(r)));
     HP_CHECK(text.rfind("error: ", 0) != 0) << "checkpoint step " << job.step << ": rank " << r << " failed to write: "
                                             << text.substr(7);
-    merge_into(all, metadata_from_json(text, "rank " + std::to_string(r) + "'s part"));
+    merge_into(all, metadata_from_json(text, "rank " + std::to_string(r) + "'s part", /*part=*/true));
   }
   // Files left by an interrupted attempt at the same step are not part of this one.
   for (const auto& e : fs::directory_iterator(tmp))
     if (!all.files.count(e.path().filename().string())) fs::remove_all(e.path());
   write_file_synced(tmp + "/metadata.json", to_json(all));
   fsync_dir(tmp);
+  pause_for_fault_injection(job);
+  // Nothing is published, and so nothing older retired, unless it reads back whole.
+  verify_written(tmp);
 
+  restore_moved_aside(job.root);
   const std::string final_dir = step_dir(job.root, job.step);
-  if (fs::exists(final_dir)) {  // saved again at the same step: replace it whole
-    const std::string old = job.root + "/.old-" + fs::path(final_dir).filename().string();
-    fs::remove_all(old);
-    fs::rename(final_dir, old);
-  }
-  fs::rename(tmp, final_dir);
+  publish_dir(tmp, final_dir, job.root);
   fsync_dir(job.root);
 
   auto steps = list_steps(job.root);
@@ -125,6 +174,16 @@ void publish(const SaveJob& job, const std::string& tmp) {
 
 }  // namespace
 
+void store_barrier(c10d::Store& store, const std::string& key, int world_size, std::chrono::milliseconds timeout,
+                   const std::string& who) {
+  if (store.add(key, 1) == world_size) store.set(key + "/open", std::vector<uint8_t>{1});
+  try {
+    store.wait({key + "/open"}, timeout);
+  } catch (const std::exception& e) {
+    HP_FAIL() << who << " waited " << timeout.count() << " ms for the other ranks (" << e.what() << ")";
+  }
+}
+
 std::string step_dir(const std::string& root, int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step-%08lld", static_cast<long long>(step));
@@ -135,13 +194,24 @@ std::vector<int64_t> list_steps(const std::string& root) {
   std::vector<int64_t> steps;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(root, ec)) {
-    const std::string n = e.path().filename().string();
+    std::string n = e.path().filename().string();
+    // A save of a step again that stopped between its two renames left the old one here.
+    const bool moved_away = n.rfind(".old-", 0) == 0;
+    if (moved_away) n = n.substr(5);
     if (n.rfind("step-", 0) != 0 || n.size() <= 5 || n.find_first_not_of("0123456789", 5) != std::string::npos)
       continue;
+    if (moved_away && fs::exists(fs::path(root) / n)) continue;
     if (fs::exists(e.path() / "metadata.json")) steps.push_back(std::stoll(n.substr(5)));
   }
   std::sort(steps.begin(), steps.end());
   return steps;
+}
+
+std::string published_dir(const std::string& root, int64_t step) {
+  const std::string dir = step_dir(root, step);
+  if (fs::exists(dir + "/metadata.json")) return dir;
+  const std::string old = root + "/.old-" + fs::path(dir).filename().string();
+  return fs::exists(old + "/metadata.json") ? old : dir;
 }
 
 std::optional<int64_t> latest_step(const std::string& root) {
@@ -200,7 +270,7 @@ void write_and_commit(const SaveJob& job, const std::function<void()>& prepare) 
     why = e.what();
     job.store->set(part_key, bytes_of("error: " + why));
   }
-  store_barrier(job, "written");
+  job_barrier(job, "written");
   const std::string done_key = job.key + "/published";
   if (failed) {
     // The others wait for rank 0 to publish: tell them it will not, and why.

@@ -51,10 +51,18 @@ SaveJob plan_save(const std::string& root, int64_t step, int64_t keep, const Sta
 // point to) runs first and fails the save like a failed write.
 void write_and_commit(const SaveJob& job, const std::function<void()>& prepare = {});
 
+// Every rank adds itself to `key`; the last to arrive opens the gate for all. `who`
+// starts the error a rank that waited past `timeout` gets.
+void store_barrier(c10d::Store& store, const std::string& key, int world_size, std::chrono::milliseconds timeout,
+                   const std::string& who);
+
 // root/step-00000042
 std::string step_dir(const std::string& root, int64_t step);
 // Steps of the published checkpoints under root, ascending (none when root is absent).
 std::vector<int64_t> list_steps(const std::string& root);
+// Where step's checkpoint lies: step_dir, or where a re-save interrupted between its
+// renames left it (root/.old-step-N).
+std::string published_dir(const std::string& root, int64_t step);
 std::optional<int64_t> latest_step(const std::string& root);
 
 }  // namespace hp::checkpoint
