@@ -3,7 +3,7 @@
 JOBS ?= $(shell nproc)
 BUILD := build
 
-.PHONY: demo test build setup configure asan cuda clean
+.PHONY: demo test build setup configure asan cuda fuzz clean
 
 setup:
 	@./scripts/setup
@@ -28,5 +28,10 @@ asan: setup
 cuda: setup
 	@PATH="$$PATH:/usr/local/cuda/bin" cmake --preset cuda > /dev/null && cmake --build build-cuda -j $(JOBS)
 
+# libFuzzer targets (clang, torch-free), each run for FUZZ_SECONDS.
+FUZZ_SECONDS ?= 60
+fuzz: setup
+	@./scripts/fuzz $(FUZZ_SECONDS)
+
 clean:
-	rm -rf $(BUILD) build-asan build-cuda
+	rm -rf $(BUILD) build-asan build-cuda build-fuzz

@@ -4,6 +4,7 @@
 
 #include "hp/base/error.h"
 #include "hp/checkpoint/checkpointer.h"
+#include "hp/checkpoint/dtype.h"
 #include "hp/checkpoint/format.h"
 #include "hp/checkpoint/hf.h"
 #include "hp/checkpoint/load.h"

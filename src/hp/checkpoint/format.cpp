@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -20,34 +21,21 @@ using json = nlohmann::json;
 
 namespace {
 
-struct DtypeName {
-  at::ScalarType type;
+struct DtypeSize {
   const char* name;
   int64_t size;
 };
-constexpr DtypeName kDtypes[] = {
-    {at::kFloat, "F32", 4},  {at::kDouble, "F64", 8}, {at::kHalf, "F16", 2}, {at::kBFloat16, "BF16", 2},
-    {at::kLong, "I64", 8},   {at::kInt, "I32", 4},    {at::kShort, "I16", 2}, {at::kChar, "I8", 1},
-    {at::kByte, "U8", 1},    {at::kBool, "BOOL", 1},
-};
-
-const DtypeName& find_dtype(const std::string& name) {
-  for (const auto& d : kDtypes)
-    if (name == d.name) return d;
-  HP_FAIL() << "checkpoint: unknown dtype " << name << " (known: F32, F64, F16, BF16, I64, I32, I16, I8, U8, BOOL)";
-  throw;  // unreachable
-}
+constexpr DtypeSize kDtypes[] = {{"F32", 4}, {"F64", 8}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
+                                 {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}};
 
 }  // namespace
 
-std::string dtype_name(at::ScalarType t) {
+int64_t dtype_size(const std::string& name) {
   for (const auto& d : kDtypes)
-    if (d.type == t) return d.name;
-  HP_FAIL() << "checkpoint: dtype " << t << " has no safetensors name";
-  return {};
+    if (name == d.name) return d.size;
+  HP_FAIL() << "checkpoint: unknown dtype " << name << " (known: F32, F64, F16, BF16, I64, I32, I16, I8, U8, BOOL)";
+  return 0;
 }
-at::ScalarType dtype_from_name(const std::string& name) { return find_dtype(name).type; }
-int64_t dtype_size(const std::string& name) { return find_dtype(name).size; }
 
 std::string hex(uint64_t x) {
   char buf[17];
@@ -236,6 +224,38 @@ void verify_file(const std::string& path, const FileMeta& meta) {
     throw;
   }
   ::close(fd);
+}
+
+std::vector<SafetensorsEntry> parse_safetensors_header(const std::string& json_text, int64_t header_bytes,
+                                                       int64_t file_bytes, const std::string& path) {
+  std::vector<SafetensorsEntry> out;
+  try {
+    const json h = json::parse(json_text);
+    HP_CHECK(h.is_object()) << path << ": the safetensors header is not a JSON object";
+    for (const auto& [key, t] : h.items()) {
+      if (key == "__metadata__") continue;
+      SafetensorsEntry e{key, t.at("dtype").get<std::string>(), t.at("shape").get<std::vector<int64_t>>(), 0, 0};
+      const auto off = t.at("data_offsets").get<std::vector<int64_t>>();
+      HP_CHECK(off.size() == 2) << path << ": tensor " << key << " has " << off.size() << " data offsets, not 2";
+      int64_t numel = dtype_size(e.dtype);
+      for (int64_t d : e.shape) {
+        HP_CHECK(d >= 0 && (d == 0 || numel <= std::numeric_limits<int64_t>::max() / d))
+            << path << ": tensor " << key << " has shape " << json(e.shape).dump();
+        numel *= d;
+      }
+      HP_CHECK(0 <= off[0] && off[0] <= off[1] && off[1] <= file_bytes - header_bytes)
+          << path << ": tensor " << key << " has data offsets [" << off[0] << ", " << off[1] << ") outside the "
+          << file_bytes - header_bytes << " data bytes of the file";
+      HP_CHECK(off[1] - off[0] == numel)
+          << path << ": tensor " << key << " has " << off[1] - off[0] << " bytes, its shape and dtype need " << numel;
+      e.begin = header_bytes + off[0];
+      e.end = header_bytes + off[1];
+      out.push_back(std::move(e));
+    }
+  } catch (const json::exception& e) {
+    HP_FAIL() << path << ": malformed safetensors header: " << e.what();
+  }
+  return out;
 }
 
 std::string safetensors_header(const std::vector<std::string>& keys, const std::vector<std::string>& dtypes,

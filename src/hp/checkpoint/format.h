@@ -8,9 +8,9 @@
 // a chunk verifies what it reads without reading the rest. Parsing metadata.json verifies
 // its own checksum and validates every chunk (validate.h), so a changed step, position or
 // offset is an error, never a silent resume at the wrong place.
+// Torch-free (dtypes by their safetensors names; dtype.h maps them to LibTorch's), so the
+// parsers build alone for the fuzz targets.
 #pragma once
-
-#include <c10/core/ScalarType.h>
 
 #include <cstdint>
 #include <map>
@@ -47,9 +47,7 @@ struct Metadata {
   std::map<std::string, FileMeta> files;  // by name, relative to the checkpoint directory
 };
 
-std::string dtype_name(at::ScalarType t);
-at::ScalarType dtype_from_name(const std::string& name);  // error if unknown
-int64_t dtype_size(const std::string& name);
+int64_t dtype_size(const std::string& name);  // bytes per element; error if unknown
 
 std::string to_json(const Metadata& m);
 // Verifies the checksum and validates (validate_metadata); errors name `source`. One
@@ -66,6 +64,19 @@ int64_t safetensors_header_bytes(int fd, int64_t file_bytes, const std::string& 
 // Errors unless the open file `fd` has meta's size and header checksum; names `path`.
 void verify_file(int fd, const std::string& path, const FileMeta& meta);
 void verify_file(const std::string& path, const FileMeta& meta);
+
+// One tensor of a safetensors file: bytes [begin, end) of the file (counted from its start).
+struct SafetensorsEntry {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  int64_t begin = 0, end = 0;
+};
+// The tensors of a safetensors header (the JSON after the 8-byte length prefix, of
+// `header_bytes` in all with the prefix) of a file of `file_bytes`. Errors, naming `path`
+// and the tensor, unless it is a JSON object of tensors with known dtypes, non-negative
+// shapes and data offsets inside the file that hold exactly their elements.
+std::vector<SafetensorsEntry> parse_safetensors_header(const std::string& json_text, int64_t header_bytes,
+                                                       int64_t file_bytes, const std::string& path);
 
 // The safetensors header (with its 8-byte length prefix, padded to 8 bytes) for tensors
 // named keys[i] with dtypes, shapes and data sizes; data follows in that order.

@@ -8,6 +8,7 @@
 #include <regex>
 
 #include "hp/base/error.h"
+#include "hp/checkpoint/dtype.h"
 #include "hp/checkpoint/format.h"
 #include "hp/checkpoint/load.h"
 #include "hp/checkpoint/state.h"
@@ -63,33 +64,24 @@ Metadata hf_metadata(const std::string& dir) {
   HP_CHECK(!files.empty()) << dir << ": no model*.safetensors file";
   for (const auto& file : files) {
     const std::string path = dir + "/" + file;
-    std::ifstream in(path, std::ios::binary);
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
     HP_CHECK(in) << "cannot open " << path;
+    const int64_t file_bytes = static_cast<int64_t>(in.tellg());
+    in.seekg(0);
     uint8_t len[8] = {};
     in.read(reinterpret_cast<char*>(len), 8);
     uint64_t n = 0;
     for (int k = 7; k >= 0; --k) n = (n << 8) | len[k];
-    HP_CHECK(in && n < (uint64_t(1) << 30)) << path << ": not a safetensors file (header length " << n << ")";
+    HP_CHECK(in && n <= static_cast<uint64_t>(file_bytes - 8)) << path << ": not a safetensors file (header length "
+                                                                << n << ", file " << file_bytes << " bytes)";
     std::string header(n, '\0');
     in.read(header.data(), static_cast<std::streamsize>(n));
     HP_CHECK(in) << path << ": truncated safetensors header";
-    json h;
-    try {
-      h = json::parse(header);
-    } catch (const json::exception& e) {
-      HP_FAIL() << path << ": malformed safetensors header: " << e.what();
-    }
-    for (const auto& [key, t] : h.items()) {
-      if (key == "__metadata__") continue;
-      auto name = hp_name_from_hf(key);
+    for (auto& e : parse_safetensors_header(header, 8 + static_cast<int64_t>(n), file_bytes, path)) {
+      auto name = hp_name_from_hf(e.name);
       if (!name) continue;  // buffers such as rotary_emb.inv_freq
-      TensorMeta tm;
-      tm.dtype = t.at("dtype").get<std::string>();
-      tm.shape = t.at("shape").get<std::vector<int64_t>>();
-      const auto off = t.at("data_offsets").get<std::vector<int64_t>>();
-      const int64_t base = 8 + static_cast<int64_t>(n);
-      tm.chunks.push_back({std::vector<int64_t>(tm.shape.size(), 0), tm.shape, file, base + off.at(0), base + off.at(1), {}});
-      m.tensors["model." + *name] = std::move(tm);
+      const std::vector<int64_t> origin(e.shape.size(), 0);
+      m.tensors["model." + *name] = TensorMeta{e.dtype, e.shape, {{origin, e.shape, file, e.begin, e.end, {}}}};
     }
   }
   return m;

@@ -12,6 +12,7 @@
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
+#include "hp/checkpoint/dtype.h"
 #include "hp/checkpoint/format.h"
 #include "hp/checkpoint/validate.h"
 

@@ -16,6 +16,7 @@
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
+#include "hp/checkpoint/dtype.h"
 #include "hp/comm/world.h"
 
 namespace hp::checkpoint {
