@@ -1,8 +1,12 @@
 // scripts/emulate_hosts end to end: two emulated hosts (network namespaces) of two ranks
-// each, joined by hprun across hosts; and the script's own contract. Needs root (CI runs
+// each, joined by hprun across hosts (collectives, a job-wide abort, restarts together);
+// and the script's own contract. Needs root (CI runs
 // as root); skipped where network namespaces cannot be made.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <string>
 
 #include "shell.h"
@@ -40,4 +44,30 @@ TEST(HierEmulatedHosts, ScriptReturnsTheFirstFailureAndRemovesItsNamespaces) {
   ASSERT_NE(at, std::string::npos) << r.output;
   const std::string ns = r.output.substr(at, r.output.find('\n', at) - at);  // hp<tag>-<i>
   EXPECT_EQ(namespaces().find(ns.substr(0, ns.size() - 2)), std::string::npos) << ns << " left:\n" << namespaces();
+}
+
+TEST(HierEmulatedHosts, ANamespaceThatCannotBeEnteredSkipsWithTheReason) {
+  // As in a chroot: `ip netns exec` fails; every other `ip` call goes to the real one.
+  Result real_ip = shell("command -v ip");
+  if (real_ip.code != 0) GTEST_SKIP() << "no ip command";
+  const std::string dir = ::testing::TempDir() + "fake_ip_" + std::to_string(::getpid());
+  const std::string script = "#!/bin/sh\n"
+                             "if [ \"$1 $2\" = \"netns exec\" ]; then\n"
+                             "  echo 'mount --make-rslave / failed: Invalid argument' >&2; exit 1\n"
+                             "fi\n"
+                             "exec " + real_ip.output.substr(0, real_ip.output.find('\n')) + " \"$@\"\n";
+  ASSERT_EQ(shell("mkdir -p " + dir).code, 0);
+  FILE* f = std::fopen((dir + "/ip").c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs(script.c_str(), f);
+  std::fclose(f);
+  ASSERT_EQ(shell("chmod +x " + dir + "/ip").code, 0);
+  Result r = shell("PATH=" + dir + ":$PATH " PROJECT_DIR "/scripts/emulate_hosts --hosts 2 -- echo ran");
+  shell("rm -rf " + dir);
+  if (r.code == 77 && r.output.find("needs root") != std::string::npos) GTEST_SKIP() << r.output;
+  EXPECT_EQ(r.code, 77) << r.output;
+  EXPECT_NE(r.output.find("cannot create and enter a network namespace here"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("mount --make-rslave / failed"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("ran"), std::string::npos) << r.output;
+  EXPECT_EQ(namespaces().find("hpq"), std::string::npos) << namespaces();  // the probe's is gone
 }
