@@ -17,6 +17,19 @@ Result run(const std::string& args) { return shell(PROJECT_DIR "/scripts/emulate
 
 std::string namespaces() { return shell("ip netns list").output; }
 
+// Two hosts of two ranks under one hprun each, joined through node 0's hprun.
+Result run_two_nodes(const std::string& hprun_flags, const std::string& program) {
+  return run("--hosts 2 -- " HP_BIN_DIR "/hprun " + hprun_flags +
+             " --nnodes 2 --node-rank {node_rank} --master-addr {master_addr} --master-port {master_port} "
+             "--nproc-per-node 2 " + program);
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 }  // namespace
 
 TEST(HierEmulatedHosts, TwoHostsOfTwoRanksRunHierarchicalAndMatchFlat) {
@@ -31,6 +44,31 @@ TEST(HierEmulatedHosts, TwoHostsOfTwoRanksRunHierarchicalAndMatchFlat) {
               std::string::npos)
         << r.output;
   }
+}
+
+TEST(HprunAcrossHosts, ARankFailingOnOneNodeStopsTheRanksOfEveryNode) {
+  // Rank 3 (node 1) exits with code 3; ranks 0-2 wait forever unless stopped. Node 0's hprun
+  // names the failure itself: it heard of it through the job's store, not from the script.
+  const auto start = std::chrono::steady_clock::now();
+  Result r = run_two_nodes("", RANK_PROBE " crash 3");
+  if (r.code == 77) GTEST_SKIP() << r.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << r.output;
+  EXPECT_EQ(r.code, 3) << r.output;
+  const std::string failure = "exited with code 3; stopped the other ranks on every node";
+  EXPECT_EQ(count(r.output, failure), 2u) << r.output;  // once per node
+  EXPECT_NE(r.output.find("rank 3 (pid "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(") on node 1 " + failure), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("interrupted"), std::string::npos) << r.output;
+}
+
+TEST(HprunAcrossHosts, MaxRestartsRestartsEveryNodeTogether) {
+  // Rank 3 fails in the first attempt only; the second rendezvouses all four ranks again.
+  Result r = run_two_nodes("--max-restarts 1", RANK_PROBE " crash_once 3");
+  if (r.code == 77) GTEST_SKIP() << r.output;
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(count(r.output, "restarting the group (restart 1 of 1, every node)"), 2u) << r.output;
+  for (int k = 0; k < 4; ++k)
+    EXPECT_NE(r.output.find("[rank" + std::to_string(k) + "]: sum 6"), std::string::npos) << r.output;
 }
 
 TEST(HierEmulatedHosts, ScriptReturnsTheFirstFailureAndRemovesItsNamespaces) {
