@@ -24,7 +24,8 @@ StorePtr join_store(const std::string& host, int port, std::chrono::milliseconds
 // the attempt's prefix; otherwise rank 0 hosts it, on loopback when the job has one host.
 StorePtr rendezvous_store(const DistEnv& env, std::chrono::milliseconds timeout);
 
-// The key prefix of attempt `restart_count` in a launcher's store (torchrun's spelling).
+// The key prefix of attempt `restart_count` in a launcher's store: hprun keeps one store
+// for the whole job (torchrun's agent makes a fresh one per attempt; the prefix is harmless).
 std::string attempt_prefix(int restart_count);
 
 }  // namespace hp::comm
