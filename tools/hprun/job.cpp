@@ -108,6 +108,14 @@ Outcome Job::end_attempt(int attempt, const Outcome& local) {
     while (store_->add(key(attempt, "ended"), 0) < opt_.nnodes) {
       // Nodes still running healthy ranks may take as long as they need; once a failure is
       // known every node stops within its grace period, and one that does not is named.
+      // Ctrl-C while waiting for slower nodes ends the job on every node.
+      if (interrupted() && !store_->check({key(attempt, "failure")})) {
+        Outcome o;
+        o.interrupted = true;
+        o.exit_code = 130;
+        o.failure = "interrupted on node " + std::to_string(opt_.node_rank);
+        report(attempt, o);
+      }
       if (!deadline && store_->check({key(attempt, "failure")}))
         deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                       std::chrono::duration<double>(opt_.grace_s + 30));

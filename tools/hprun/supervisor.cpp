@@ -167,6 +167,8 @@ void install_interrupt_handlers() {
   ::signal(SIGPIPE, SIG_IGN);
 }
 
+bool interrupted() { return g_interrupted != 0; }
+
 Outcome run_attempt(const Options& opt, int master_port, int restart_count, const AttemptLink& link) {
   const std::string shm_prefix = segment_prefix();
   std::vector<Rank> ranks(opt.nproc_per_node);
@@ -235,7 +237,8 @@ Outcome run_attempt(const Options& opt, int master_port, int restart_count, cons
       outcome.interrupted = true;
       outcome.ok = false;
       outcome.exit_code = 130;
-      if (outcome.failure.empty()) outcome.failure = "interrupted";
+      if (outcome.failure.empty())
+        outcome.failure = opt.nnodes > 1 ? "interrupted on node " + std::to_string(opt.node_rank) : "interrupted";
     }
     // A failure on another node stops this one's ranks too; one here is told to the others.
     if (outcome.ok && !stopping && link.remote_failure)

@@ -26,6 +26,7 @@ struct AttemptLink {
 
 // Installs SIGINT/SIGTERM handlers that make running attempts stop their ranks.
 void install_interrupt_handlers();
+bool interrupted();  // since the handlers were installed
 
 // Stops every rank of this node once one fails, hprun is interrupted, or `link` hears
 // of a failure elsewhere.
