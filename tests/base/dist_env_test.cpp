@@ -47,6 +47,21 @@ TEST(DistEnv, Torchrun) {
   EXPECT_DOUBLE_EQ(e.timeout_s, 12.5);
 }
 
+TEST(DistEnv, ALaunchersStoreAndTheAttempt) {
+  const std::map<std::string, std::string> base{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+                                                {"MASTER_PORT", "1234"}};
+  auto with = [&](std::map<std::string, std::string> extra) {
+    extra.insert(base.begin(), base.end());
+    return read(extra);
+  };
+  EXPECT_FALSE(with({}).launcher_store);  // rank 0 hosts the store
+  EXPECT_EQ(with({}).restart_count, 0);
+  EXPECT_TRUE(with({{"TORCHELASTIC_USE_AGENT_STORE", "True"}}).launcher_store);  // hprun's and torchrun's spelling
+  EXPECT_FALSE(with({{"TORCHELASTIC_USE_AGENT_STORE", "False"}}).launcher_store);
+  EXPECT_EQ(with({{"TORCHELASTIC_RESTART_COUNT", "3"}}).restart_count, 3);
+  EXPECT_EQ(with({{"HP_RESTART_COUNT", "2"}, {"TORCHELASTIC_RESTART_COUNT", "3"}}).restart_count, 2);
+}
+
 TEST(DistEnv, NodeRankFromGroupRankThenNodeRank) {
   const std::map<std::string, std::string> base{{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_WORLD_SIZE", "2"},
                                                 {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.1"},

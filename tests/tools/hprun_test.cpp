@@ -1,10 +1,19 @@
 // hprun end to end: separate processes, real TCPStore rendezvous.
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "shell.h"
@@ -33,6 +42,41 @@ std::vector<std::string> segments_left(const std::string& output) {
   }
   return left;
 }
+
+// What `probe listening` printed: the local address of each listening socket.
+std::vector<std::string> listening(const std::string& output) {
+  std::vector<std::string> found;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);)
+    if (auto at = line.find("listen "); at != std::string::npos && (at == 0 || line.find("]: listen ") == at - 3))
+      found.push_back(line.substr(at + 7));
+  return found;
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// The text after `key` up to the end of its line in `text`, "" if absent.
+std::string after(const std::string& text, const std::string& key) {
+  const size_t at = text.find(key);
+  return at == std::string::npos ? "" : text.substr(at + key.size(), text.find('\n', at) - at - key.size());
+}
+
+bool alive(pid_t pid) { return ::kill(pid, 0) == 0; }
 
 }  // namespace
 
@@ -117,4 +161,75 @@ TEST(Hprun, TrainRejectsAMeshThatDoesNotFitTheRanks) {
   Result r = run("--nproc-per-node 2 " HP_BIN_DIR "/hp train --config " PROJECT_DIR "/configs/demo.toml");
   EXPECT_NE(r.code, 0);
   EXPECT_NE(r.output.find("needs 4 ranks but 2 were started"), std::string::npos) << r.output;
+}
+
+TEST(Hprun, OnOneNodeTheStoreAndGlooListenOnLoopbackOnly) {
+  // hprun hosts the store; every listening socket of hprun and the ranks, seen by ss.
+  Result r = run("--nproc-per-node 2 " + probe + " listening");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto sockets = listening(r.output);
+  EXPECT_GE(sockets.size(), 3u) << r.output;  // the store (hprun) and each rank's Gloo
+  for (const auto& s : sockets) EXPECT_EQ(s.rfind("127.0.0.1:", 0), 0u) << s << "\n" << r.output;
+}
+
+TEST(Hprun, WithoutALauncherStoreRankZeroHostsItOnLoopbackOnOneHost) {
+  // As mpirun or torchrun without its agent's store start ranks: rank 0 hosts the store.
+  const std::string env = "WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=localhost MASTER_PORT=" +
+                          std::to_string(free_port()) + " HP_TIMEOUT_S=60";
+  Result r = shell("(" + env + " RANK=0 LOCAL_RANK=0 " + probe + " listening & " + env + " RANK=1 LOCAL_RANK=1 " +
+                   probe + " listening; wait)");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto sockets = listening(r.output);
+  EXPECT_GE(sockets.size(), 3u) << r.output;  // rank 0's store and each rank's Gloo
+  for (const auto& s : sockets) EXPECT_EQ(s.rfind("127.0.0.1:", 0), 0u) << s << "\n" << r.output;
+}
+
+TEST(Hprun, RanksGrantMemoryAccessToTheLauncherOnly) {
+  // PR_SET_PTRACER names hprun's pid (whose descendants the ranks are), never "any process".
+  // strace shows the call even where the kernel has no Yama to honour it.
+  if (shell("command -v strace").code != 0) GTEST_SKIP() << "no strace on this machine";
+  const std::string trace = ::testing::TempDir() + "hprun_ptracer_" + std::to_string(::getpid()) + ".txt";
+  Result r = shell("strace -f -qq -e trace=execve,prctl -o " + trace + " " HP_BIN_DIR "/hprun --nproc-per-node 2 " + probe + " ok");
+  const std::string calls = read_file(trace);
+  std::remove(trace.c_str());
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::string launcher = calls.substr(0, calls.find_first_of(" \t"));  // the first line: hprun's execve
+  int granted = 0;
+  std::istringstream in(calls);
+  for (std::string line; std::getline(in, line);) {
+    const size_t at = line.find("PR_SET_PTRACER, ");
+    if (at == std::string::npos) continue;
+    ++granted;  // "prctl(PR_SET_PTRACER, 123) = ..." or "prctl(PR_SET_PTRACER, 123 <unfinished ...>"
+    const std::string tracer = line.substr(at + 16, line.find_first_of(") ", at + 16) - at - 16);
+    EXPECT_EQ(tracer, launcher) << line << "\n" << calls;
+  }
+  EXPECT_EQ(granted, 2) << calls;  // once per rank
+}
+
+TEST(Hprun, AKilledLauncherTakesItsRanksAndTheNextRunRemovesTheirSegments) {
+  // Rank 1 holds a named segment when hprun is SIGKILLed: hprun cannot remove it then.
+  const std::string log = ::testing::TempDir() + "hprun_killed_" + std::to_string(::getpid()) + ".log";
+  Result started = shell(HP_BIN_DIR "/hprun --nproc-per-node 2 " + probe + " shm_hold 1 > " + log + " 2>&1 & echo $!");
+  const pid_t hprun = std::atoi(started.output.c_str());
+  ASSERT_GT(hprun, 0) << started.output;
+  std::string out;
+  for (int i = 0; i < 600 && after(out, "[rank1]: pid ").empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    out = read_file(log);
+  }
+  ::kill(hprun, SIGKILL);
+  const std::string segment = after(out, "[rank1]: left /");
+  const pid_t rank = std::atoi(after(out, "[rank1]: pid ").c_str());
+  ASSERT_FALSE(segment.empty()) << out;
+  ASSERT_GT(rank, 0) << out;
+  for (int i = 0; i < 300 && alive(rank); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(alive(rank)) << "rank 1 (pid " << rank << ") outlived hprun";
+  if (alive(rank)) ::kill(rank, SIGKILL);
+  const std::string path = "/dev/shm/" + segment;
+  EXPECT_EQ(::access(path.c_str(), F_OK), 0) << path << " should have outlived hprun";
+  Result next = run("--nproc-per-node 1 true");
+  EXPECT_EQ(next.code, 0) << next.output;
+  EXPECT_NE(::access(path.c_str(), F_OK), 0) << path << " was not removed by the next run";
+  ::unlink(path.c_str());
+  std::remove(log.c_str());
 }

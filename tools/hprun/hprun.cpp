@@ -4,6 +4,8 @@
 #include <iostream>
 
 #include "hp/base/error.h"
+#include "hp/comm/symm/segment.h"
+#include "job.h"
 #include "options.h"
 #include "supervisor.h"
 
@@ -17,19 +19,27 @@ int main(int argc, char** argv) {
     return 2;
   }
   install_interrupt_handlers();
+  // What the ranks of a launcher killed with SIGKILL (ours or another run's) left behind.
+  hp::symm::reap_orphan_segments();
+  std::unique_ptr<Job> job;
+  try {
+    job = std::make_unique<Job>(opt);
+  } catch (const std::exception& e) {
+    std::cerr << "hprun: " << e.what() << "\n";
+    return 1;
+  }
   for (int attempt = 0;; ++attempt) {
-    // A fresh port per attempt: the last attempt's store may still be closing.
-    int port = opt.master_port ? opt.master_port : free_port();
-    Outcome out = run_attempt(opt, port, attempt);
-    if (out.ok) return 0;
-    std::cerr << "hprun: " << out.failure << "; stopped the other ranks\n";
-    if (out.interrupted) return out.exit_code;
-    if (attempt >= opt.max_restarts) {
-      if (opt.max_restarts > 0)
+    Outcome out = job->end_attempt(attempt, run_attempt(opt, job->port(), attempt, job->link(attempt)));
+    if (out.ok) return job->leave(), 0;
+    std::cerr << "hprun: " << out.failure << "; stopped the other ranks"
+              << (opt.nnodes > 1 ? " on every node\n" : "\n");
+    if (out.interrupted || attempt >= opt.max_restarts) {
+      if (!out.interrupted && opt.max_restarts > 0)
         std::cerr << "hprun: giving up after " << opt.max_restarts << " restart(s)\n";
+      job->leave();
       return out.exit_code ? out.exit_code : 1;
     }
-    std::cerr << "hprun: restarting the group (restart " << attempt + 1 << " of "
-              << opt.max_restarts << ")\n";
+    std::cerr << "hprun: restarting the group (restart " << attempt + 1 << " of " << opt.max_restarts
+              << (opt.nnodes > 1 ? ", every node)\n" : ")\n");
   }
 }

@@ -1,13 +1,11 @@
 #include "supervisor.h"
 
-#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/socket.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -81,8 +79,9 @@ bool pump(int& fd, std::string& buf, int rank, int to_fd) {
   return true;
 }
 
-std::string describe(int rank, pid_t pid, int status) {
+std::string describe(const Options& opt, int rank, pid_t pid, int status) {
   std::string who = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ")";
+  if (opt.nnodes > 1) who += " on node " + std::to_string(opt.node_rank);
   if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);
     return who + " was killed by signal " + std::to_string(sig) + " (" + strsignal(sig) + ")";
@@ -113,11 +112,15 @@ void remove_segments(const std::string& prefix) {
 
 pid_t spawn(const Options& opt, int rank, int local_rank, int port, int restart_count,
             const std::string& shm_prefix, int out_w, int err_w) {
+  const pid_t launcher = ::getpid();
   pid_t pid = ::fork();
   HP_CHECK(pid >= 0) << "fork failed: " << std::strerror(errno);
   if (pid > 0) return pid;
   // Child: its own process group, so that stopping it stops what it started.
   ::setpgid(0, 0);
+  // A rank does not outlive hprun, even one killed with SIGKILL (which cannot stop it).
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != launcher) ::_exit(128 + SIGKILL);  // hprun died before the line above
   ::dup2(out_w, 1);
   ::dup2(err_w, 2);
   const int world = opt.nproc_per_node * opt.nnodes;
@@ -133,6 +136,10 @@ pid_t spawn(const Options& opt, int rank, int local_rank, int port, int restart_
   set("HP_RESTART_COUNT", std::to_string(restart_count));
   set("TORCHELASTIC_RESTART_COUNT", std::to_string(restart_count));
   set("HP_SHM_PREFIX", shm_prefix);
+  // hprun hosts the store; the ranks join it under their attempt's prefix, as torchrun's do.
+  set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  // Whose descendants may read a rank's memory (hp/comm/symm/cross_memory.h).
+  set("HP_LAUNCHER_PID", std::to_string(launcher));
   // Like torchrun: ranks share the cores, so each gets its slice of threads unless told
   // otherwise (oversubscribed OpenMP/OpenBLAS pools spin and starve communication).
   const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN) / opt.nproc_per_node);
@@ -160,22 +167,9 @@ void install_interrupt_handlers() {
   ::signal(SIGPIPE, SIG_IGN);
 }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  HP_CHECK(fd >= 0) << "socket() failed: " << std::strerror(errno);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-            ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  ::close(fd);
-  HP_CHECK(ok) << "cannot find a free port on 127.0.0.1: " << std::strerror(errno);
-  return ntohs(addr.sin_port);
-}
+bool interrupted() { return g_interrupted != 0; }
 
-Outcome run_attempt(const Options& opt, int master_port, int restart_count) {
+Outcome run_attempt(const Options& opt, int master_port, int restart_count, const AttemptLink& link) {
   const std::string shm_prefix = segment_prefix();
   std::vector<Rank> ranks(opt.nproc_per_node);
   for (int l = 0; l < opt.nproc_per_node; ++l) {
@@ -198,6 +192,7 @@ Outcome run_attempt(const Options& opt, int master_port, int restart_count) {
   bool stopping = false;
   auto stop_started = std::chrono::steady_clock::now();
   bool killed = false;
+  bool remote_failure = false, reported = false;
 
   auto stop_all = [&](int sig) {
     for (auto& r : ranks)
@@ -230,7 +225,7 @@ Outcome run_attempt(const Options& opt, int master_port, int restart_count) {
         bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
         if (failed && outcome.ok && !stopping) {
           outcome.ok = false;
-          outcome.failure = describe(r.rank, r.pid, status);
+          outcome.failure = describe(opt, r.rank, r.pid, status);
           outcome.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         }
       } else {
@@ -242,8 +237,13 @@ Outcome run_attempt(const Options& opt, int master_port, int restart_count) {
       outcome.interrupted = true;
       outcome.ok = false;
       outcome.exit_code = 130;
-      if (outcome.failure.empty()) outcome.failure = "interrupted";
+      if (outcome.failure.empty())
+        outcome.failure = opt.nnodes > 1 ? "interrupted on node " + std::to_string(opt.node_rank) : "interrupted";
     }
+    // A failure on another node stops this one's ranks too; one here is told to the others.
+    if (outcome.ok && !stopping && link.remote_failure)
+      if (auto remote = link.remote_failure()) outcome = *remote, remote_failure = true;
+    if (!outcome.ok && !remote_failure && !reported && link.report) reported = true, link.report(outcome);
     if (!outcome.ok && !stopping && any_running) {
       stopping = true;
       stop_started = std::chrono::steady_clock::now();

@@ -66,6 +66,9 @@ DistEnv read_dist_env(const EnvGetter& getenv) {
         << (env.has("MASTER_ADDR") ? "MASTER_PORT" : "MASTER_ADDR")
         << " is not: the launcher must give the rendezvous address";
     if (e.world_size > 1) read_rendezvous(env, e, true);
+    const std::string agent = env.has("TORCHELASTIC_USE_AGENT_STORE") ? env.str("TORCHELASTIC_USE_AGENT_STORE") : "";
+    e.launcher_store = agent == "True" || agent == "true" || agent == "1";
+    e.restart_count = static_cast<int>(env.integer_or("HP_RESTART_COUNT", env.integer_or("TORCHELASTIC_RESTART_COUNT", 0)));
     e.node_rank = env.integer_or("GROUP_RANK", env.integer_or("NODE_RANK", e.rank / std::max(1, e.local_world_size)));
   } else if (env.has("OMPI_COMM_WORLD_RANK") || env.has("OMPI_COMM_WORLD_SIZE")) {
     e.launcher = "mpirun";

@@ -16,6 +16,10 @@ struct DistEnv {
   int master_port = 0;  // 0: single process, no rendezvous needed
   double timeout_s = 300;
   std::string launcher = "none";  // "hprun/torchrun", "mpirun", "slurm" or "none"
+  // The launcher hosts the store at MASTER_ADDR:MASTER_PORT and every rank is a client
+  // (hprun, torchrun's agent: TORCHELASTIC_USE_AGENT_STORE); otherwise rank 0 hosts it.
+  bool launcher_store = false;
+  int restart_count = 0;  // HP_RESTART_COUNT / TORCHELASTIC_RESTART_COUNT
 };
 
 using EnvGetter = std::function<const char*(const char*)>;

@@ -3,7 +3,6 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -19,6 +18,7 @@
 #include "hp/base/strings.h"
 #include "hp/comm/hier/hier.h"
 #include "hp/comm/net.h"
+#include "hp/comm/store.h"
 
 namespace hp::comm {
 namespace {
@@ -166,19 +166,7 @@ std::shared_ptr<World> init_distributed() {
   if (env.world_size == 1) {
     store = c10::make_intrusive<c10d::HashStore>();
   } else {
-    c10d::TCPStoreOptions o;
-    o.port = static_cast<uint16_t>(env.master_port);
-    o.isServer = env.rank == 0;
-    o.numWorkers = env.world_size;
-    o.waitWorkers = false;  // we wait ourselves, naming who is missing
-    o.timeout = timeout;
-    try {
-      store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, o);
-    } catch (const std::exception& e) {
-      HP_FAIL() << "rank " << env.rank << ": cannot reach the rendezvous store at " << env.master_addr
-                << ":" << env.master_port << " within " << env.timeout_s
-                << " s (rank 0 hosts it; did it start?): " << e.what();
-    }
+    store = rendezvous_store(env, timeout);
     wait_for_all_ranks(*store, env, timeout);
   }
   bool loopback = env.local_world_size == env.world_size;

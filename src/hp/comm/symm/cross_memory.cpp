@@ -2,8 +2,12 @@
 
 #include <sys/prctl.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
+
+#include "hp/base/error.h"
 
 namespace hp::symm {
 
@@ -34,6 +38,14 @@ bool write_peer(int64_t pid, uint64_t remote, const void* local, size_t bytes) {
   return move_all(pid, remote, const_cast<char*>(static_cast<const char*>(local)), bytes, ::process_vm_writev);
 }
 
-void allow_peer_access() { ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0); }
+int64_t peer_tracer() {
+  const char* v = std::getenv("HP_LAUNCHER_PID");
+  char* end = nullptr;
+  const long long pid = v && *v ? std::strtoll(v, &end, 10) : 0;
+  HP_CHECK(!v || !*v || (*end == '\0' && pid > 0)) << "HP_LAUNCHER_PID must be a process id, got '" << v << "'";
+  return pid > 0 ? pid : ::getppid();
+}
+
+void allow_peer_access() { ::prctl(PR_SET_PTRACER, static_cast<unsigned long>(peer_tracer()), 0, 0, 0); }
 
 }  // namespace hp::symm

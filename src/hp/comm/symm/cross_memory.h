@@ -17,8 +17,14 @@ bool read_peer(int64_t pid, uint64_t remote, void* local, size_t bytes);
 bool write_peer(int64_t pid, uint64_t remote, const void* local, size_t bytes);
 
 // Lets this process's peers use the two calls above on it where Yama restricts ptrace to
-// a process's ancestors (ptrace_scope 1, Ubuntu's default): a group's ranks are siblings.
-// It restores the plain same-user rule for this process only; a no-op without Yama.
+// a process's ancestors (ptrace_scope 1, Ubuntu's default): a group's ranks are siblings,
+// so the launcher's descendants (peer_tracer()) are allowed, and no other process. A no-op
+// without Yama.
 void allow_peer_access();
+
+// Whose descendants may read this process: $HP_LAUNCHER_PID (hprun's pid), else the parent
+// (torchrun's agent, mpirun's daemon and Slurm's step daemon each start a node's ranks
+// as their children). Ranks as threads of one process need nothing.
+int64_t peer_tracer();
 
 }  // namespace hp::symm
