@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fault trials from outside the processes, on `hp train` with 4 ranks (dp=2 x tp=2,
-# deterministic, an asynchronous checkpoint every 2 steps):
+# deterministic, 40 steps, an asynchronous checkpoint every 4):
 #   kill   a random rank SIGKILLed at a random time, either while it trains or the moment a
 #          save is in flight; hprun --max-restarts restarts the group, which resumes;
 #   job    the whole job (launcher and ranks) SIGKILLed at a random time, then run again;
@@ -18,7 +18,7 @@ jobs=${2:-10}
 bin=build/bin
 [ -x $bin/hp ] && [ -x $bin/hprun ] || { echo "faults: build first (make build)" >&2; exit 2; }
 tmp=$(mktemp -d)
-trap 'pkill -KILL -f "$tmp/" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+trap 'pkill -KILL -f "$tmp/" 2>/dev/null || true; [ -n "${HP_FAULTS_KEEP:-}" ] || rm -rf "$tmp"' EXIT
 
 config() {  # dir steps
   mkdir -p "$1"
@@ -43,7 +43,7 @@ log_every = 1
 deterministic = true
 [checkpoint]
 dir = "$1/ckpt"
-every = 2
+every = 4
 keep = 3
 async = true
 TOML
@@ -64,19 +64,27 @@ same_as_clean() {  # dir: its final checkpoint equals the clean run's, byte for 
 rank_pid() {  # run dir, rank: the pid of that rank's process, if running
   local pid
   for pid in $(pgrep -f "hp train --config $1/run.toml" || true); do
-    tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "$pid"; return; }
+    tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "RANK=$2" && { echo "$pid"; return 0; }
   done
+  return 0
 }
 
 rand_ms() { echo $((RANDOM % $1)); }  # 0 .. $1-1
 sleep_ms() { sleep "$(printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)))"; }
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+until_training() {  # log: waits for its first step line (at most 60 s)
+  for _ in $(seq 1 6000); do grep -q "step  *1 " "$1" 2> /dev/null && return 0; sleep 0.01; done
+}
 
-steps=16
+steps=40
 clean_cfg=$(config "$tmp/clean" $steps)
-start=$(date +%s%N)
-train "$clean_cfg" || { cat "$clean_cfg.log"; exit 1; }
-clean_ms=$((($(date +%s%N) - start) / 1000000))
-echo "uninterrupted run: $clean_ms ms"
+train "$clean_cfg" &
+job=$!
+until_training "$clean_cfg.log"
+start=$(now_ms)
+wait $job || { cat "$clean_cfg.log"; exit 1; }
+train_ms=$(($(now_ms) - start))  # from the first step line to the end
+echo "uninterrupted run: ${train_ms} ms of training after start-up"
 
 kill_ok=0 kill_n=0 job_ok=0 job_n=0
 for ((t = 0; t < kills; ++t)); do
@@ -85,7 +93,8 @@ for ((t = 0; t < kills; ++t)); do
   train "$cfg" --max-restarts 2 &
   job=$!
   if [ "$during" = training ]; then
-    sleep_ms $((300 + $(rand_ms $((clean_ms > 400 ? clean_ms - 300 : 100)))))
+    until_training "$cfg.log"
+    sleep_ms "$(rand_ms $((train_ms * 2 / 3)))"  # the ranks linger a little after the last step
   else  # the moment a save after the first is in flight
     for _ in $(seq 1 2000); do
       compgen -G "$dir/ckpt/.tmp-step-*" > /dev/null && [ -n "$(compgen -G "$dir/ckpt/step-*")" ] && break
@@ -99,6 +108,7 @@ for ((t = 0; t < kills; ++t)); do
   resumed=$(grep -o "resumed at step [0-9]*" "$cfg.log" | tail -1 || true)
   kill_n=$((kill_n + 1))
   if [ $code = 0 ] && same_as_clean "$dir"; then verdict=bitwise kill_ok=$((kill_ok + 1)); else verdict="DIFFERS (exit $code)"; fi
+  grep -q "done:" "$cfg.log" && [ -z "$resumed" ] && verdict="$verdict (the run ended before the kill)"
   echo "kill $t: rank $rank during $during${pid:+ (pid $pid)}${resumed:+, $resumed}: $verdict"
   rm -rf "$dir"
 done
@@ -106,40 +116,41 @@ done
 for ((t = 0; t < jobs; ++t)); do
   dir="$tmp/job$t"
   cfg=$(config "$dir" $steps)
-  at=$((200 + $(rand_ms $((clean_ms > 300 ? clean_ms - 100 : 200)))))
+  at=$(rand_ms $((train_ms * 2 / 3)))
   setsid bash -c "$bin/hprun --nproc-per-node 4 $bin/hp train --config $cfg > $cfg.first.log 2>&1" &
   job=$!
-  sleep_ms $at
+  until_training "$cfg.first.log"
+  sleep_ms "$at"
   pkill -KILL -s $job 2> /dev/null || true
-  wait $job 2> /dev/null || true
+  wait $job 2> /dev/null || true  # "Killed": the point of the trial
   code=0
   train "$cfg" || code=$?
   resumed=$(grep -o "resumed at step [0-9]*" "$cfg.log" | tail -1 || true)
   job_n=$((job_n + 1))
   if [ $code = 0 ] && same_as_clean "$dir"; then verdict=bitwise job_ok=$((job_ok + 1)); else verdict="DIFFERS (exit $code)"; fi
-  echo "job $t: killed at ${at} ms${resumed:+, then $resumed}: $verdict"
+  grep -q "done:" "$cfg.first.log" && verdict="$verdict (the run ended before the kill)"
+  echo "job $t: killed ${at} ms into training${resumed:+, then $resumed}: $verdict"
   rm -rf "$dir"
 done
 
-# Corruption of the newest of steps 8, 10, 12 (a run to 12), then a run to 16 on it.
-half_cfg=$(config "$tmp/half" 12)
-train "$half_cfg" || { cat "$half_cfg.log"; exit 1; }
+# Corruption of the clean run's last checkpoint (of 32, 36, 40), then the same run again
+# on the damaged copy: it must fall back to 36, train to 40 and save 40 over the damage.
 flip() {  # file offset: one bit of that byte changes
   python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(int(sys.argv[2])); b = f.read(1)[0]
 f.seek(int(sys.argv[2])); f.write(bytes([b ^ 0x10]))' "$1" "$2"
 }
-newest=step-00000012
+newest=step-00000040
 corrupt_ok=0 corrupt_n=0 silent=0
 for kind in data-byte header-byte metadata-step truncate delete-rank-file delete-metadata; do
   dir="$tmp/corrupt-$kind"
   mkdir -p "$dir"
-  cp -r "$tmp/half/ckpt" "$dir/ckpt"
+  cp -r "$tmp/clean/ckpt" "$dir/ckpt"
   cfg=$(config "$dir" $steps)
   victim="$dir/ckpt/$newest/rank-00001.safetensors"
   case $kind in
     data-byte) flip "$victim" $(($(stat -c %s "$victim") - 7)) ;;
     header-byte) flip "$victim" 12 ;;
-    metadata-step) sed -i -E '0,/"step": [0-9]+/s//"step": 11/' "$dir/ckpt/$newest/metadata.json" ;;
+    metadata-step) sed -i -E '0,/"step": [0-9]+/s//"step": 39/' "$dir/ckpt/$newest/metadata.json" ;;
     truncate) truncate -s -100 "$victim" ;;
     delete-rank-file) rm "$victim" ;;
     delete-metadata) rm "$dir/ckpt/$newest/metadata.json" ;;
@@ -149,8 +160,8 @@ for kind in data-byte header-byte metadata-step truncate delete-rank-file delete
   resumed=$(grep -o "resumed at step [0-9]*" "$cfg.log" | tail -1 | grep -o "[0-9]*$" || true)
   said=$(grep -m1 -o "failed verification ([^;]*" "$cfg.log" | cut -c1-140 || true)
   corrupt_n=$((corrupt_n + 1))
-  if [ "$resumed" = 12 ]; then
-    verdict="SILENT RESUME from the damaged step 12" silent=$((silent + 1))
+  if [ "$resumed" = 40 ]; then
+    verdict="SILENT RESUME from the damaged step 40" silent=$((silent + 1))
   elif [ $code = 0 ] && same_as_clean "$dir"; then
     verdict="fell back to step ${resumed:-0}, final state bitwise${said:+; said: $said}" corrupt_ok=$((corrupt_ok + 1))
   elif [ $code != 0 ]; then

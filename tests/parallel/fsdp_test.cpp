@@ -83,17 +83,52 @@ TEST(FullyShard, GradientAccumulationEqualsLargeBatch) {
   hp::testing::expect_runs_match(hp::testing::train_llama(spec), hp::testing::train_llama(ref));
 }
 
-// bfloat16 compute, float32 reduction and master weights: close to float32 training, with
-// float32 gradients on the float32 shards.
+// bfloat16 compute, float32 reduction and master weights: every block computes on
+// bfloat16 inputs and parameters (a forward hook), the gathers move bfloat16 and the
+// reduce-scatters float32 (the collective log from the first block's forward to the end of
+// backward), float32 gradients land on the float32 shards, and the run stays close to
+// float32 training.
 TEST(FullyShard, MixedPrecision) {
   FullyShardOptions o;
   o.mp_policy = {at::kBFloat16, at::kFloat};
   LlamaRunSpec spec = fsdp_spec({2}, {"dp"}, o);
+  auto shard = spec.parallelize;
+  spec.parallelize = [shard](nn::Llama& model, const DeviceMesh& mesh) {
+    auto set_sync = shard(model, mesh);
+    for (auto& [name, m] : model.named_modules())
+      if (name.rfind("layers.", 0) == 0 && name.find('.', 7) == std::string::npos)
+        m->register_forward_pre_hook([name = name](nn::Module& block, const DTensor& x) {
+          EXPECT_EQ(x.scalar_type(), at::kBFloat16) << name << "'s input";
+          for (auto& [pname, p] : block.named_parameters())
+            EXPECT_EQ(p->scalar_type(), at::kBFloat16) << name << "." << pname << " while gathered";
+          // From here to the end of backward only fully_shard communicates (the run's own
+          // gathers of gradients and parameters for the comparison come after).
+          if (name == "layers.0") comm::current_world()->collective_log().clear();
+          return x;
+        });
+    comm::current_world()->collective_log().enable();
+    return set_sync;
+  };
   spec.after_backward = [](nn::Llama& model, int64_t) {
     for (auto& [name, p] : model.named_parameters()) {
       EXPECT_EQ(p->scalar_type(), at::kFloat) << name;
       EXPECT_EQ(p->grad()->scalar_type(), at::kFloat) << name;
     }
+    auto& log = comm::current_world()->collective_log();
+    int gathers = 0, reductions = 0;
+    for (const auto& r : log.records()) {
+      if (r.op == "all_gather" && r.numel > 16) {
+        EXPECT_EQ(r.dtype, at::kBFloat16) << r.to_string();
+        ++gathers;
+      }
+      if (r.op == "reduce_scatter") {
+        EXPECT_EQ(r.dtype, at::kFloat) << r.to_string();
+        ++reductions;
+      }
+    }
+    EXPECT_GT(gathers, 0);
+    EXPECT_GT(reductions, 0);
+    log.clear();
   };
   LlamaRun run = hp::testing::train_llama(spec);
   const LlamaRun& ref = reference();
@@ -107,14 +142,19 @@ TEST(FullyShard, MixedPrecision) {
 }
 
 // With N shard ranks a rank holds at most 1/N of the parameters, gradients and AdamW
-// states (plus chunk rounding), and while gathered at most the root and two blocks (the
-// one computing and the one prefetched).
+// states (plus chunk rounding). Over two steps of a 4-block model, the gathered bytes are
+// sampled as each block starts its forward and its backward: at most the root and two
+// blocks (the one computing and the one prefetched), so a block left gathered after its
+// forward shows by the third; after the forward at most the root and one block; after the
+// backward nothing.
 TEST(FullyShard, MemoryIsShardedAndGatheredUnitsAreBounded) {
   constexpr int N = 4;
   comm::run_local_ranks(N, [&](int) {
     DeviceMesh mesh = init_device_mesh("cpu", {N}, {"dp"});
     manual_seed(1);
-    nn::Llama model(hp::testing::tiny_llama(), mesh);
+    nn::LlamaConfig c = hp::testing::tiny_llama();
+    c.layers = 4;
+    nn::Llama model(c, mesh);
     int64_t total = 0, block = 0, root = 0;
     for (auto& [name, p] : model.named_parameters()) {
       const int64_t bytes = p->spec().numel() * 4;
@@ -124,29 +164,46 @@ TEST(FullyShard, MemoryIsShardedAndGatheredUnitsAreBounded) {
     }
     FSDPModule fsdp = fully_shard_llama(model, mesh);
     optim::AdamW opt(model.parameters());
-    int64_t peak_gathered = 0;
-    for (auto& [name, m] : model.named_modules())
-      if (name.rfind("layers.", 0) == 0 && name.find('.', 7) == std::string::npos)
-        m->register_forward_pre_hook([&](nn::Module&, const DTensor& x) {  // runs once the block is gathered
-          peak_gathered = std::max(peak_gathered, fsdp.unsharded_bytes());
-          return x;
+    std::vector<std::string> too_much;
+    auto sample = [&](const std::string& when, int64_t bound) {
+      const int64_t held = fsdp.unsharded_bytes();
+      if (held > bound) too_much.push_back(when + ": " + std::to_string(held) + " > " + std::to_string(bound));
+    };
+    int64_t step = 0;
+    for (auto& [name, m] : model.named_modules()) {
+      if (name.rfind("layers.", 0) != 0 || name.find('.', 7) != std::string::npos) continue;
+      const std::string block_name = name;
+      m->register_forward_pre_hook([&, block_name](nn::Module&, const DTensor& x) {  // the block is gathered
+        sample("step " + std::to_string(step) + " forward of " + block_name, root + 2 * block);
+        return x;
+      });
+      m->register_forward_hook([&, block_name](nn::Module&, const DTensor&, const DTensor& out) {
+        // Runs in backward once the block's output gradient is known, before its backward.
+        out.to_local().register_hook([&, block_name](const at::Tensor& g) {
+          sample("step " + std::to_string(step) + " backward of " + block_name, root + 2 * block);
+          return g;
         });
+        return out;
+      });
+    }
     std::vector<Placement> rows{Shard(0)};
-    at::Tensor tokens = (hp::rand({4, 9}, at::kDouble) * 32).floor().to(at::kLong);
-    DTensor loss = model.loss(distribute_tensor(tokens.narrow(1, 0, 8).contiguous(), mesh, rows),
-                              distribute_tensor(tokens.narrow(1, 1, 8).contiguous(), mesh, rows));
-    loss.to_local().backward();
-    opt.step();
+    for (step = 0; step < 2; ++step) {
+      at::Tensor tokens = (hp::rand({4, 9}, at::kDouble) * 32).floor().to(at::kLong);
+      DTensor loss = model.loss(distribute_tensor(tokens.narrow(1, 0, 8).contiguous(), mesh, rows),
+                                distribute_tensor(tokens.narrow(1, 1, 8).contiguous(), mesh, rows));
+      sample("step " + std::to_string(step) + " after forward", root + block);
+      loss.to_local().backward();
+      EXPECT_EQ(fsdp.unsharded_bytes(), 0) << "step " << step << ": every unit is resharded after backward";
+      opt.step();
+      opt.zero_grad();
+    }
+    EXPECT_TRUE(too_much.empty()) << to_string_list(too_much);
     int64_t held = 0;
-    for (DTensor* p : model.parameters())
-      held += (p->to_local().numel() + p->to_local().grad().numel()) * 4;
+    for (DTensor* p : model.parameters()) held += p->to_local().numel() * 4;
     for (auto& s : opt.state()) held += s.local->numel() * 4;
-    const int64_t unsharded_total = total * 4;  // parameters, gradients, two AdamW states
-    EXPECT_LE(held, unsharded_total / N + 4 * 4 * N * 16) << "(slack: one chunk rounding per tensor)";
+    const int64_t unsharded_total = total * 3;  // parameters and two AdamW states
+    EXPECT_LE(held, unsharded_total / N + 3 * 4 * N * 16 * c.layers) << "(slack: one chunk rounding per tensor)";
     EXPECT_GT(held, 0);
-    EXPECT_EQ(fsdp.unsharded_bytes(), 0) << "every unit is resharded after backward";
-    EXPECT_GT(peak_gathered, block);
-    EXPECT_LE(peak_gathered, root + 2 * block);
   });
 }
 
