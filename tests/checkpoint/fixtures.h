@@ -8,7 +8,9 @@
 
 #include <atomic>
 #include <filesystem>
+#include <map>
 #include <string>
+#include <vector>
 
 namespace hp::testing {
 
@@ -27,6 +29,17 @@ inline at::Tensor numbered(std::vector<int64_t> shape, double base, at::ScalarTy
   int64_t n = 1;
   for (auto s : shape) n *= s;
   return (at::arange(n, at::kDouble) + base).reshape(shape).to(dtype);
+}
+
+// Rank 0's tensors, after checking that every rank's are the same, bitwise (a replicated
+// tensor that differs on one rank would not show in rank 0's gathered copies).
+inline std::map<std::string, at::Tensor> same_on_every_rank(const std::vector<std::map<std::string, at::Tensor>>& per_rank) {
+  for (size_t r = 1; r < per_rank.size(); ++r) {
+    EXPECT_EQ(per_rank[r].size(), per_rank[0].size()) << "rank " << r;
+    for (const auto& [name, t] : per_rank[0])
+      EXPECT_TRUE(per_rank[r].count(name) && at::equal(per_rank[r].at(name), t)) << "rank " << r << ": " << name;
+  }
+  return per_rank.at(0);
 }
 
 }  // namespace hp::testing

@@ -82,21 +82,17 @@ TEST(HuggingFace, ExportThenLoadIntoTensorParallelLlama) {
     EXPECT_EQ(c.dim, 16);
     EXPECT_EQ(c.kv_heads, 2);
     EXPECT_EQ(c.rope_theta, 500000);
-    std::mutex mu;
     std::map<std::string, at::Tensor> loaded;
+    std::vector<std::map<std::string, at::Tensor>> per_rank(2);
     comm::run_local_ranks(2, [&](int rank) {
       DeviceMesh mesh = init_device_mesh("cpu", {2}, {"tp"});
       manual_seed(77);
       nn::Llama model(c, mesh);
       parallelize_llama(model, mesh, {false, true});
       load_hf(out, model);
-      std::map<std::string, at::Tensor> mine;
-      for (auto& [name, p] : model.named_parameters()) mine[name] = p->full_tensor();
-      if (rank == 0) {
-        std::lock_guard<std::mutex> lock(mu);
-        loaded = std::move(mine);
-      }
+      for (auto& [name, p] : model.named_parameters()) per_rank[rank][name] = p->full_tensor();
     });
+    loaded = hp::testing::same_on_every_rank(per_rank);
     ASSERT_EQ(loaded.size(), original.size());
     for (const auto& [name, t] : original)
       EXPECT_TRUE(at::equal(loaded.at(name), t.to(dtype).to(at::kFloat))) << name << " " << dtype_name(dtype);

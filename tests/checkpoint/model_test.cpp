@@ -53,8 +53,8 @@ void train_steps(nn::Llama& model, optim::Optimizer& opt, const DeviceMesh& mesh
 
 // Builds the model on (dp, tp), loads the latest checkpoint, returns its full state.
 Tensors load_on(const std::string& root, int64_t dp, int64_t tp, int64_t* steps) {
-  Tensors out;
-  std::mutex mu;
+  std::vector<Tensors> out(dp * tp);
+  std::vector<int64_t> rank_steps(dp * tp);
   comm::run_local_ranks(static_cast<int>(dp * tp), [&](int rank) {
     DeviceMesh mesh = init_device_mesh("cpu", {dp, tp}, {"dp", "tp"});
     manual_seed(99);  // other initial values than the saved run: loading must replace them
@@ -66,22 +66,19 @@ Tensors load_on(const std::string& root, int64_t dp, int64_t tp, int64_t* steps)
     s.add_optimizer(opt, model.named_parameters());
     ASSERT_TRUE(Checkpointer(CheckpointOptions{root}).load_latest(s).has_value());
     opt.set_steps(s.scalars.at("optim.steps"));
-    Tensors mine = full_state(model, opt);
-    if (rank == 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      out = std::move(mine);
-      *steps = opt.steps();
-    }
+    out[rank] = full_state(model, opt);
+    rank_steps[rank] = opt.steps();
   });
-  return out;
+  for (int64_t s : rank_steps) EXPECT_EQ(s, rank_steps[0]);
+  *steps = rank_steps[0];
+  return hp::testing::same_on_every_rank(out);
 }
 
 }  // namespace
 
 TEST(CheckpointModel, LlamaAndAdamWFromDpTpToOneRankAndTp4) {
   const auto root = hp::testing::fresh_dir("model");
-  Tensors saved;
-  std::mutex mu;
+  std::vector<Tensors> saved_by(4);
   comm::run_local_ranks(4, [&](int rank) {
     DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "tp"});
     manual_seed(7);
@@ -94,12 +91,9 @@ TEST(CheckpointModel, LlamaAndAdamWFromDpTpToOneRankAndTp4) {
     s.add_optimizer(opt, model.named_parameters());
     s.scalars["optim.steps"] = opt.steps();
     Checkpointer(CheckpointOptions{root, 1, /*async=*/true}).save(2, s);
-    Tensors mine = full_state(model, opt);
-    if (rank == 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      saved = std::move(mine);
-    }
+    saved_by[rank] = full_state(model, opt);
   });
+  const Tensors saved = hp::testing::same_on_every_rank(saved_by);
   // 9 parameters per layer, 3 outside the layers; each with exp_avg and exp_avg_sq.
   ASSERT_EQ(static_cast<int64_t>(saved.size()), (9 * tiny().layers + 3) * 3);
   for (auto [dp, tp] : {std::pair<int64_t, int64_t>{1, 1}, {1, 4}}) {

@@ -37,17 +37,15 @@ train::TrainConfig config(std::vector<int64_t> mesh, std::vector<std::string> na
   return c;
 }
 
+// Rank 0's result, after checking that every rank reports the same, bitwise.
 train::TrainResult run(const train::TrainConfig& c) {
-  train::TrainResult out;
-  std::mutex mu;
-  comm::run_local_ranks(static_cast<int>(c.world_size()), [&](int rank) {
-    auto r = train::run_training(c);
-    if (rank == 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      out = r;
-    }
-  });
-  return out;
+  std::vector<train::TrainResult> results(c.world_size());
+  comm::run_local_ranks(static_cast<int>(c.world_size()), [&](int rank) { results[rank] = train::run_training(c); });
+  for (size_t r = 1; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].first_step, results[0].first_step) << "rank " << r;
+    EXPECT_EQ(results[r].losses, results[0].losses) << "rank " << r;
+  }
+  return results[0];
 }
 
 // Every tensor of two checkpoints, compared bitwise; returns how many.
