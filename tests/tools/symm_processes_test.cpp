@@ -53,13 +53,13 @@ TEST(SymmProcesses, CallsThatDifferFailOnEveryRank) {
 
 TEST(SymmProcesses, PeerKilledInsideABarrierIsNamedBySurvivors) {
   // Rank 1 dies waiting for rank 2: rank 0, waiting beside it, finds out in that barrier;
-  // rank 2 comes late, passes it (both peers had arrived) and finds out in its next call.
+  // rank 2 comes late, passes it (both peers had arrived) and finds out in its next call
+  // (or in the barrier, if rank 1 was too slow to reach it before its end).
   Result r = probe(3, "kill 1 2", "", /*grace=*/3);  // rank 2 wakes after 1 s
   EXPECT_NE(r.code, 0) << r.output;
   EXPECT_TRUE(has(r, "rank 1 (pid")) << r.output;
   EXPECT_TRUE(has(r, "signal 9")) << r.output;
   EXPECT_TRUE(has(r, "[rank0]: error: hp::symm::barrier on group [0, 1, 2]")) << r.output;
-  EXPECT_TRUE(has(r, "[rank2]: error: all_reduce on group [0, 1, 2]")) << r.output;
   for (int k : {0, 2}) {
     const size_t at = r.output.find("[rank" + std::to_string(k) + "]: error: ");
     ASSERT_NE(at, std::string::npos) << r.output;
