@@ -136,13 +136,12 @@ uint64_t heap_place(const Heap& h, const void* p, size_t bytes) {
 }
 
 // Publishes, in exchange row `row`, the buffer this rank's peers read: where it lies in
-// its heap (heap_place), its address for cross-memory reads and writes, and its size. An
-// empty buffer counts as in the heap: there is nothing to read.
+// its heap (heap_place) and its address for cross-memory reads and writes. An empty buffer
+// counts as in the heap: there is nothing to read.
 void publish(Heap& h, int row, const void* p, size_t bytes) {
   Control& c = h.control(h.rank());
   c.heap_at[row] = bytes == 0 ? 1 : heap_place(h, p, bytes);
   c.send_addr[row] = reinterpret_cast<uint64_t>(p);
-  c.message_bytes[row] = bytes;
 }
 
 // Publishes, in row `row`, where this rank's output lies in its heap (null or elsewhere:
@@ -215,14 +214,6 @@ bool every_piece_reachable(const Heap& h, int row, Moves moves) {
   return true;
 }
 
-// What rank r published must be what this rank expects of it: reading in place past the
-// end of a peer's buffer, or writing past it, would corrupt that peer's heap.
-void check_bytes(const Heap& h, int row, const char* op, int r, size_t expected) {
-  const uint64_t got = h.control(r).message_bytes[row];
-  HP_CHECK(got == expected) << op << " on " << h.what() << ": group rank " << h.rank() << " expects " << expected
-                            << " bytes from group rank " << r << ", which has " << got;
-}
-
 // Where part k starts when `total` units are split over n ranks in parts of a multiple of
 // `align` (a power of two) units each, so that copies stay aligned; trailing parts short.
 template <typename T>
@@ -260,12 +251,6 @@ at::Tensor try_output_buffer(int64_t numel, at::ScalarType dtype, const comm::Gr
 }
 
 namespace {
-
-// Every rank published the size of its all-reduce tensor; all must agree, or a rank would
-// read past a peer's end.
-void check_same_bytes(const Heap& h, int row) {
-  for (int r = 0; r < h.size(); ++r) check_bytes(h, row, "all_reduce", r, h.control(h.rank()).message_bytes[row]);
-}
 
 // Every rank's tensor is readable in the heap at at[r]: the tensor itself, or a copy of the
 // slices its peers fold (staged). Each rank folds its slice reading its own tensor and its
@@ -306,8 +291,9 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
   const size_t elem = t.element_size();
   const int64_t total = t.numel();
   char* data = static_cast<char*>(t.data_ptr());
-  if (total == 0) return;  // every rank's is empty: no barrier, nothing published
   const size_t bytes = total * elem;
+  h.announce(all_reduce_call(bytes, dtype, op));
+  if (total == 0) return h.barrier("all_reduce");
   const bool one_shot = bytes <= std::min(kOneShotBytes, h.step_bytes());
   // A large private tensor may be staged: the slices its peers fold, copied into the heap.
   std::optional<PathChoice> choice;
@@ -328,7 +314,6 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
   const bool mine_in_heap = !one_shot && input_in_heap(h, row, me);
   if (mine_in_heap) {
     h.barrier("all_reduce");
-    check_same_bytes(h, row);
     if (const std::vector<char*> at = heap_buffers(h, row); !at.empty()) {
       all_reduce_in_heap(h, data, total, dtype, op, at);
       if (choice && private_tensor) choice->took(PathChoice::kStaged);
@@ -345,7 +330,6 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
       const int p = h.next_parity();
       std::memcpy(h.scratch(me, p), in, len * elem);
       h.barrier("all_reduce");
-      if (off == 0) check_same_bytes(h, row);
       fold(in, peer_ptrs(h, p, 0), len, dtype, op);
     }
     return;
@@ -375,14 +359,12 @@ void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
       if (r != me)
         std::memcpy(h.scratch(me, p) + lo(len, r) * elem, in + lo(len, r) * elem, (lo(len, r + 1) - lo(len, r)) * elem);
     h.barrier("all_reduce");
-    if (off == 0 && !mine_in_heap) {
-      check_same_bytes(h, row);
+    if (off == 0 && !mine_in_heap)
       for (int r = 0; r < n; ++r)
         if (input_in_heap(h, row, r)) {
           h.barrier("all_reduce");
           break;
         }
-    }
     if (off > 0) collect(off - chunk, prev);
     for (int s = 0; s < n; ++s) srcs[s] = (s == me ? in : h.scratch(s, p)) + lo(len, me) * elem;
     char* mine = h.scratch(me, p) + folded + lo(len, me) * elem;
@@ -405,10 +387,15 @@ void reduce_scatter(Heap& h, const at::Tensor& in, at::Tensor out, const std::ve
 void reduce_scatter(Heap& h, const std::vector<const char*>& in, const std::vector<int64_t>& counts, void* out,
                     at::ScalarType dtype, ReduceOp op) {
   const int n = h.size(), me = h.rank();
+  HP_CHECK(static_cast<int>(counts.size()) == n && static_cast<int>(in.size()) == n)
+      << "reduce_scatter on " << h.what() << ": " << counts.size() << " counts and " << in.size()
+      << " pieces for " << n << " ranks";
   const size_t elem = c10::elementSize(dtype);
   char* dst = static_cast<char*>(out);
   std::vector<int64_t> at(n + 1, 0);  // where each piece starts, were they back to back
   for (int r = 0; r < n; ++r) at[r + 1] = at[r] + counts[r];
+  h.announce(reduce_scatter_call(counts, dtype, op));
+  if (at[n] == 0) return h.barrier("reduce_scatter");
   if (may_read_in_place(h, at[n] * elem)) {
     // Pieces back to back in the heap on every rank: each rank folds its piece reading
     // every rank's input in place, with no staging.
@@ -419,10 +406,7 @@ void reduce_scatter(Heap& h, const std::vector<const char*>& in, const std::vect
     h.barrier("reduce_scatter");
     if (const std::vector<char*> bufs = heap_buffers(h, row); !bufs.empty()) {
       std::vector<const char*> srcs(n);
-      for (int s = 0; s < n; ++s) {
-        check_bytes(h, row, "reduce_scatter", s, at[n] * elem);
-        srcs[s] = bufs[s] + at[me] * elem;
-      }
+      for (int s = 0; s < n; ++s) srcs[s] = bufs[s] + at[me] * elem;
       fold(dst, srcs, counts[me], dtype, op);
       h.barrier("reduce_scatter");  // no rank changes its input before every peer has read it
       return;
@@ -457,7 +441,12 @@ void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, void*
 
 void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, const std::vector<char*>& out) {
   const int n = h.size(), me = h.rank();
+  HP_CHECK(static_cast<int>(bytes.size()) == n && static_cast<int>(out.size()) == n)
+      << "all_gather on " << h.what() << ": " << bytes.size() << " sizes and " << out.size() << " outputs for "
+      << n << " ranks";
   const size_t total = std::accumulate(bytes.begin(), bytes.end(), size_t{0});
+  h.announce(all_gather_call(bytes));
+  if (total == 0) return h.barrier("all_gather");
   if (may_read_in_place(h, total)) {
     // Each piece moves once, straight from its sender's input to its receivers' outputs:
     // read by each receiver where the input is in the heap, else written by the sender
@@ -469,16 +458,8 @@ void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, const
     const int row = h.next_exchange();
     publish(h, row, in, bytes[me]);
     publish_output(h, row, back_to_back ? out[0] : nullptr, total);
-    for (int r = 0; r < n; ++r) h.control(me).sizes[row][r] = bytes[r];
-    h.barrier("all_gather");
+    h.barrier("all_gather");  // every rank's sizes are this rank's (agreement.h)
     if (every_piece_reachable(h, row, [&](int s, int) { return bytes[s] > 0; })) {
-      // Every rank compares every rank's sizes with its own: if any two differ, all fail
-      // (before any rank writes into a peer's output).
-      for (int q = 0; q < n; ++q)
-        for (int r = 0; r < n; ++r)
-          HP_CHECK(h.control(q).sizes[row][r] == bytes[r])
-              << "all_gather on " << h.what() << ": group rank " << me << " expects " << bytes[r]
-              << " bytes from group rank " << r << ", group rank " << q << " expects " << h.control(q).sizes[row][r];
       const size_t mine_at = std::accumulate(bytes.begin(), bytes.begin() + me, size_t{0});
       for (int i = 0; i < n; ++i) {
         const int r = visit(h, i);
@@ -508,6 +489,10 @@ void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, const
 void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* out,
                 const std::vector<size_t>& recv) {
   const int n = h.size(), me = h.rank();
+  HP_CHECK(static_cast<int>(send.size()) == n && static_cast<int>(recv.size()) == n)
+      << "all_to_all on " << h.what() << ": " << send.size() << " send and " << recv.size() << " receive sizes for "
+      << n << " ranks";
+  h.announce(all_to_all_call());
   std::vector<size_t> in_at(n, 0), out_at(n, 0);
   for (int r = 1; r < n; ++r) in_at[r] = in_at[r - 1] + send[r - 1], out_at[r] = out_at[r - 1] + recv[r - 1];
   const char* src = static_cast<const char*>(in);
@@ -633,12 +618,15 @@ void broadcast_split(Heap& h, int row, char* d, size_t bytes, int root) {
 
 void broadcast(Heap& h, void* data, size_t bytes, int root) {
   const int me = h.rank();
+  HP_CHECK(root >= 0 && root < h.size()) << "broadcast on " << h.what() << ": root " << root
+                                         << " is outside the group";
   char* d = static_cast<char*>(data);
+  h.announce(broadcast_call(bytes, root));
+  if (bytes == 0) return h.barrier("broadcast");
   if (may_read_in_place(h, bytes)) {
     const int row = h.next_exchange();
     publish(h, row, d, bytes);
     h.barrier("broadcast");
-    for (int r = 0; r < h.size(); ++r) check_bytes(h, row, "broadcast", r, bytes);
     const std::vector<char*> bufs = heap_buffers(h, row);
     if (!bufs.empty() || input_in_heap(h, row, root) || h.single_copy()) {
       if (!bufs.empty()) broadcast_in_heap(h, bufs, bytes, root);

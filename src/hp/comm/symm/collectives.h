@@ -17,6 +17,11 @@
 // all-reduce may first stage a private tensor in the heap, where there is room (one
 // copy), and then read it in place: whether it does is timed per message size
 // (HP_SHM_STAGING=1 always, 0 never).
+//
+// Every rank must make the same calls in the same order with the same sizes, reduce op,
+// dtype and root. Each call checks so at its first barrier, before any data moves between
+// ranks (agreement.h): where ranks differ, every rank fails, naming what each passed,
+// instead of pairing with a peer's other call. Every call passes a barrier, empty ones too.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -48,8 +53,7 @@ at::Tensor try_in_place_buffer(int64_t numel, at::ScalarType dtype, const comm::
 // where that gains nothing (below 256 KiB) or there is no room. Not collective.
 at::Tensor try_output_buffer(int64_t numel, at::ScalarType dtype, const comm::Group& g);
 
-// `t`: contiguous, reduced in place; the same size on every rank (checked: an error on
-// every rank otherwise).
+// `t`: contiguous, reduced in place.
 void all_reduce(Heap& h, at::Tensor t, ReduceOp op);
 // `in`: contiguous, every rank's the same numel; this rank's result, `counts[rank]`
 // elements starting at sum(counts[<rank]), goes to `out` (contiguous).
@@ -59,7 +63,8 @@ void reduce_scatter(Heap& h, const at::Tensor& in, at::Tensor out, const std::ve
 // reduction goes to rank r; this rank's lands in `out`. The pieces may lie anywhere.
 void reduce_scatter(Heap& h, const std::vector<const char*>& in, const std::vector<int64_t>& counts, void* out,
                     at::ScalarType dtype, ReduceOp op);
-// Rank r contributes bytes[r] bytes; `out` receives them all, back to back in rank order.
+// Rank r contributes bytes[r] bytes (`bytes` the same on every rank); `out` receives them
+// all, back to back in rank order.
 void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, void* out);
 // The same with rank r's bytes landing at out[r].
 void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, const std::vector<char*>& out);

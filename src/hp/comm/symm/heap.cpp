@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <thread>
@@ -209,6 +210,34 @@ void Heap::barrier(const char* op) {
                   std::chrono::duration_cast<std::chrono::milliseconds>(backoff.waited()));
     }
   }
+  if (announced_row_ >= 0) {
+    const int row = announced_row_;
+    announced_row_ = -1;
+    try {
+      check_agreement(*this, row, op);
+    } catch (...) {
+      // Every rank fails here alike. One barrier more, so that no rank announces its next
+      // call before all have read this one's words; then all count steps and calls from
+      // zero again, in step whatever each had counted in the calls that differed.
+      try {
+        barrier(op);
+      } catch (...) {  // a peer died meanwhile: the difference is still the news
+      }
+      steps_ = exchanges_ = choices_ = calls_ = 0;
+      throw;
+    }
+  }
+}
+
+void Heap::announce(const Call& c) {
+  // Rows alternate: a peer rewrites this one only in the call after next, which it enters
+  // after the next call's first barrier, which waits for this rank to have checked it.
+  const int row = static_cast<int>(calls_ & 1);
+  Control& mine = control(rank_);
+  mine.calls[row] = c.words;
+  mine.calls[row].head |= (calls_++ & 0xffffffff) << 32;
+  if (c.pieces) std::copy(c.pieces, c.pieces + size(), mine.pieces[row]);
+  announced_row_ = row;
 }
 
 void Heap::signal(int peer, int slot, uint64_t value, SignalOp op) {

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "hp/comm/symm/agreement.h"
 #include "hp/comm/symm/segment.h"
 
 namespace hp::comm {
@@ -41,21 +42,23 @@ constexpr int kSignalSlots = 64;
 enum class SignalOp { Set, Add };
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory atomics must be lock-free");
+static_assert(sizeof(uint64_t) + 2 * sizeof(Announcement) <= 64, "announcements share the barrier's cache line");
 
 struct Control {
   uint64_t magic;
   int64_t pid;  // whose segment: a peer that has died is named at once
   alignas(64) std::atomic<uint64_t> barrier;
+  // What this rank's last two calls were given (agreement.h), in rows by the call's number:
+  // in the barrier's cache line, so peers have them when they see this rank arrive.
+  Announcement calls[2];
   alignas(64) std::atomic<uint64_t> signals[kSignalSlots];
   // all_to_all: each rank publishes its send sizes here, in alternate rows per call.
-  // all_gather in place: the sizes this rank expects of every rank.
   alignas(64) uint64_t sizes[2][kMaxRanks];
   // Large collectives: the address of the buffer its peers read (for single-copy reads
-  // and writes), where it lies in this rank's user heap (offset + 1), or 0 when it is not
-  // in the heap, and its size, in alternate rows per call.
+  // and writes), and where it lies in this rank's user heap (offset + 1), or 0 when it is
+  // not in the heap, in alternate rows per call. Its size is the call's (agreement.h).
   uint64_t send_addr[2];
   uint64_t heap_at[2];
-  uint64_t message_bytes[2];
   // all_gather and all_to_all: where this rank's output lies past its user heap's start
   // (offset + 1; 0: not in the heap) and its size, so that peers can write into it.
   uint64_t out_at[2];
@@ -63,8 +66,10 @@ struct Control {
   // all_reduce of private tensors (rank 0's only): per message size (log2 bytes), whether
   // the next calls stage them in the heap (0) or use the windows (1), in alternate slots.
   uint8_t staging_choice[2][64];
-  // try_empty: whether this rank could allocate and back its part, per call row.
+  // try_empty: where this rank's part lies (offset + 1), or 0 where it had no room, per row.
   uint64_t allocated[2];
+  // The per-rank sizes behind calls[row].detail, for the error that names them.
+  uint64_t pieces[2][kMaxRanks];
   // Single-copy probe at creation: an address in this rank's private memory holding
   // kMagic, and whether this rank could read (and write) every peer's.
   uint64_t probe_addr;
@@ -124,8 +129,13 @@ class Heap {
   int next_choice_slot() { return static_cast<int>(choices_++ & 1); }
 
   // Every rank arrives (release), then waits for all others (acquire). Fails naming the
-  // ranks that did not arrive within the group's timeout, or at once if one has died.
+  // ranks that did not arrive within the group's timeout, or at once if one has died; and,
+  // the first barrier after announce(), unless every rank announced the same call.
   void barrier(const char* op = "barrier");
+  // What this rank's collective call was given, published before its first barrier, which
+  // checks it against every peer's (agreement.h). Every call announces and then passes at
+  // least one barrier, so that calls pair up one to one.
+  void announce(const Call& c);
   void signal(int peer, int slot, uint64_t value, SignalOp op);
   // Waits until this rank's `slot` holds at least `value`; returns what it holds.
   uint64_t wait_signal(int slot, uint64_t value, std::chrono::milliseconds timeout);
@@ -171,6 +181,8 @@ class Heap {
   uint64_t steps_ = 0;
   uint64_t exchanges_ = 0;
   uint64_t choices_ = 0;
+  uint64_t calls_ = 0;  // collective calls announced
+  int announced_row_ = -1;  // the row the next barrier checks; -1: none
   PathTimes path_times_;
   bool single_copy_ = false;
   uint64_t probe_word_ = 0;  // read (and written back) by peers to test single-copy moves

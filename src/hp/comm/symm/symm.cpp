@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <optional>
+#include <string>
 
 #include "hp/base/error.h"
 #include "hp/comm/group.h"
@@ -64,10 +66,24 @@ at::Tensor heap_tensor(const std::shared_ptr<Heap>& h, size_t off, int64_t bytes
 
 }  // namespace
 
+// Every rank's tensor must lie at the same offset, or put and get would land elsewhere:
+// the barrier checks the offsets every rank announced (agreement.h), and fails on every
+// rank where one differs or some rank had no room.
 at::Tensor empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group& g) {
   std::shared_ptr<Heap> h = heap_of(g, "hp::symm::empty");
   const int64_t bytes = bytes_of(shape, dtype);
-  return heap_tensor(h, h->allocate(bytes), bytes, shape, dtype);
+  std::optional<size_t> off;
+  std::string full;
+  try {
+    off = h->allocate(bytes);
+  } catch (const Error& e) {
+    full = e.what();
+  }
+  at::Tensor t = off ? heap_tensor(h, *off, bytes, shape, dtype) : at::Tensor();  // freed if the check fails
+  h->announce(empty_call(bytes, off));
+  h->barrier("hp::symm::empty");
+  HP_CHECK(t.defined()) << full;  // no rank had room
+  return t;
 }
 
 at::Tensor try_empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group& g) {
@@ -77,10 +93,13 @@ at::Tensor try_empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Gr
   at::Tensor t;
   if (h->try_allocate(bytes, &off)) t = heap_tensor(h, off, bytes, shape, dtype);
   const int row = h->next_exchange();
-  h->control(h->rank()).allocated[row] = t.defined();
+  h->control(h->rank()).allocated[row] = t.defined() ? off + 1 : 0;
+  h->announce(try_empty_call(bytes));
   h->barrier("hp::symm::try_empty");
+  // No room on some rank, or ranks whose allocations went in different orders: no
+  // symmetric tensor to be had.
   for (int r = 0; r < h->size(); ++r)
-    if (!h->control(r).allocated[row]) return at::Tensor();
+    if (h->control(r).allocated[row] != h->control(h->rank()).allocated[row] || !t.defined()) return at::Tensor();
   return t;
 }
 
@@ -125,6 +144,10 @@ uint64_t wait_signal(const comm::Group& g, int slot, uint64_t value, std::chrono
   return heap_of(g, "wait_signal")->wait_signal(slot, value, timeout.count() > 0 ? timeout : g.timeout());
 }
 
-void barrier(const comm::Group& g) { heap_of(g, "hp::symm::barrier")->barrier("hp::symm::barrier"); }
+void barrier(const comm::Group& g) {
+  std::shared_ptr<Heap> h = heap_of(g, "hp::symm::barrier");
+  h->announce(barrier_call());
+  h->barrier("hp::symm::barrier");
+}
 
 }  // namespace hp::symm

@@ -26,12 +26,15 @@ namespace hp::symm {
 
 // A contiguous tensor in `g`'s symmetric heap, at the same offset on every rank. Every
 // rank allocates (and drops) its symmetric tensors in the same order; it is freed when
-// its last reference goes.
+// its last reference goes. Collective (one barrier): where ranks asked for different
+// sizes, or their tensors landed at different offsets, or some rank has no room, every
+// rank fails, naming what each rank got.
 at::Tensor empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group& g);
 
 // Like empty, with its pages touched here, but where some rank has no room (its heap is
-// full, or the shared-memory file system behind it) every rank gets an undefined tensor
-// instead. Collective: all ranks agree on the outcome.
+// full, or the shared-memory file system behind it), or the ranks' tensors would land at
+// different offsets, every rank gets an undefined tensor instead. Collective: all ranks
+// agree on the outcome; sizes that differ fail on every rank.
 at::Tensor try_empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Group& g);
 
 // A tensor in this rank's local region of g's heap (heap.h): its peers can reach it, but
@@ -65,7 +68,8 @@ void signal(const comm::Group& g, int peer, int slot, uint64_t value, SignalOp o
 uint64_t wait_signal(const comm::Group& g, int slot, uint64_t value,
                      std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
-// Every rank of `g` has arrived, and all writes made before it are visible.
+// Every rank of `g` has arrived, and all writes made before it are visible. A collective
+// call like the others: a rank in another collective meanwhile fails it on every rank.
 void barrier(const comm::Group& g);
 
 }  // namespace hp::symm
