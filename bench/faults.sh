@@ -87,7 +87,18 @@ wait $job || { cat "$clean_cfg.log"; exit 1; }
 train_ms=$(($(now_ms) - start))  # from the first step line to the end
 echo "uninterrupted run: ${train_ms} ms of training after start-up"
 
-kill_ok=0 kill_n=0 job_ok=0 job_n=0
+# judge INTERRUPTED EXIT DIR: sets verdict; counts the trial (in counted, ok) only when
+# the kill interrupted something.
+counted=0 ok=0
+judge() {
+  if [ "$1" != yes ]; then
+    verdict="not counted: it had ended before the kill"
+    return
+  fi
+  counted=$((counted + 1))
+  if [ "$2" = 0 ] && same_as_clean "$3"; then verdict=bitwise ok=$((ok + 1)); else verdict="DIFFERS (exit $2)"; fi
+}
+
 for ((t = 0; t < kills; ++t)); do
   dir="$tmp/kill$t" rank=$((RANDOM % 4)) during=$([ $((t % 2)) = 0 ] && echo training || echo saving)
   cfg=$(config "$dir" $steps)
@@ -107,15 +118,11 @@ for ((t = 0; t < kills; ++t)); do
   code=0
   wait $job || code=$?
   resumed=$(grep -o "resumed at step [0-9]*" "$cfg.log" | tail -1 || true)
-  if ! grep -q "signal 9" "$cfg.log"; then
-    verdict="not counted: the rank had ended before the kill"
-  else
-    kill_n=$((kill_n + 1))
-    if [ $code = 0 ] && same_as_clean "$dir"; then verdict=bitwise kill_ok=$((kill_ok + 1)); else verdict="DIFFERS (exit $code)"; fi
-  fi
+  judge "$(grep -q "signal 9" "$cfg.log" && echo yes)" $code "$dir"
   echo "kill $t: rank $rank during $during${pid:+ (pid $pid)}${resumed:+, $resumed}: $verdict"
   rm -rf "$dir"
 done
+kill_n=$counted kill_ok=$ok counted=0 ok=0
 
 for ((t = 0; t < jobs; ++t)); do
   dir="$tmp/job$t"
@@ -130,15 +137,11 @@ for ((t = 0; t < jobs; ++t)); do
   code=0
   train "$cfg" || code=$?
   resumed=$(grep -o "resumed at step [0-9]*" "$cfg.log" | tail -1 || true)
-  if grep -q "done:" "$cfg.first.log"; then
-    verdict="not counted: the run had ended before the kill"
-  else
-    job_n=$((job_n + 1))
-    if [ $code = 0 ] && same_as_clean "$dir"; then verdict=bitwise job_ok=$((job_ok + 1)); else verdict="DIFFERS (exit $code)"; fi
-  fi
+  judge "$(grep -q "done:" "$cfg.first.log" || echo yes)" $code "$dir"
   echo "job $t: killed ${at} ms into training${resumed:+, then $resumed}: $verdict"
   rm -rf "$dir"
 done
+job_n=$counted job_ok=$ok
 
 # Corruption of the clean run's last checkpoint (of 32, 36, 40), then the same run again
 # on the damaged copy: it must fall back to 36, train to 40 and save 40 over the damage.
