@@ -112,11 +112,10 @@ namespace {
 // reason, the same on every rank.
 std::string failure_anywhere(const std::string& key, const std::string& why) {
   auto world = comm::current_world();
-  const std::vector<uint8_t> text = [&] {
-    const std::string s = "rank " + std::to_string(world->rank()) + ": " + why;
-    return std::vector<uint8_t>(s.begin(), s.end());
-  }();
-  if (!why.empty()) world->store()->set(key + "/why", text);
+  if (!why.empty()) {
+    const std::string text = "rank " + std::to_string(world->rank()) + ": " + why;
+    world->store()->set(key + "/why", std::vector<uint8_t>(text.begin(), text.end()));
+  }
   world->store()->add(key + "/failed", why.empty() ? 0 : 1);
   store_barrier(*world->store(), key + "/arrived", world->size(), world->timeout(),
                 "loading a checkpoint: rank " + std::to_string(world->rank()));

@@ -107,9 +107,12 @@ void publish_dir(const std::string& tmp, const std::string& final_dir, const std
 // Puts back a checkpoint that a re-save interrupted between its renames left at
 // .old-step-N (step-N missing), so that retention sees it where it belongs.
 void restore_moved_aside(const std::string& root) {
-  for (const auto& e : fs::directory_iterator(root)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind(".old-step-", 0) == 0 && !fs::exists(fs::path(root) / n.substr(5))) fs::rename(e.path(), fs::path(root) / n.substr(5));
+  std::vector<fs::path> moved;  // collected first: renaming while iterating is unspecified
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.path().filename().string().rfind(".old-step-", 0) == 0) moved.push_back(e.path());
+  for (const fs::path& p : moved) {
+    const fs::path home = p.parent_path() / p.filename().string().substr(5);
+    if (!fs::exists(home)) fs::rename(p, home);
   }
 }
 
