@@ -479,10 +479,13 @@ void all_gather(Heap& h, const void* in, const std::vector<size_t>& bytes, const
   const size_t window = h.step_bytes();
   for (size_t off = 0; off < most; off += window) {
     const int p = h.next_parity();
-    std::memcpy(h.scratch(me, p), static_cast<const char*>(in) + off, clamp_len(bytes[me], off, window));
+    // Empty pieces are skipped: an empty tensor's pointer may be null, which memcpy forbids.
+    if (const size_t len = clamp_len(bytes[me], off, window))
+      std::memcpy(h.scratch(me, p), static_cast<const char*>(in) + off, len);
     h.barrier("all_gather");
     for (int r = 0; r < n; ++r)
-      if (r != me) std::memcpy(out[r] + off, h.scratch(r, p), clamp_len(bytes[r], off, window));
+      if (const size_t len = clamp_len(bytes[r], off, window); r != me && len)
+        std::memcpy(out[r] + off, h.scratch(r, p), len);
   }
 }
 
@@ -499,13 +502,16 @@ void all_to_all(Heap& h, const void* in, const std::vector<size_t>& send, void* 
   char* dst = static_cast<char*>(out);
   // Each step moves up to `piece` bytes of every pair; the window holds one slot per peer.
   const size_t piece = h.step_bytes() / n / 64 * 64;
+  // Empty pieces are skipped: an empty tensor's pointer may be null, which memcpy forbids.
   auto stage = [&](int p, size_t off) {
     for (int s = 0; s < n; ++s)
-      if (s != me) std::memcpy(h.scratch(me, p) + s * piece, src + in_at[s] + off, clamp_len(send[s], off, piece));
+      if (const size_t len = clamp_len(send[s], off, piece); s != me && len)
+        std::memcpy(h.scratch(me, p) + s * piece, src + in_at[s] + off, len);
   };
   auto unstage = [&](int p, size_t off) {
     for (int r = 0; r < n; ++r)
-      if (r != me) std::memcpy(dst + out_at[r] + off, h.scratch(r, p) + me * piece, clamp_len(recv[r], off, piece));
+      if (const size_t len = clamp_len(recv[r], off, piece); r != me && len)
+        std::memcpy(dst + out_at[r] + off, h.scratch(r, p) + me * piece, len);
   };
 
   // The sizes go out with the first step's data, under one barrier: a small all-to-all

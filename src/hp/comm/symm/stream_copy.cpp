@@ -35,6 +35,7 @@ void stream(char* d, const char* s, size_t bytes) {
 }  // namespace
 
 void copy_large(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;  // an empty tensor's pointer may be null, which memcpy forbids
 #if defined(__SSE2__)
   if (bytes >= kStreamBytes)
     return stream(static_cast<char*>(dst), static_cast<const char*>(src), bytes);
