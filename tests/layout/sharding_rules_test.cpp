@@ -164,7 +164,9 @@ int check_op(const Op& op, const std::vector<Arr>& globals, std::vector<bool> pa
   if (partial_ok.empty()) partial_ok.assign(globals.size(), true);
   std::vector<std::vector<ShardSpec>> choices;
   for (size_t i = 0; i < globals.size(); ++i) choices.push_back(layouts(globals[i].shape, m, partial_ok[i]));
-  Arr want = run_op(op, globals, std::vector<V>(globals.size(), V(2, 0)), {});
+  std::vector<V> origins;  // each input whole: offset 0 along each of its dims
+  for (const Arr& g : globals) origins.emplace_back(g.shape.size(), 0);
+  Arr want = run_op(op, globals, origins, {});
   if (op.kind == OpKind::View) want.shape = output_shape(op, {globals[0].shape});
   int checked = 0;
   std::vector<size_t> pick(globals.size(), 0);
