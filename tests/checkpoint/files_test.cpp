@@ -16,6 +16,7 @@
 
 using namespace hp;
 using namespace hp::checkpoint;
+using hp::testing::flip_byte;
 using hp::testing::fresh_dir;
 using hp::testing::numbered;
 namespace fs = std::filesystem;
@@ -58,16 +59,6 @@ std::vector<std::string> load_big(const std::string& dir, int n) {
 }
 
 std::string only_file(const std::string& dir, const std::string& name) { return dir + "/" + name; }
-
-void flip_byte(const std::string& path, int64_t at) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(at);
-  char c = 0;
-  f.read(&c, 1);
-  c = static_cast<char>(c ^ 0x10);
-  f.seekp(at);
-  f.write(&c, 1);
-}
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -29,6 +30,17 @@ inline at::Tensor numbered(std::vector<int64_t> shape, double base, at::ScalarTy
   int64_t n = 1;
   for (auto s : shape) n *= s;
   return (at::arange(n, at::kDouble) + base).reshape(shape).to(dtype);
+}
+
+// Changes one bit of the byte at `at` of the file at `path`.
+inline void flip_byte(const std::string& path, int64_t at) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(at);
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  f.seekp(at);
+  f.write(&c, 1);
 }
 
 // Rank 0's tensors, after checking that every rank's are the same, bitwise (a replicated

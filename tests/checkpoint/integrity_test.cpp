@@ -19,6 +19,7 @@
 
 using namespace hp;
 using namespace hp::checkpoint;
+using hp::testing::flip_byte;
 using hp::testing::fresh_dir;
 using hp::testing::numbered;
 namespace fs = std::filesystem;
@@ -71,12 +72,6 @@ std::string slurp(const std::string& path) {
 }
 
 void spit(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
-
-void flip_byte(const std::string& path, int64_t at) {
-  std::string bytes = slurp(path);
-  bytes[at] = static_cast<char>(bytes[at] ^ 0x10);
-  spit(path, bytes);
-}
 
 // The error metadata_from_json gives for `m` (written with a valid checksum), "" if none.
 std::string refusal(const Metadata& m) {

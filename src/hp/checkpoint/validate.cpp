@@ -50,7 +50,7 @@ int64_t check_chunk(const Metadata& m, const std::string& name, const TensorMeta
   HP_CHECK(8 <= c.begin && c.begin <= c.end && c.end <= f->second.bytes)
       << source << ": " << describe(name, c) << " has bytes [" << c.begin << ", " << c.end << ") of " << c.file
       << ", which has " << f->second.bytes;
-  const int64_t bytes = c.end - c.begin, need = times(numel, dtype_size(t.dtype), source + ": " + describe(name, c));
+  const int64_t bytes = c.end - c.begin, need = numel * dtype_size(t.dtype);  // at most the tensor's bytes, checked to fit
   HP_CHECK(bytes == need) << source << ": " << describe(name, c) << " has " << bytes << " bytes, its sizes need " << need;
   const int64_t blocks = bytes / kBlockBytes + (bytes % kBlockBytes != 0);
   HP_CHECK(static_cast<int64_t>(c.checksums.size()) == blocks)
@@ -71,12 +71,13 @@ void validate_metadata(const Metadata& m, const std::string& source, bool whole)
     HP_CHECK(is_plain_file_name(file)) << source << ": file '" << file
                                        << "' is not a plain name inside the checkpoint directory";
   for (const auto& [name, t] : m.tensors) {
-    dtype_size(t.dtype);  // errors on an unknown dtype
+    const std::string what = source + ": tensor " + name;
     int64_t numel = 1;
     for (int64_t e : t.shape) {
-      HP_CHECK(e >= 0) << source << ": tensor " << name << " has shape " << to_string_list(t.shape);
-      numel = times(numel, e, source + ": tensor " + name);
+      HP_CHECK(e >= 0) << what << " has shape " << to_string_list(t.shape);
+      numel = times(numel, e, what);
     }
+    times(numel, dtype_size(t.dtype), what);  // its bytes fit too, so every chunk's do
     int64_t covered = 0;
     for (const Chunk& c : t.chunks) covered += check_chunk(m, name, t, c, source);
     // Sorted by first offset, a chunk can only overlap those that start before it ends
