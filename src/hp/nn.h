@@ -3,6 +3,7 @@
 
 #include "hp/nn/layers.h"
 #include "hp/nn/module.h"
+#include "hp/nn/sequential.h"
 #include "hp/nn/transformer.h"
 #include "hp/nn/vision.h"
 #include "hp/tensor.h"

@@ -25,6 +25,8 @@ class Module {
   std::vector<DTensor*> parameters();
   // This module (as "") and every descendant.
   std::vector<std::pair<std::string, Module*>> named_modules();
+  // The direct children, in registration order (shared: another module may hold them too).
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& named_children() const { return children_; }
   DTensor& param(const std::string& name);  // one of this module's own parameters
   void zero_grad();
 

@@ -69,7 +69,7 @@ std::vector<int> sharded_dims(const DTensor& p) {
 
 }  // namespace
 
-double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm) {
+double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm, const comm::Group* other_stages) {
   // Groups in first-appearance order, decided by layout alone, so every rank issues the
   // same collectives whichever of its parameters have gradients; a missing one adds zero.
   std::vector<NormGroup> groups;
@@ -84,9 +84,16 @@ double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm) {
     if (auto g = p->grad()) it->sum_sq += g->to_local().to(at::kDouble).square().sum();
   }
   double total = 0;
+  bool meta = false;  // a dry-run's meta tensors hold no value
   for (NormGroup& g : groups) {
     for (int d : g.sharded_dims) comm::all_reduce_(g.sum_sq, g.mesh.group(d));
-    if (!g.sum_sq.is_meta()) total += g.sum_sq.item<double>();  // a dry-run's meta tensors hold no value
+    meta = meta || g.sum_sq.is_meta();
+    if (!g.sum_sq.is_meta()) total += g.sum_sq.item<double>();
+  }
+  if (other_stages && other_stages->size() > 1) {
+    at::Tensor sum = at::full({}, total, at::TensorOptions().dtype(at::kDouble).device(meta ? at::kMeta : at::kCPU));
+    comm::all_reduce_(sum, *other_stages);
+    if (!meta) total = sum.item<double>();
   }
   const double norm = std::sqrt(total);
   if (norm > max_norm) {

@@ -39,7 +39,10 @@ class AdamW : public Optimizer {
 // once, whatever the layout) is at most `max_norm`; returns the norm before clipping.
 // Collective over the params' meshes: one float64 all-reduce per sharded mesh dim of each
 // distinct layout, the same on every rank whichever parameters have gradients.
-double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm);
+// `other_stages`: a group whose other ranks hold the rest of the model (pipeline stages,
+// disjoint parameters); their squares join the norm with one more all-reduce over it.
+double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm,
+                       const comm::Group* other_stages = nullptr);
 
 // Linear warm-up to `base` over `warmup` steps, then cosine decay to base/10 at `total`.
 double warmup_cosine_lr(int64_t step, double base, int64_t warmup, int64_t total);

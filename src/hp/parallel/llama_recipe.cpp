@@ -1,5 +1,11 @@
 #include "hp/parallel/llama_recipe.h"
 
+#include <map>
+#include <numeric>
+
+#include "hp/base/error.h"
+#include "hp/base/strings.h"
+
 namespace hp {
 
 void parallelize_llama(nn::Llama& model, const DeviceMesh& tp_mesh, const LlamaParallelOptions& o) {
@@ -31,6 +37,36 @@ FSDPModule fully_shard_llama(nn::Llama& model, const DeviceMesh& dp_mesh, const 
   for (auto& [name, m] : model.named_modules())
     if (name.rfind("layers.", 0) == 0 && name.find('.', 7) == std::string::npos) fully_shard(*m, dp_mesh, options);
   return fully_shard(model, dp_mesh, options);
+}
+
+std::shared_ptr<nn::Sequential> llama_stage(nn::Llama& model, const std::vector<int64_t>& layers_per_chunk,
+                                            int index) {
+  const nn::LlamaConfig& c = model.config();
+  const int chunks = static_cast<int>(layers_per_chunk.size());
+  HP_CHECK(std::accumulate(layers_per_chunk.begin(), layers_per_chunk.end(), int64_t{0}) == c.layers)
+      << "llama_stage: the chunks " << to_string_list(layers_per_chunk) << " do not hold the model's " << c.layers
+      << " layers";
+  for (int64_t n : layers_per_chunk)
+    HP_CHECK(n >= 0) << "llama_stage: negative layer count in " << to_string_list(layers_per_chunk);
+  HP_CHECK(index >= 0 && index < chunks) << "llama_stage: chunk " << index << " of " << chunks;
+  HP_CHECK(!c.tied_embeddings) << "llama_stage: tied embeddings cannot be split into pipeline stages (the "
+                                << "embedding and the head share one weight); set model.tied_embeddings = false";
+
+  std::map<std::string, std::shared_ptr<nn::Module>> child;
+  for (const auto& [name, m] : model.named_children()) child[name] = m;
+  auto stage = std::make_shared<nn::Sequential>();
+  auto take = [&](const std::string& name) {
+    HP_CHECK(child.count(name)) << "llama_stage: the model has no module '" << name << "'";
+    stage->append(name, child[name]);
+  };
+  const int64_t first = std::accumulate(layers_per_chunk.begin(), layers_per_chunk.begin() + index, int64_t{0});
+  if (index == 0) take("tok_embeddings");
+  for (int64_t i = first; i < first + layers_per_chunk[index]; ++i) take("layers." + std::to_string(i));
+  if (index == chunks - 1) {
+    take("norm");
+    take("output");
+  }
+  return stage;
 }
 
 }  // namespace hp

@@ -1,6 +1,10 @@
 // The whole tensor-parallel recipe for the Llama model, in one place.
 #pragma once
 
+#include <memory>
+#include <vector>
+
+#include "hp/nn/sequential.h"
 #include "hp/nn/transformer.h"
 #include "hp/parallel/fully_shard.h"
 #include "hp/parallel/tensor_parallel.h"
@@ -16,5 +20,14 @@ void parallelize_llama(nn::Llama& model, const DeviceMesh& tp_mesh, const LlamaP
 
 // fully_shard on every transformer block, then on the root (embedding, final norm, head).
 FSDPModule fully_shard_llama(nn::Llama& model, const DeviceMesh& dp_mesh, const FullyShardOptions& options = {});
+
+// Chunk `index` of `model` cut into consecutive chunks of `layers_per_chunk` blocks, as a
+// pipeline stage: its blocks, with the embedding in chunk 0 and the final norm and head in
+// the last chunk. The modules are `model`'s own (parallelise the whole model first), and
+// their parameters keep the model's names, so optimizers and checkpoints see one model
+// whatever the split. Tied embeddings are refused: the embedding's weight would be the
+// head's too.
+std::shared_ptr<nn::Sequential> llama_stage(nn::Llama& model, const std::vector<int64_t>& layers_per_chunk,
+                                            int index);
 
 }  // namespace hp

@@ -9,6 +9,7 @@
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
+#include "hp/schedule/generators.h"
 
 namespace hp::train {
 
@@ -159,6 +160,16 @@ int64_t TrainConfig::mesh_size(const std::string& name) const {
   return 1;
 }
 
+int64_t TrainConfig::stages_per_rank() const {
+  if (pipeline.schedule == "zbv") return 2;
+  if (pipeline.schedule == "interleaved-1f1b") return pipeline.virtual_stages > 0 ? pipeline.virtual_stages : 2;
+  return 1;
+}
+
+int64_t TrainConfig::microbatches() const {
+  return pipeline.microbatches > 0 ? pipeline.microbatches : 2 * mesh_size("pp");
+}
+
 int64_t TrainConfig::world_size() const {
   int64_t n = 1;
   for (auto s : mesh.shape) n *= s;
@@ -176,6 +187,11 @@ std::string TrainConfig::to_string() const {
      << "\n"
      << "sequence_parallel = " << b(mesh.sequence_parallel) << "\n"
      << "data_parallel = " << toml_string(mesh.data_parallel) << "\n\n"
+     << "[pipeline]\n"
+     << "schedule = " << toml_string(pipeline.schedule) << "\n"
+     << "microbatches = " << pipeline.microbatches << "\n"
+     << "virtual_stages = " << pipeline.virtual_stages << "\n"
+     << "split = " << to_string_list(pipeline.split) << "\n\n"
      << "[model]\n"
      << "vocab = " << model.vocab << "\n"
      << "dim = " << model.dim << "\n"
@@ -224,10 +240,10 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
 
   TrainConfig c;
   c.source = source;
-  static const std::set<std::string> kSections = {"mesh", "model", "train", "data", "checkpoint"};
+  static const std::set<std::string> kSections = {"mesh", "pipeline", "model", "train", "data", "checkpoint"};
   for (const auto& [key, v] : root.as_table()) {
     HP_CHECK(kSections.count(key)) << where(source, v) << ": unknown key " << key
-                                   << " (known sections: [mesh], [model], [train], [data], [checkpoint])";
+                                   << " (known sections: [mesh], [pipeline], [model], [train], [data], [checkpoint])";
     HP_CHECK(v.is_table()) << where(source, v) << ": " << key << " must be a table ([" << key
                            << "]), found " << shown(v);
   }
@@ -243,6 +259,13 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
   mesh.get("sequence_parallel", c.mesh.sequence_parallel);
   mesh.get("data_parallel", c.mesh.data_parallel);
   mesh.finish();
+
+  SectionReader pipe(source, "pipeline", section("pipeline"));
+  pipe.get("schedule", c.pipeline.schedule);
+  pipe.get("microbatches", c.pipeline.microbatches);
+  pipe.get("virtual_stages", c.pipeline.virtual_stages);
+  pipe.get("split", c.pipeline.split);
+  pipe.finish();
 
   SectionReader model(source, "model", section("model"));
   model.get("vocab", c.model.vocab);
@@ -295,6 +318,52 @@ TrainConfig load_config(const std::string& path) {
   text << in.rdbuf();
   return parse_config(text.str(), path);
 }
+
+namespace {
+
+void validate_pipeline(const TrainConfig& c) {
+  const auto& src = c.source;
+  const auto& p = c.pipeline;
+  HP_CHECK(p.microbatches >= 0) << src << ": pipeline.microbatches = " << p.microbatches << " must be >= 0";
+  HP_CHECK(p.virtual_stages >= 0) << src << ": pipeline.virtual_stages = " << p.virtual_stages << " must be >= 0";
+  const int64_t pp = c.mesh_size("pp");
+  if (pp == 1) return;
+  try {  // the generator knows which kinds, stage counts and microbatch counts go together
+    schedule::make_schedule(p.schedule, static_cast<int>(pp), static_cast<int>(c.microbatches()),
+                            static_cast<int>(p.virtual_stages));
+  } catch (const Error& e) {
+    HP_FAIL() << src << ": [pipeline] does not make a schedule for pp = " << pp << ": " << e.what();
+  }
+  const int64_t chunks = pp * c.stages_per_rank(), dp = c.mesh_size("dp");
+  const auto& md = c.model;
+  HP_CHECK(!md.tied_embeddings) << src << ": model.tied_embeddings cannot be split into pipeline stages (the "
+                                << "embedding and the head share one weight); set it to false or pp to 1";
+  HP_CHECK(md.layers >= chunks) << src << ": model.layers = " << md.layers << " is fewer than the " << chunks
+                                << " pipeline chunks (pp = " << pp << " times " << c.stages_per_rank()
+                                << " per rank)";
+  HP_CHECK(c.train.batch % (c.microbatches() * dp) == 0)
+      << src << ": train.batch = " << c.train.batch << " must be divisible by " << c.microbatches()
+      << " microbatches times the dp mesh dim (" << dp << ")";
+  if (!p.split.empty()) {
+    int64_t sum = 0;
+    for (int64_t n : p.split) {
+      HP_CHECK(n >= 0) << src << ": pipeline.split " << to_string_list(p.split) << " has a negative count";
+      sum += n;
+    }
+    HP_CHECK(static_cast<int64_t>(p.split.size()) == chunks && sum == md.layers)
+        << src << ": pipeline.split " << to_string_list(p.split) << " must give " << chunks
+        << " chunks that hold model.layers = " << md.layers << " blocks";
+  }
+  // A data-parallel wrapper reduces gradients in the step's last backward, which a split
+  // backward (I then W) does not have.
+  const bool split_backward = p.schedule == "zb-h1" || p.schedule == "zbv";
+  HP_CHECK(!split_backward || dp == 1 || c.mesh.data_parallel == "replicate")
+      << src << ": schedule \"" << p.schedule << "\" splits the backward, which mesh.data_parallel = \""
+      << c.mesh.data_parallel << "\" cannot reduce in; use gpipe, 1f1b or interleaved-1f1b, or data_parallel = "
+      << "\"replicate\"";
+}
+
+}  // namespace
 
 void validate(const TrainConfig& c) {
   const auto& src = c.source;
@@ -369,6 +438,7 @@ void validate(const TrainConfig& c) {
   HP_CHECK(!m.sequence_parallel || t.seq % tp == 0)
       << src << ": with mesh.sequence_parallel, train.seq = " << t.seq
       << " must be divisible by the tp mesh dim (" << tp << ")";
+  validate_pipeline(c);
 }
 
 }  // namespace hp::train

@@ -10,6 +10,8 @@
 
 namespace hp::train {
 
+// Mesh dims by name: "dp" (data parallel), "tp" (tensor parallel), "pp" (pipeline stages);
+// with pp, each stage runs on the ranks of the other dims at one pp coordinate.
 struct MeshConfig {
   std::vector<int64_t> shape{1};       // devices per mesh dim; product = world size
   std::vector<std::string> names{"dp"};
@@ -18,6 +20,17 @@ struct MeshConfig {
   // "fsdp" (fully_shard: parameters, gradients and optimizer states sharded over dp), or
   // "replicate" (each use of a parameter all-reduces its gradient inside autograd).
   std::string data_parallel = "ddp";
+};
+
+// Pipeline parallelism over the mesh dim "pp": the model is cut into chunks of consecutive
+// blocks (the embedding goes with the first, the norm, head and loss with the last), placed
+// on the pp ranks by the schedule. virtual_stages is not a mesh dim: it is how many chunks
+// each pp rank holds.
+struct PipelineConfig {
+  std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved-1f1b, zb-h1 or zbv (`hp schedule`)
+  int64_t microbatches = 0;       // per step; 0 = 2 * pp
+  int64_t virtual_stages = 0;     // chunks per pp rank; 0 = the schedule's own (2 for interleaved-1f1b and zbv)
+  std::vector<int64_t> split;     // blocks per chunk; empty = balanced by the cost model (`hp schedule --split`)
 };
 
 // A small Llama-style decoder; vocab >= 256 because the tokenizer is byte-level.
@@ -53,6 +66,7 @@ struct CheckpointConfig {
 
 struct TrainConfig {
   MeshConfig mesh;
+  PipelineConfig pipeline;
   ModelConfig model;
   LoopConfig train;
   DataConfig data;
@@ -62,6 +76,9 @@ struct TrainConfig {
   // Size of the mesh dim called `name`, 1 if the mesh has none.
   int64_t mesh_size(const std::string& name) const;
   int64_t world_size() const;  // product of mesh.shape
+  // With pp > 1: the schedule's chunks per pp rank and microbatches, defaults resolved.
+  int64_t stages_per_rank() const;
+  int64_t microbatches() const;
 
   // The resolved config as TOML that load_config reads back to the same values.
   std::string to_string() const;

@@ -18,7 +18,8 @@ DryRunResult dry_run(const TrainConfig& cfg, int rank, int64_t steps) {
   for (const auto& name : cfg.mesh.names)
     HP_CHECK(name == "dp" || name == "tp")
         << "dry-run: mesh dim '" << name << "' in " << to_string_list(cfg.mesh.names)
-        << " is not run by the trainer (expected dp and tp only; pipeline parallelism is not supported)";
+        << " is not run by the dry-run (expected dp and tp; pipeline stages are not run by the dry-run yet: "
+        << "their activations' shapes travel in messages that a fake world does not deliver)";
   const int64_t world = cfg.world_size();
   HP_CHECK(rank >= 0 && rank < world) << "dry-run: rank " << rank << " is outside the mesh "
                                       << to_string_list(cfg.mesh.shape) << " of " << world << " ranks (0.."
@@ -41,7 +42,7 @@ DryRunResult dry_run(const TrainConfig& cfg, int rank, int64_t steps) {
     r.setup_collectives = static_cast<int64_t>(fake->collective_log().records().size());
     reset_meta_memory_peak();
     const auto local = at::TensorOptions().device(at::kMeta).dtype(at::kLong);
-    const int64_t rows = cfg.train.batch / t.dp_size;
+    const int64_t rows = cfg.train.batch / t.data_size;
     for (int64_t s = 0; s < steps; ++s) {
       at::Tensor inputs = at::empty({rows, cfg.train.seq}, local), targets = at::empty({rows, cfg.train.seq}, local);
       train_step(t, cfg, inputs, targets, optim::warmup_cosine_lr(s, t.base_lr, cfg.train.warmup, cfg.train.steps));

@@ -24,7 +24,7 @@ struct DryRunResult {
 };
 
 // Checks the rank against the mesh (0 <= rank < product of cfg.mesh.shape) and that the
-// mesh names only dp and tp (pipeline and other dims are not run by the trainer).
+// mesh names only dp and tp (pipeline stages are not run by the dry-run).
 DryRunResult dry_run(const TrainConfig& cfg, int rank, int64_t steps = 1);
 
 }  // namespace hp::train

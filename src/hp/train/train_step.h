@@ -11,35 +11,48 @@
 
 #include "hp/optim/optimizer.h"
 #include "hp/parallel.h"
+#include "hp/pipeline/runtime.h"
 #include "hp/train/config.h"
 
 namespace hp::train {
 
 // A model parallelised by the recipe, its optimizer, and where the batch goes.
 struct Training {
-  DeviceMesh mesh;
-  std::unique_ptr<nn::Llama> model;
-  std::unique_ptr<DistributedDataParallel> ddp;
+  Training(DeviceMesh m, DeviceMesh stage) : mesh(std::move(m)), stage_mesh(std::move(stage)) {}
+  DeviceMesh mesh;        // the config's mesh
+  DeviceMesh stage_mesh;  // the mesh the model lives on: `mesh` without its pp dim
+  std::shared_ptr<nn::Llama> llama;     // the whole model (pp = 1)
+  std::shared_ptr<nn::Module> model;    // this rank's parameters, named as in the whole Llama
+  std::unique_ptr<pipeline::PipelineRuntime> pipeline;  // pp > 1: this rank's stages
+  std::vector<std::unique_ptr<DistributedDataParallel>> ddp;  // one per stage (or the whole model)
   std::unique_ptr<optim::Optimizer> opt;
   std::vector<DTensor*> params;
-  std::vector<Placement> rows;  // the batch's layout: rows over dp, the same on every other dim
+  const comm::Group* other_stages = nullptr;  // pp > 1: the ranks holding the other stages' parameters
+  std::vector<Placement> rows;  // the batch's layout on `stage_mesh`: rows over dp, the same on every other dim
   std::vector<int64_t> global;  // [batch, seq] of the whole step
-  int64_t dp_rank = 0, dp_size = 1;
+  int64_t data_rank = 0, data_size = 1;  // which rows of the global batch this rank reads (DataLoader)
   double base_lr = 0;
 };
 
 // Mesh, model (tensor parallel over "tp", then ddp or fully_shard over "dp" as the config
-// says) and optimizer on the current world. `device`: the mesh's ("meta" for a dry-run).
+// says, in pipeline stages over "pp") and optimizer on the current world. `device`: the
+// mesh's ("meta" for a dry-run).
 Training build_training(const TrainConfig& cfg, const std::string& device = "cpu");
 
 struct StepOutput {
-  DTensor loss;  // Replicate
+  at::Tensor loss;  // 0-dim, the same on every rank
   double grad_norm = 0;
+  double bubble = 0;  // pp > 1: this rank's idle share of the pipeline step
 };
 
-// One step on this rank's rows (int64 [batch / dp, seq]): forward, backward, clipping,
-// `before_update`, the optimizer step at `lr`, zero_grad.
+// One step on this rank's rows (int64 [batch / dp, seq], or the whole batch with pp > 1):
+// forward, backward, clipping, `before_update`, the optimizer step at `lr`, zero_grad.
 StepOutput train_step(Training& t, const TrainConfig& cfg, const at::Tensor& inputs, const at::Tensor& targets,
                       double lr, const std::function<void()>& before_update = {});
+
+namespace detail {
+// Pipeline stages over "pp" (pipeline_training.cpp): fills t.model, t.pipeline, t.ddp.
+void build_pipeline(Training& t, const TrainConfig& cfg);
+}  // namespace detail
 
 }  // namespace hp::train

@@ -55,9 +55,9 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
   validate(cfg);
   if (cfg.train.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
   Training t = build_training(cfg);
-  nn::Llama& model = *t.model;
+  nn::Module& model = *t.model;
   optim::Optimizer* opt = t.opt.get();
-  DataLoader loader(encode(read_text(cfg.data.path)), cfg.train.seq, cfg.train.batch, t.dp_rank, t.dp_size,
+  DataLoader loader(encode(read_text(cfg.data.path)), cfg.train.seq, cfg.train.batch, t.data_rank, t.data_size,
                     cfg.train.seed);
 
   TrainResult result;
@@ -82,9 +82,8 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
     StepOutput out = train_step(t, cfg, b.inputs, b.targets, lr, [&] {
       if (ckpt) ckpt->wait_for_snapshot();
     });
-    const DTensor& loss = out.loss;
     const double norm = out.grad_norm;
-    const double value = loss.to_local().item<double>();  // Replicate: the same on every rank
+    const double value = out.loss.item<double>();  // the same on every rank
     HP_CHECK(std::isfinite(value)) << "loss became " << value << " at step " << step;
     result.losses.push_back(value);
     ++steps_since;

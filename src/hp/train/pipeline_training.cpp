@@ -1,0 +1,111 @@
+// The trainer's pipeline stages: the Llama cut into chunks from outside the model, each a
+// mesh stage on the ranks of one pp coordinate, with tensor parallelism and data
+// parallelism (ddp or fully_shard) inside it, driven by the configured schedule.
+#include <ATen/ATen.h>
+
+#include "hp/base/error.h"
+#include "hp/comm/world.h"
+#include "hp/pipeline/mesh_stage.h"
+#include "hp/schedule/generators.h"
+#include "hp/train/train_step.h"
+
+namespace hp::train::detail {
+namespace {
+
+// Blocks per chunk: the config's split, else as even as counts allow (earlier chunks
+// take the remainder).
+std::vector<int64_t> chunk_layers(const TrainConfig& cfg, int chunks) {
+  if (!cfg.pipeline.split.empty()) return cfg.pipeline.split;
+  std::vector<int64_t> layers(chunks, cfg.model.layers / chunks);
+  for (int64_t c = 0; c < cfg.model.layers % chunks; ++c) ++layers[c];
+  return layers;
+}
+
+// Per pp coordinate, the ranks of its stage mesh: schedule rank r runs on rank_meshes[r].
+std::vector<MeshShape> stage_meshes(const DeviceMesh& mesh) {
+  const MeshShape& shape = mesh.shape();
+  const int pp_dim = shape.dim_index("pp");
+  std::vector<int> others;
+  for (int d = 0; d < shape.ndim(); ++d)
+    if (d != pp_dim) others.push_back(d);
+  std::vector<MeshShape> meshes;
+  for (int64_t r = 0; r < shape.dim_size(pp_dim); ++r) {
+    std::vector<int64_t> coord(shape.ndim(), 0);
+    coord[pp_dim] = r;
+    meshes.push_back(shape.submesh(shape.rank_at(coord), others));
+  }
+  return meshes;
+}
+
+// How a stage input arrives on its mesh: token ids (chunk 0) or activations between
+// blocks, rows over dp, and with sequence parallelism the sequence over tp.
+std::vector<Placement> input_placements(const DeviceMesh& sm, const TrainConfig& cfg, bool ids) {
+  std::vector<Placement> p;
+  for (const auto& name : sm.dim_names()) {
+    if (name == "dp")
+      p.push_back(Shard(0));
+    else if (name == "tp" && cfg.mesh.sequence_parallel && !ids)
+      p.push_back(Shard(1));
+    else
+      p.push_back(Replicate());
+  }
+  return p;
+}
+
+}  // namespace
+
+void build_pipeline(Training& t, const TrainConfig& cfg) {
+  const DeviceMesh& sm = t.stage_mesh;
+  const int pp = static_cast<int>(t.mesh.size(t.mesh.shape().dim_index("pp")));
+  const int pp_rank = static_cast<int>(t.mesh.local_rank("pp"));
+  schedule::Schedule sched = schedule::make_schedule(cfg.pipeline.schedule, pp, static_cast<int>(cfg.microbatches()),
+                                                     static_cast<int>(cfg.pipeline.virtual_stages));
+  const int chunks = sched.num_stages;
+  const std::vector<int64_t> layers = chunk_layers(cfg, chunks);
+
+  // The whole model on every stage mesh from the same seed, so each stage keeps the values
+  // one process would have; what no stage of this rank takes is freed at the end.
+  nn::Llama whole(cfg.model, sm);
+  if (cfg.mesh_size("tp") > 1) parallelize_llama(whole, sm["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
+  const bool dp = cfg.mesh_size("dp") > 1;
+  auto group = comm::current_world()->world_group(t.mesh.device_type());
+  auto mine = std::make_shared<nn::Sequential>();
+  std::vector<pipeline::PipelineStage> stages;
+  for (int c : sched.stages_of(pp_rank)) {
+    std::shared_ptr<nn::Sequential> stage = llama_stage(whole, layers, c);
+    for (const auto& [name, m] : stage->named_children()) mine->append(name, m);
+
+    pipeline::MeshStageOptions o;
+    o.stage_index = c;
+    o.num_stages = chunks;
+    o.input_placements = input_placements(sm, cfg, c == 0);
+    if (dp && cfg.mesh.data_parallel == "ddp") {
+      t.ddp.push_back(std::make_unique<DistributedDataParallel>(*stage, sm["dp"]));
+      DistributedDataParallel* d = t.ddp.back().get();
+      o.set_requires_gradient_sync = [d](bool on) { d->set_requires_gradient_sync(on); };
+    } else if (dp && cfg.mesh.data_parallel == "fsdp") {
+      for (const auto& [name, m] : stage->named_children())
+        if (name.rfind("layers.", 0) == 0) fully_shard(*m, sm["dp"]);
+      FSDPModule unit = fully_shard(*stage, sm["dp"]);
+      o.set_requires_gradient_sync = [unit](bool on) mutable { unit.set_requires_gradient_sync(on); };
+    }
+    o.forward = [stage](const DTensor& x) { return (*stage)(x); };
+    o.parameters = stage->parameters();
+    if (c == chunks - 1) {
+      const std::vector<Placement> rows = input_placements(sm, cfg, /*ids=*/true);
+      o.loss = [sm, rows, vocab = cfg.model.vocab](const DTensor& logits, const at::Tensor& target) {
+        ShardSpec spec = make_spec(target.sizes().vec(), target.scalar_type(), sm, rows);
+        DTensor tgt(pipeline::local_piece(target, spec, sm.coordinate()), sm, spec);
+        const int64_t n = logits.size(0) * logits.size(1);
+        return cross_entropy(view(logits, {n, vocab}), view(tgt, {n}));
+      };
+    }
+    o.group = group;
+    stages.push_back(pipeline::mesh_stage(sm, std::move(o)));
+  }
+  t.pipeline = std::make_unique<pipeline::PipelineRuntime>(std::move(stages), std::move(sched), stage_meshes(t.mesh));
+  t.model = mine;
+  t.other_stages = &t.mesh.group("pp");
+}
+
+}  // namespace hp::train::detail

@@ -1,0 +1,194 @@
+// `hp train` with pipeline stages (ranks as threads) against the pp = 1 run of the same
+// configuration (the single process, or the same dp/tp mesh without pp): the loss of every step and every parameter after 5 AdamW steps,
+// float32, relative 1e-5 with an absolute floor of 1e-6. Each layout is one line: schedule
+// kinds at pp = 2, 3 and 4 (uneven splits included), tensor parallelism, ddp, fully_shard
+// and replicate inside stages; then checkpoints that resume across a pp change.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+
+#include "hp/checkpoint.h"
+#include "hp/comm/local_ranks.h"
+#include "hp/train/trainer.h"
+
+using namespace hp;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kRtol = 1e-5, kAtol = 1e-6;
+
+struct Layout {
+  std::vector<int64_t> shape;
+  std::vector<std::string> names;
+  std::string schedule = "1f1b";
+  std::string data_parallel = "ddp";
+  int64_t microbatches = 0;
+  bool sequence_parallel = false;
+  std::vector<int64_t> split;
+};
+
+std::string fresh_dir(const std::string& tag) {
+  auto dir = fs::path(::testing::TempDir()) / ("hp_pipeline_" + tag + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  return dir.string();
+}
+
+train::TrainConfig config(const Layout& l, const std::string& dir) {
+  train::TrainConfig c;
+  c.mesh.shape = l.shape;
+  c.mesh.names = l.names;
+  c.mesh.data_parallel = l.data_parallel;
+  c.mesh.sequence_parallel = l.sequence_parallel;
+  c.pipeline.schedule = l.schedule;
+  c.pipeline.microbatches = l.microbatches;
+  c.pipeline.split = l.split;
+  c.model.dim = 32, c.model.layers = 8, c.model.heads = 4, c.model.kv_heads = 2, c.model.ffn_dim = 64;
+  c.model.max_seq = 16;
+  c.train.steps = 5, c.train.batch = 8, c.train.seq = 16, c.train.lr = 1e-2, c.train.warmup = 2;
+  c.train.deterministic = true;
+  c.checkpoint.dir = dir, c.checkpoint.keep = 0, c.checkpoint.async = false;
+  return c;
+}
+
+std::string describe(const Layout& l) {
+  std::string s;
+  for (size_t i = 0; i < l.shape.size(); ++i) s += (i ? " x " : "") + l.names[i] + "=" + std::to_string(l.shape[i]);
+  return s + " " + l.schedule + " " + l.data_parallel;
+}
+
+void PrintTo(const Layout& l, std::ostream* os) { *os << describe(l); }
+
+// Every rank's losses, checked equal across ranks bitwise (the pipeline broadcasts them).
+train::TrainResult run(const train::TrainConfig& c) {
+  std::vector<train::TrainResult> results(c.world_size());
+  comm::run_local_ranks(static_cast<int>(c.world_size()), [&](int rank) { results[rank] = train::run_training(c); });
+  for (size_t r = 1; r < results.size(); ++r) EXPECT_EQ(results[r].losses, results[0].losses) << "rank " << r;
+  return results[0];
+}
+
+void expect_close_losses(const std::vector<double>& got, const std::vector<double>& want, size_t offset,
+                         const std::string& where) {
+  ASSERT_EQ(got.size() + offset, want.size()) << where;
+  for (size_t k = 0; k < got.size(); ++k)
+    EXPECT_NEAR(got[k], want[offset + k], kRtol * std::abs(want[offset + k])) << where << ", step " << offset + k;
+}
+
+// Every model parameter of two checkpoints; returns how many were compared.
+int expect_close_params(const std::string& a, const std::string& b, const std::string& where) {
+  int n = 0;
+  const auto mb = checkpoint::read_metadata(b);
+  for (const auto& [name, _] : checkpoint::read_metadata(a).tensors) {
+    if (name.rfind("model.", 0) != 0) continue;
+    EXPECT_TRUE(mb.tensors.count(name)) << where << ": " << name << " missing";
+    if (!mb.tensors.count(name)) continue;
+    at::Tensor x = checkpoint::read_tensor(a, name), y = checkpoint::read_tensor(b, name);
+    EXPECT_TRUE(at::allclose(x, y, kRtol, kAtol))
+        << where << ": " << name << " differs by " << (x - y).abs().max().item<double>();
+    ++n;
+  }
+  return n;
+}
+
+struct Reference {
+  train::TrainResult result;
+  std::string dir;
+};
+
+// The pp = 1 run of `l`: its other dims kept (tensor parallelism sums in its own order),
+// one process when there are none.
+const Reference& reference(const Layout& l) {
+  Layout flat{{1}, {"dp"}};
+  flat.data_parallel = l.data_parallel, flat.sequence_parallel = l.sequence_parallel;
+  for (size_t i = 0; i < l.shape.size(); ++i)
+    if (l.names[i] != "pp") flat.shape.push_back(l.shape[i]), flat.names.push_back(l.names[i]);
+  if (flat.shape.size() > 1) flat.shape.erase(flat.shape.begin()), flat.names.erase(flat.names.begin());
+  static std::map<std::string, Reference> cache;
+  const std::string key = describe(flat);
+  if (!cache.count(key)) {
+    Reference& r = cache[key];
+    r.dir = fresh_dir("reference_" + std::to_string(cache.size()));
+    r.result = run(config(flat, r.dir));
+  }
+  return cache.at(key);
+}
+
+class PipelineTraining : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(PipelineTraining, MatchesSingleProcess) {
+  const Layout& l = GetParam();
+  const std::string dir = fresh_dir("layout");
+  const std::string where = describe(l);
+  const Reference& ref = reference(l);
+  train::TrainResult got = run(config(l, dir));
+  expect_close_losses(got.losses, ref.result.losses, 0, where);
+  const int n = expect_close_params(checkpoint::step_dir(ref.dir, 5), checkpoint::step_dir(dir, 5), where);
+  EXPECT_EQ(n, 2 + 8 * 9 + 1) << where;  // embedding, head; 9 per block; final norm
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, PipelineTraining,
+    ::testing::Values(Layout{{2}, {"pp"}, "1f1b"}, Layout{{4}, {"pp"}, "gpipe"}, Layout{{4}, {"pp"}, "1f1b"},
+                      Layout{{4}, {"pp"}, "interleaved-1f1b"}, Layout{{4}, {"pp"}, "zb-h1"},
+                      Layout{{4}, {"pp"}, "zbv"}, Layout{{3}, {"pp"}, "1f1b", "ddp", 4},
+                      Layout{{2}, {"pp"}, "zbv", "ddp", 0, false, {1, 3, 4, 0}},
+                      Layout{{2, 2}, {"pp", "dp"}, "1f1b", "ddp"}, Layout{{2, 2}, {"pp", "dp"}, "gpipe", "fsdp"},
+                      Layout{{2, 2}, {"pp", "dp"}, "interleaved-1f1b", "ddp"},
+                      Layout{{2, 2}, {"pp", "dp"}, "zb-h1", "replicate"},
+                      Layout{{2, 2}, {"pp", "tp"}, "1f1b", "ddp", 0, true},
+                      Layout{{2, 2}, {"dp", "pp"}, "interleaved-1f1b", "fsdp"}));
+
+TEST(PipelineTrainingResume, ACheckpointFromPp2ResumesAtPp1AndPp4) {
+  // Step 3 of a pp = 2 run, resumed at pp = 1 and at pp = 4 (tensors reshard as they load,
+  // the position comes back): both end as the uninterrupted single process does.
+  train::TrainConfig ref_cfg = config({{1}, {"dp"}}, fresh_dir("resume_ref"));
+  ref_cfg.train.steps = 6;
+  const train::TrainResult ref = run(ref_cfg);
+  for (const Layout& later : {Layout{{1}, {"dp"}}, Layout{{4}, {"pp"}, "1f1b"}}) {
+    const std::string dir = fresh_dir("resume");
+    train::TrainConfig first = config({{2}, {"pp"}}, dir);
+    first.train.steps = 6, first.checkpoint.every = 3;
+    run(first);
+    fs::remove_all(checkpoint::step_dir(dir, 6));
+    train::TrainConfig second = config(later, dir);
+    second.train.steps = 6, second.checkpoint.every = 3;
+    train::TrainResult resumed = run(second);
+    EXPECT_EQ(resumed.first_step, 3) << describe(later);
+    expect_close_losses(resumed.losses, ref.losses, 3, "resumed at " + describe(later));
+    expect_close_params(checkpoint::step_dir(ref_cfg.checkpoint.dir, 6), checkpoint::step_dir(dir, 6),
+                        "resumed at " + describe(later));
+    fs::remove_all(dir);
+  }
+}
+
+TEST(PipelineTrainingConfig, BadSettingsGetClearErrors) {
+  auto message = [](const Layout& l, const std::function<void(train::TrainConfig&)>& edit) {
+    train::TrainConfig c = config(l, "");
+    edit(c);
+    try {
+      train::validate(c);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const Layout pp4{{4}, {"pp"}, "interleaved-1f1b"};
+  EXPECT_NE(message(pp4, [](auto& c) { c.model.layers = 7; }).find("fewer than the 8 pipeline chunks"),
+            std::string::npos);
+  EXPECT_NE(message(pp4, [](auto& c) { c.model.tied_embeddings = true; }).find("tied_embeddings"), std::string::npos);
+  EXPECT_NE(message(pp4, [](auto& c) { c.pipeline.schedule = "2f2b"; }).find("unknown schedule kind '2f2b'"),
+            std::string::npos);
+  EXPECT_NE(message(pp4, [](auto& c) { c.pipeline.microbatches = 3; }).find("train.batch = 8 must be divisible by 3"),
+            std::string::npos);
+  EXPECT_NE(message(pp4, [](auto& c) { c.pipeline.split = {1, 1, 1, 1, 1, 1, 1, 2}; }).find("pipeline.split"),
+            std::string::npos);
+  EXPECT_NE(message({{2, 2}, {"pp", "dp"}, "zbv", "fsdp"}, [](auto&) {}).find("splits the backward"),
+            std::string::npos);
+}
+
+}  // namespace
