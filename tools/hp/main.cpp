@@ -1,4 +1,4 @@
-// hp: the HyperParallel command line (schedule, dryrun, plan, train, convert).
+// hp: the HyperParallel command line (schedule, dryrun, plan, train, plot, convert).
 #include <CLI/CLI.hpp>
 #include <iostream>
 
@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   hp::cli::add_version_command(app);
   hp::cli::add_schedule_command(app);
   hp::cli::add_plan_commands(app);
+  hp::cli::add_plot_command(app);
 #ifdef HP_WITH_TRAIN
   hp::cli::add_train_command(app);
   hp::cli::add_convert_command(app);
