@@ -4,6 +4,7 @@
 
 #include "hp/plan/cluster_spec.h"
 #include "hp/plan/estimator.h"
+#include "hp/plan/flops.h"
 #include "hp/plan/memory.h"
 #include "hp/plan/model_desc.h"
 #include "hp/plan/pipeline_bubble.h"
@@ -11,4 +12,5 @@
 #include "hp/plan/rank_correlation.h"
 #include "hp/plan/report.h"
 #include "hp/plan/search.h"
+#include "hp/plan/stage_split.h"
 #include "hp/plan/strategy.h"

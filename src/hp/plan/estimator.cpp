@@ -11,22 +11,6 @@ namespace hp::plan {
 
 namespace {
 
-double layer_matmul_params(const ModelDesc& m, bool moe) {
-  const double h = m.hidden;
-  double attn = 2 * h * m.q_dim() + 2 * h * m.kv_dim();
-  if (!moe) return attn + 3 * h * m.ffn;
-  return attn + h * m.experts + double(m.top_k + m.shared_experts) * 3 * h * m.moe_ffn;
-}
-
-// Causal attention: QK^T and AV over on average seq/2 keys, 2 FLOPs per multiply-add.
-double attention_flops_per_token(const ModelDesc& m) { return 2.0 * m.seq_len * m.q_dim(); }
-
-double layer_forward_flops_per_token(const ModelDesc& m, bool moe) {
-  return 2 * layer_matmul_params(m, moe) + attention_flops_per_token(m);
-}
-
-double head_forward_flops_per_token(const ModelDesc& m) { return 2.0 * m.hidden * m.vocab; }
-
 // What one pipeline rank costs per microbatch and per step.
 struct StageTime {
   double compute = 0, recompute = 0, tp = 0, cp = 0, ep = 0, fsdp = 0;  // per microbatch
@@ -57,12 +41,6 @@ void add_item(std::vector<CommItem>& items, const char* name, Collective kind, G
 
 }  // namespace
 
-double forward_flops_per_token(const ModelDesc& m) {
-  const double dense = double(m.layers - m.moe_layers());
-  return dense * layer_forward_flops_per_token(m, false) + m.moe_layers() * layer_forward_flops_per_token(m, true) +
-         head_forward_flops_per_token(m);
-}
-
 Estimator::Estimator(ModelDesc model, ClusterSpec cluster, EstimatorOptions options)
     : model_(std::move(model)), cluster_(std::move(cluster)), options_(options) {
   model_.validate();
@@ -84,10 +62,17 @@ RankGroups& Estimator::groups_for(const Strategy& s) {
   return *groups_;
 }
 
+std::vector<StageContents> Estimator::stages_for(const Strategy& s) const {
+  const int64_t chunks = s.pp * s.virtual_stages;
+  auto it = splits_.find(chunks);
+  if (it == splits_.end()) it = splits_.emplace(chunks, balance_stages(model_, chunks)).first;
+  return place_chunks(model_, it->second, s.pp, s.virtual_stages, s.schedule);
+}
+
 MemoryBreakdown Estimator::memory(const Strategy& s) const {
   HP_CHECK(s.dp > 0 && s.micro_batch > 0 && s.microbatches > 0)
       << "Estimator: strategy " << to_string(s) << " is not resolved; call resolve_strategy first";
-  auto stages = split_stages(model_, s.pp, s.virtual_stages, s.schedule);
+  auto stages = stages_for(s);
   MemoryBreakdown worst;
   for (int64_t i = 0; i < s.pp; ++i) {
     MemoryBreakdown mem = stage_memory(model_, s, stages[i], i, options_.numerics);
@@ -136,7 +121,7 @@ Estimate Estimator::estimate(const Strategy& s) {
   if (s.ep > 1) ep_layer = ep_calls * groups.cost(GroupKind::EP, Collective::AllToAll, ep_bytes).seconds;
   const double pp_bytes = tokens / t * m.hidden * nm.activation_bytes;
 
-  auto stages = split_stages(m, s.pp, s.virtual_stages, s.schedule);
+  auto stages = stages_for(s);
   auto stage_time = [&](const StageContents& st) {
     StageTime r;
     double fwd = st.dense_layers * layer_forward_flops_per_token(m, false) +

@@ -16,13 +16,17 @@
 // (dp, fsdp and cp fully exposed when EstimatorOptions::overlap_communication is false).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "hp/plan/cluster_spec.h"
+#include "hp/plan/flops.h"
 #include "hp/plan/memory.h"
 #include "hp/plan/model_desc.h"
+#include "hp/plan/pipeline_stages.h"
+#include "hp/plan/stage_split.h"
 #include "hp/plan/strategy.h"
 
 namespace hp::plan {
@@ -78,7 +82,8 @@ class RankGroups;
 class CostCache;
 
 // Reuses rank groups and collective costs while consecutive strategies keep the same
-// mesh dims, which is what makes a search over many strategies cheap.
+// mesh dims, and each chunk count's stage split, which is what makes a search over
+// many strategies cheap.
 class Estimator {
  public:
   Estimator(ModelDesc model, ClusterSpec cluster, EstimatorOptions options = {});
@@ -95,16 +100,15 @@ class Estimator {
 
  private:
   RankGroups& groups_for(const Strategy& s);
+  std::vector<StageContents> stages_for(const Strategy& s) const;
   ModelDesc model_;
   ClusterSpec cluster_;
   EstimatorOptions options_;
   std::unique_ptr<CostCache> costs_;
   std::unique_ptr<RankGroups> groups_;
   std::vector<int64_t> groups_dims_;
+  mutable std::map<int64_t, StageSplit> splits_;  // by chunk count (pp * virtual stages)
 };
-
-// Forward FLOPs of one token through the whole model (causal attention over seq_len).
-double forward_flops_per_token(const ModelDesc& m);
 
 // Resolves `s` for the cluster's devices (or `devices` when > 0) and estimates it.
 Estimate estimate(const ModelDesc& m, const ClusterSpec& c, const Strategy& s, int64_t devices = 0,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "hp/plan/model_desc.h"
+#include "hp/plan/stage_split.h"
 
 namespace hp::plan {
 
@@ -21,9 +22,14 @@ struct StageContents {
   int64_t layers() const { return dense_layers + moe_layers; }
 };
 
-// Splits the layers into pp*vpp chunks as evenly as possible (earlier chunks take the
-// remainder). Chunk c goes to rank c % pp, except zbv whose V places chunks c and
-// 2p-1-c on rank c.
+// Places the pp*vpp chunks of `split` on pipeline ranks: chunk c goes to rank c % pp,
+// except zbv whose V places chunks c and 2p-1-c on rank c.
+std::vector<StageContents> place_chunks(const ModelDesc& m, const StageSplit& split, int64_t pp, int64_t vpp,
+                                        const std::string& schedule);
+
+// Splits the layers into pp*vpp chunks of balanced forward FLOPs (balance_stages,
+// stage_split.h: the last chunk also runs the head, so it tends to hold fewer layers)
+// and places them.
 std::vector<StageContents> split_stages(const ModelDesc& m, int64_t pp, int64_t vpp, const std::string& schedule);
 
 // Peak live activations on pipeline rank `stage`, in units of "one microbatch through
