@@ -215,7 +215,9 @@ std::string TrainConfig::to_string() const {
      << "grad_clip = " << toml_float(train.grad_clip) << "\n"
      << "seed = " << train.seed << "\n"
      << "log_every = " << train.log_every << "\n"
-     << "deterministic = " << b(train.deterministic) << "\n\n"
+     << "deterministic = " << b(train.deterministic) << "\n"
+     << "metrics_file = " << toml_string(train.metrics_file) << "\n"
+     << "peak_tflops = " << toml_float(train.peak_tflops) << "\n\n"
      << "[data]\n"
      << "path = " << toml_string(data.path) << "\n\n"
      << "[checkpoint]\n"
@@ -293,6 +295,8 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
   train.get("seed", c.train.seed);
   train.get("log_every", c.train.log_every);
   train.get("deterministic", c.train.deterministic);
+  train.get("metrics_file", c.train.metrics_file);
+  train.get("peak_tflops", c.train.peak_tflops);
   train.finish();
 
   SectionReader data(source, "data", section("data"));
@@ -417,6 +421,7 @@ void validate(const TrainConfig& c) {
   HP_CHECK(t.warmup >= 0) << src << ": train.warmup = " << t.warmup << " must be >= 0";
   non_negative("train.weight_decay", t.weight_decay);
   non_negative("train.grad_clip", t.grad_clip);
+  non_negative("train.peak_tflops", t.peak_tflops);
   HP_CHECK(m.data_parallel == "ddp" || m.data_parallel == "fsdp" || m.data_parallel == "replicate")
       << src << ": mesh.data_parallel = \"" << m.data_parallel << "\" must be \"ddp\", \"fsdp\" or \"replicate\"";
   HP_CHECK(t.optimizer == "adamw" || t.optimizer == "muon")

@@ -49,6 +49,8 @@ struct LoopConfig {
   uint64_t seed = 0;
   int64_t log_every = 10;
   bool deterministic = false;
+  std::string metrics_file;   // JSON lines of every logged step (`hp plot`); "" = none
+  double peak_tflops = 0;     // per rank, for MFU; 0 = measured once at start (a float32 matmul)
 };
 
 struct DataConfig {
