@@ -1,11 +1,15 @@
 // `hp dryrun` and `hp plan`: estimate one strategy, or search for the best ones.
 #include <CLI/CLI.hpp>
+#include <fstream>
 #include <iostream>
 #include <memory>
 
 #include "commands.h"
 #include "hp/base/error.h"
 #include "hp/plan.h"
+#ifdef HP_WITH_TRAIN
+#include "hp/train/plan_bridge.h"
+#endif
 
 namespace hp::cli {
 
@@ -20,7 +24,46 @@ struct PlanArgs {
   bool real = false;  // run the trainer on a fake world and meta tensors
   int rank = 0;
   int64_t steps = 1;
+  std::string emit_config;  // write a training config for the strategy
 };
+
+#ifdef HP_WITH_TRAIN
+// Writes the trainer's config for `s`; the caller scales steps and sizes to its machine.
+void emit_config(const plan::ModelDesc& m, const plan::Strategy& s, const std::string& path) {
+  const train::TrainConfig cfg = train::config_of(m, s);
+  std::ofstream out(path);
+  HP_CHECK(out) << "cannot write " << path;
+  out << cfg.to_string();
+  HP_CHECK(out.flush()) << "cannot write " << path;
+  std::cout << "wrote " << path << ": hp train --config " << path << " on " << cfg.world_size() << " ranks ("
+            << plan::to_string(s) << ")\n";
+}
+
+// The first of the search's strategies, fastest first, that the trainer runs.
+const plan::Strategy& first_trainable(const plan::SearchResult& r, const plan::ModelDesc& m) {
+  HP_CHECK(!r.best.empty()) << "plan --emit-config: no strategy fits";
+  std::string why;
+  for (const plan::Estimate& e : r.best) {
+    try {
+      train::config_of(m, e.strategy);
+      return e.strategy;
+    } catch (const Error& err) {
+      if (why.empty()) why = err.what();
+    }
+  }
+  HP_FAIL() << "plan --emit-config: none of the " << r.best.size() << " strategies shown is run by the trainer; the "
+            << "fastest: " << why;
+  return r.best.front().strategy;
+}
+#endif
+
+void require_train(const PlanArgs& a) {
+#ifndef HP_WITH_TRAIN
+  HP_CHECK(a.emit_config.empty()) << "--emit-config needs hp built with LibTorch (HP_WITH_TORCH=ON)";
+#else
+  (void)a;
+#endif
+}
 
 }  // namespace
 
@@ -39,6 +82,7 @@ void add_plan_commands(CLI::App& app) {
                 "(dp, tp and fsdp; world = --devices)");
   dry->add_option("--rank", args->rank, "with --real: the rank to run")->capture_default_str();
   dry->add_option("--steps", args->steps, "with --real: training steps to run")->capture_default_str();
+  dry->add_option("--emit-config", args->emit_config, "write a training config for the strategy (hp train --config)");
   dry->callback([args] {
     HP_CHECK(!args->topology.empty() || args->real) << "dryrun: --topology is required (unless --real)";
     plan::ModelDesc m = plan::load_model(args->model);
@@ -53,6 +97,10 @@ void add_plan_commands(CLI::App& app) {
 #endif
     }
     plan::Strategy s = plan::resolve_strategy(plan::parse_strategy(args->strategy), m, n);
+    require_train(*args);
+#ifdef HP_WITH_TRAIN
+    if (!args->emit_config.empty()) emit_config(m, s, args->emit_config);
+#endif
     plan::Estimator est(m, c);
     plan::Estimate e = est.estimate(s);
     std::cout << (args->json ? plan::dryrun_json(e, m, c) : plan::format_dryrun(e, m, c));
@@ -65,6 +113,8 @@ void add_plan_commands(CLI::App& app) {
   pl->add_option("--global-batch", args->global_batch, "sequences per step")->capture_default_str();
   pl->add_option("--top", args->top, "how many strategies to show")->capture_default_str();
   pl->add_flag("--json", args->json, "print JSON");
+  pl->add_option("--emit-config", args->emit_config,
+                 "write a training config for the fastest strategy the trainer runs (hp train --config)");
   pl->callback([args] {
     plan::ModelDesc m = plan::load_model(args->model);
     plan::ClusterSpec c = plan::load_cluster(args->topology);
@@ -75,6 +125,10 @@ void add_plan_commands(CLI::App& app) {
     plan::Estimator est(m, c);
     plan::SearchResult r = plan::search(est, o);
     std::cout << (args->json ? plan::plan_json(r, m, c, o.devices) : plan::format_plan(r, m, c, o.devices));
+    require_train(*args);
+#ifdef HP_WITH_TRAIN
+    if (!args->emit_config.empty()) emit_config(m, first_trainable(r, m), args->emit_config);
+#endif
   });
 }
 

@@ -9,36 +9,12 @@
 #include "hp/base/error.h"
 #include "hp/plan.h"
 #include "hp/train/dry_run.h"
+#include "hp/train/plan_bridge.h"
 
 namespace hp::cli {
 namespace {
 
 constexpr double kMiB = 1 << 20;
-
-train::TrainConfig config_of(const plan::ModelDesc& m, const plan::Strategy& s) {
-  HP_CHECK(!m.is_moe()) << "dryrun --real: model " << m.name << " is MoE; the trainer's Llama is dense";
-  HP_CHECK(m.head_size() * m.heads == m.hidden)
-      << "dryrun --real: model " << m.name << " has head_dim " << m.head_size() << " x " << m.heads
-      << " heads != hidden " << m.hidden << "; the trainer's Llama needs head_dim = hidden / heads";
-  train::TrainConfig cfg = train::default_config();
-  cfg.model.vocab = m.vocab;
-  cfg.model.dim = m.hidden;
-  cfg.model.layers = m.layers;
-  cfg.model.heads = m.heads;
-  cfg.model.kv_heads = m.kv_heads;
-  cfg.model.ffn_dim = m.ffn;
-  cfg.model.max_seq = m.seq_len;
-  cfg.model.tied_embeddings = m.tied_embeddings;
-  cfg.train.seq = m.seq_len;
-  cfg.train.batch = s.global_batch;
-  cfg.train.steps = 1;
-  cfg.mesh.shape = {s.dp, s.tp};
-  cfg.mesh.names = {"dp", "tp"};
-  cfg.mesh.sequence_parallel = s.tp > 1;  // as the estimator assumes
-  cfg.mesh.data_parallel = s.fsdp ? "fsdp" : "ddp";
-  cfg.source = "dryrun --real";
-  return cfg;
-}
 
 }  // namespace
 
@@ -52,7 +28,9 @@ void run_real_dryrun(const plan::ModelDesc& m, const plan::ClusterSpec& c, plan:
                                 << s.microbatches;
   s.microbatches = 1;
   s = plan::resolve_strategy(s, m, devices);
-  const train::TrainConfig cfg = config_of(m, s);
+  train::TrainConfig cfg = train::config_of(m, s);
+  cfg.train.steps = 1;
+  cfg.source = "dryrun --real";
   const train::DryRunResult r = train::dry_run(cfg, rank, steps);
 
   plan::EstimatorOptions o;

@@ -6,19 +6,19 @@
 #include "hp/base/error.h"
 #include "hp/comm/world.h"
 #include "hp/pipeline/mesh_stage.h"
+#include "hp/plan/stage_split.h"
 #include "hp/schedule/generators.h"
+#include "hp/train/plan_bridge.h"
 #include "hp/train/train_step.h"
 
 namespace hp::train::detail {
 namespace {
 
-// Blocks per chunk: the config's split, else as even as counts allow (earlier chunks
-// take the remainder).
+// Blocks per chunk: the config's split, else the planner's balanced one (the slowest
+// chunk as fast as it can be, the head's work counted on the last).
 std::vector<int64_t> chunk_layers(const TrainConfig& cfg, int chunks) {
   if (!cfg.pipeline.split.empty()) return cfg.pipeline.split;
-  std::vector<int64_t> layers(chunks, cfg.model.layers / chunks);
-  for (int64_t c = 0; c < cfg.model.layers % chunks; ++c) ++layers[c];
-  return layers;
+  return plan::balance_stages(model_desc_of(cfg), chunks).layers;
 }
 
 // Per pp coordinate, the ranks of its stage mesh: schedule rank r runs on rank_meshes[r].

@@ -10,9 +10,12 @@
 
 #include "hp/base/error.h"
 #include "hp/checkpoint.h"
+#include "hp/comm/world.h"
 #include "hp/optim/chained.h"
 #include "hp/parallel.h"
+#include "hp/plan/flops.h"
 #include "hp/train/data.h"
+#include "hp/train/plan_bridge.h"
 #include "hp/train/train_step.h"
 
 namespace hp::train {
@@ -49,6 +52,22 @@ int64_t restore_position(const checkpoint::State& state, optim::Optimizer& opt, 
   return get("step");
 }
 
+// Float32 matmul FLOP/s of this rank, measured once: the peak MFU is taken against.
+double measure_peak_flops() {
+  const int64_t n = 512;
+  at::Tensor a = at::full({n, n}, 0.5), b = at::full({n, n}, 0.25), c = at::empty({n, n});
+  at::mm_out(c, a, b);  // warm-up
+  double best = 0;
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int reps = 4;
+    for (int i = 0; i < reps; ++i) at::mm_out(c, a, b);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * n * n * n * reps / s);
+  }
+  return best;
+}
+
 }  // namespace
 
 TrainResult run_training(const TrainConfig& cfg, const std::function<void(const StepLog&)>& on_log) {
@@ -73,8 +92,18 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
     if (cc.resume && ckpt->load_latest(state)) result.first_step = restore_position(state, *opt, loader);
   }
 
+  // MFU: the planner's model FLOPs (forward and twice as much backward) over the peak of
+  // every rank.
+  const double flops_per_token = 3 * plan::forward_flops_per_token(model_desc_of(cfg));
+  const double peak = (cfg.train.peak_tflops > 0 ? cfg.train.peak_tflops * 1e12 : measure_peak_flops()) *
+                      double(cfg.world_size());
+  std::optional<MetricsWriter> metrics;
+  if (!cfg.train.metrics_file.empty() && comm::current_world()->rank() == 0)
+    metrics.emplace(cfg.train.metrics_file, /*append=*/result.first_step > 0);
+
   auto since = std::chrono::steady_clock::now();
   int64_t steps_since = 0;
+  double bubble_since = 0;
   for (int64_t step = result.first_step; step < cfg.train.steps; ++step) {
     const double lr = optim::warmup_cosine_lr(step, t.base_lr, cfg.train.warmup, cfg.train.steps);
     Batch b = loader.next();
@@ -83,6 +112,7 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
       if (ckpt) ckpt->wait_for_snapshot();
     });
     const double norm = out.grad_norm;
+    bubble_since += out.bubble;
     const double value = out.loss.item<double>();  // the same on every rank
     HP_CHECK(std::isfinite(value)) << "loss became " << value << " at step " << step;
     result.losses.push_back(value);
@@ -92,13 +122,19 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
       record_position(state, step + 1, *opt, loader);
       ckpt->save(step + 1, state);
     }
-    if (on_log && (step % cfg.train.log_every == 0 || last)) {
-      const double ms =
+    if ((on_log || metrics) && (step % cfg.train.log_every == 0 || last)) {
+      StepLog log;
+      log.step = step, log.loss = value, log.grad_norm = norm, log.lr = lr;
+      log.ms_per_step =
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - since).count() / steps_since;
-      on_log(StepLog{step, value, norm, lr, ms, double(cfg.train.batch * cfg.train.seq) / (ms / 1000.0),
-                     resident_mib()});
+      log.tokens_per_s = double(cfg.train.batch * cfg.train.seq) / (log.ms_per_step / 1000.0);
+      log.mfu = log.tokens_per_s * flops_per_token / peak;
+      log.bubble = bubble_since / steps_since;
+      log.rss_mib = resident_mib();
+      if (on_log) on_log(log);
+      if (metrics) metrics->write(log);
       since = std::chrono::steady_clock::now();
-      steps_since = 0;
+      steps_since = 0, bubble_since = 0;
     }
   }
   if (ckpt) ckpt->wait();

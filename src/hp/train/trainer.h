@@ -6,18 +6,13 @@
 #include <vector>
 
 #include "hp/train/config.h"
+#include "hp/train/metrics.h"
 
 namespace hp::train {
 
-struct StepLog {
-  int64_t step = 0;
-  double loss = 0;
-  double grad_norm = 0;
-  double lr = 0;
-  double ms_per_step = 0;    // mean over the steps since the last log line
-  double tokens_per_s = 0;   // global tokens
-  double rss_mib = 0;        // resident memory of this rank
-};
+// A log line: the mean over the steps since the previous one (ms_per_step, tokens_per_s of
+// the whole job, mfu, bubble), the step's loss, grad norm and lr, this rank's resident memory.
+using StepLog = MetricsRecord;
 
 struct TrainResult {
   int64_t first_step = 0;      // > 0 when resumed from a checkpoint
@@ -25,7 +20,8 @@ struct TrainResult {
 };
 
 // Runs `cfg` on the current world (init_distributed() or a thread rank); calls `on_log`
-// every cfg.train.log_every steps and at the last step, on every rank. With
+// every cfg.train.log_every steps and at the last step, on every rank; rank 0 also writes
+// the log to cfg.train.metrics_file when set (appending when resumed). With
 // cfg.checkpoint.dir set it saves there and, unless cfg.checkpoint.resume is false,
 // resumes from the latest checkpoint found there.
 TrainResult run_training(const TrainConfig& cfg, const std::function<void(const StepLog&)>& on_log = {});

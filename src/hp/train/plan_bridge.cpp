@@ -1,0 +1,56 @@
+#include "hp/train/plan_bridge.h"
+
+#include "hp/base/error.h"
+
+namespace hp::train {
+
+plan::ModelDesc model_desc_of(const TrainConfig& c) {
+  plan::ModelDesc m;
+  m.name = c.source;
+  m.layers = c.model.layers;
+  m.hidden = c.model.dim;
+  m.heads = c.model.heads;
+  m.kv_heads = c.model.kv_heads;
+  m.ffn = c.model.ffn_dim;
+  m.vocab = c.model.vocab;
+  m.seq_len = c.train.seq;
+  m.tied_embeddings = c.model.tied_embeddings;
+  return m;
+}
+
+TrainConfig config_of(const plan::ModelDesc& m, const plan::Strategy& s) {
+  HP_CHECK(!m.is_moe()) << "model " << m.name << " is MoE; the trainer's Llama is dense";
+  HP_CHECK(m.head_size() * m.heads == m.hidden)
+      << "model " << m.name << " has head_dim " << m.head_size() << " x " << m.heads << " heads != hidden "
+      << m.hidden << "; the trainer's Llama needs head_dim = hidden / heads";
+  HP_CHECK(s.cp <= 1 && s.ep <= 1) << "strategy " << plan::to_string(s)
+                                   << ": the trainer runs dp, tp, pp and fsdp; found cp=" << s.cp << ", ep=" << s.ep;
+  HP_CHECK(s.recompute == plan::Recompute::None)
+      << "strategy " << plan::to_string(s) << ": the trainer does not recompute activations";
+  TrainConfig cfg = default_config();
+  cfg.model.vocab = m.vocab;
+  cfg.model.dim = m.hidden;
+  cfg.model.layers = m.layers;
+  cfg.model.heads = m.heads;
+  cfg.model.kv_heads = m.kv_heads;
+  cfg.model.ffn_dim = m.ffn;
+  cfg.model.max_seq = m.seq_len;
+  cfg.model.tied_embeddings = m.tied_embeddings;
+  cfg.train.seq = m.seq_len;
+  cfg.train.batch = s.global_batch;
+  cfg.mesh.shape.clear(), cfg.mesh.names.clear();
+  for (const auto& [name, size] : {std::pair<const char*, int64_t>{"pp", s.pp}, {"dp", s.dp}, {"tp", s.tp}})
+    if (size > 1) cfg.mesh.shape.push_back(size), cfg.mesh.names.push_back(name);
+  if (cfg.mesh.shape.empty()) cfg.mesh.shape = {1}, cfg.mesh.names = {"dp"};
+  cfg.mesh.sequence_parallel = s.tp > 1;  // as the estimator assumes
+  cfg.mesh.data_parallel = s.fsdp ? "fsdp" : "ddp";
+  if (s.pp > 1) {
+    cfg.pipeline.schedule = s.schedule;
+    cfg.pipeline.microbatches = s.microbatches;
+    cfg.pipeline.virtual_stages = s.schedule == "interleaved-1f1b" ? s.virtual_stages : 0;
+  }
+  cfg.source = "strategy " + plan::to_string(s);
+  return cfg;
+}
+
+}  // namespace hp::train

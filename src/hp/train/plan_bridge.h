@@ -1,0 +1,22 @@
+// Between the planner's descriptions (plan::ModelDesc, plan::Strategy) and the trainer's
+// config, both ways: the trainer balances its pipeline stages and counts its FLOPs with
+// the planner's model, and `hp plan --emit-config` / `hp dryrun --real` turn a strategy
+// into a config the trainer runs. Torch-free.
+#pragma once
+
+#include "hp/plan/model_desc.h"
+#include "hp/plan/strategy.h"
+#include "hp/train/config.h"
+
+namespace hp::train {
+
+// The config's Llama as the planner describes it, over train.seq tokens.
+plan::ModelDesc model_desc_of(const TrainConfig& c);
+
+// A config that trains model `m` with the resolved strategy `s`: mesh dims pp, dp, tp (in
+// the planner's rank order, size-1 dims left out), fully_shard or ddp over dp, the
+// schedule, microbatches and chunks per rank, global batch and sequence length. Throws
+// naming what the trainer does not run (MoE, cp, ep, recomputation).
+TrainConfig config_of(const plan::ModelDesc& m, const plan::Strategy& s);
+
+}  // namespace hp::train
