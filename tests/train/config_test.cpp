@@ -1,12 +1,17 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <unistd.h>
+#include <variant>
 
 #include "hp/base/error.h"
 #include "hp/train/config.h"
+#include "hp/train/config_fields.h"
 
 using hp::train::TrainConfig;
 
@@ -164,6 +169,28 @@ TEST(TrainConfig, ShippedConfigsLoad) {
   EXPECT_EQ(tp4.world_size(), 4);
 }
 
+// Every configs/*.toml the trainer reads loads and validates. *_desc.toml files are model
+// descriptions for the planner (hp dryrun --model), not trainer configs.
+TEST(TrainConfig, EveryShippedTrainConfigLoads) {
+  int loaded = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(HP_SOURCE_DIR) + "/configs")) {
+    const std::string name = entry.path().filename().string();
+    const bool model_description = name.size() > 10 && name.compare(name.size() - 10, 10, "_desc.toml") == 0;
+    if (entry.path().extension() != ".toml" || model_description) continue;
+    SCOPED_TRACE(name);
+    EXPECT_NO_THROW(hp::train::load_config(entry.path().string()));
+    ++loaded;
+  }
+  EXPECT_GE(loaded, 4);  // demo, tp4, bench_3m, pipeline
+
+  auto pipe = hp::train::load_config(std::string(HP_SOURCE_DIR) + "/configs/pipeline.toml");
+  EXPECT_EQ(pipe.mesh_size("pp"), 2);
+  EXPECT_EQ(pipe.mesh_size("dp"), 2);
+  EXPECT_EQ(pipe.pipeline.schedule, "1f1b");
+  EXPECT_EQ(pipe.microbatches(), 4);
+  EXPECT_EQ(pipe.stages_per_rank(), 1);
+}
+
 TEST(TrainConfig, UnknownKeyNamesKeyAndFile) {
   std::string path;
   auto m = load_error("[model]\ndim = 64\ndimm = 3\n", &path);
@@ -176,6 +203,15 @@ TEST(TrainConfig, UnknownSectionAndTopLevelKey) {
   EXPECT_HAS(load_error("[optimizer]\nlr = 1.0\n"), "unknown key optimizer");
   EXPECT_HAS(load_error("steps = 3\n"), "unknown key steps");
   EXPECT_HAS(load_error("model = 3\n"), "model must be a table");
+}
+
+TEST(TrainConfig, ErrorsListWhatTheTableKnows) {
+  EXPECT_HAS(load_error("[optimizer]\nlr = 1.0\n"),
+             "known sections: [mesh], [pipeline], [model], [train], [data], [checkpoint])");
+  EXPECT_HAS(load_error("[mesh]\nfoo = 1\n"),
+             "unknown key mesh.foo (known: data_parallel, names, sequence_parallel, shape)");
+  EXPECT_HAS(load_error("[pipeline]\nstages = 2\n"),
+             "unknown key pipeline.stages (known: microbatches, schedule, split, virtual_stages)");
 }
 
 TEST(TrainConfig, WrongTypeNamesKeyValueAndFile) {
@@ -224,4 +260,130 @@ TEST(TrainConfig, InconsistentValuesAreErrors) {
   EXPECT_HAS(load_error("[train]\nseq = 256\n"), "train.seq = 256 exceeds model.max_seq = 128");
   EXPECT_HAS(load_error("[train]\nlr = 0\n"), "train.lr = 0 must be > 0");
   EXPECT_HAS(load_error("[train]\nsteps = 0\n"), "train.steps = 0 must be >= 1");
+}
+
+namespace {
+
+// A valid config in which every key differs from its default, each set by hand so that a
+// key missing from the table shows up as a value that did not survive.
+TrainConfig all_changed() {
+  TrainConfig c;
+  c.mesh.shape = {2, 2};
+  c.mesh.names = {"dp", "tp"};
+  c.mesh.sequence_parallel = true;
+  c.mesh.data_parallel = "fsdp";
+  c.pipeline.schedule = "gpipe";  // not checked against the mesh without a pp dim
+  c.pipeline.microbatches = 3;
+  c.pipeline.virtual_stages = 2;
+  c.pipeline.split = {1, 2};
+  c.model.vocab = 300;
+  c.model.dim = 96;
+  c.model.layers = 3;
+  c.model.heads = 6;
+  c.model.kv_heads = 6;
+  c.model.ffn_dim = 200;
+  c.model.max_seq = 96;
+  c.model.rope_theta = 123456.789;
+  c.model.tied_embeddings = true;
+  c.model.norm_eps = 1e-5;
+  c.train.steps = 7;
+  c.train.batch = 6;
+  c.train.seq = 48;
+  c.train.lr = 0.1;  // not exact in binary: the shortest round-trip digits must come back
+  c.train.warmup = 3;
+  c.train.weight_decay = 1.0 / 3;
+  c.train.optimizer = "muon";
+  c.train.muon_lr = 0.03;
+  c.train.grad_clip = 0.5;
+  c.train.seed = 42;
+  c.train.log_every = 5;
+  c.train.deterministic = true;
+  c.train.metrics_file = "runs/m \"1\"\t.jsonl";
+  c.train.peak_tflops = 989.5;
+  c.data.path = "data/corpus.txt";
+  c.checkpoint.dir = "runs/ckpt";
+  c.checkpoint.every = 50;
+  c.checkpoint.keep = 0;
+  c.checkpoint.async = false;
+  c.checkpoint.resume = false;
+  return c;
+}
+
+uint64_t bits(double x) {
+  uint64_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+}  // namespace
+
+TEST(TrainConfig, EveryFieldRoundTrips) {
+  const TrainConfig c = all_changed();
+  const TrainConfig defaults = hp::train::default_config();
+  // all_changed() must keep up with the table: a new key needs a non-default value there.
+  for (const auto& f : hp::train::config_fields())
+    std::visit([&](const auto& slot) { EXPECT_NE(slot.read(c), slot.read(defaults)) << f.section << "." << f.key; },
+               f.member);
+
+  const TrainConfig d = hp::train::parse_config(c.to_string(), "round-trip");
+  EXPECT_EQ(d.mesh.shape, c.mesh.shape);
+  EXPECT_EQ(d.mesh.names, c.mesh.names);
+  EXPECT_EQ(d.mesh.sequence_parallel, c.mesh.sequence_parallel);
+  EXPECT_EQ(d.mesh.data_parallel, c.mesh.data_parallel);
+  EXPECT_EQ(d.pipeline.schedule, c.pipeline.schedule);
+  EXPECT_EQ(d.pipeline.microbatches, c.pipeline.microbatches);
+  EXPECT_EQ(d.pipeline.virtual_stages, c.pipeline.virtual_stages);
+  EXPECT_EQ(d.pipeline.split, c.pipeline.split);
+  EXPECT_EQ(d.model.vocab, c.model.vocab);
+  EXPECT_EQ(d.model.dim, c.model.dim);
+  EXPECT_EQ(d.model.layers, c.model.layers);
+  EXPECT_EQ(d.model.heads, c.model.heads);
+  EXPECT_EQ(d.model.kv_heads, c.model.kv_heads);
+  EXPECT_EQ(d.model.ffn_dim, c.model.ffn_dim);
+  EXPECT_EQ(d.model.max_seq, c.model.max_seq);
+  EXPECT_EQ(bits(d.model.rope_theta), bits(c.model.rope_theta));
+  EXPECT_EQ(d.model.tied_embeddings, c.model.tied_embeddings);
+  EXPECT_EQ(bits(d.model.norm_eps), bits(c.model.norm_eps));
+  EXPECT_EQ(d.train.steps, c.train.steps);
+  EXPECT_EQ(d.train.batch, c.train.batch);
+  EXPECT_EQ(d.train.seq, c.train.seq);
+  EXPECT_EQ(bits(d.train.lr), bits(c.train.lr));
+  EXPECT_EQ(d.train.warmup, c.train.warmup);
+  EXPECT_EQ(bits(d.train.weight_decay), bits(c.train.weight_decay));
+  EXPECT_EQ(d.train.optimizer, c.train.optimizer);
+  EXPECT_EQ(bits(d.train.muon_lr), bits(c.train.muon_lr));
+  EXPECT_EQ(bits(d.train.grad_clip), bits(c.train.grad_clip));
+  EXPECT_EQ(d.train.seed, c.train.seed);
+  EXPECT_EQ(d.train.log_every, c.train.log_every);
+  EXPECT_EQ(d.train.deterministic, c.train.deterministic);
+  EXPECT_EQ(d.train.metrics_file, c.train.metrics_file);
+  EXPECT_EQ(bits(d.train.peak_tflops), bits(c.train.peak_tflops));
+  EXPECT_EQ(d.data.path, c.data.path);
+  EXPECT_EQ(d.checkpoint.dir, c.checkpoint.dir);
+  EXPECT_EQ(d.checkpoint.every, c.checkpoint.every);
+  EXPECT_EQ(d.checkpoint.keep, c.checkpoint.keep);
+  EXPECT_EQ(d.checkpoint.async, c.checkpoint.async);
+  EXPECT_EQ(d.checkpoint.resume, c.checkpoint.resume);
+}
+
+// The printed [section] and `key = ` lines are exactly the table's rows, in its order.
+TEST(TrainConfig, PrinterPrintsTheTable) {
+  std::vector<std::string> printed, table;
+  std::istringstream text(hp::train::default_config().to_string());
+  std::string line, section;
+  while (std::getline(text, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    if (line[0] == '[') {
+      section = line.substr(1, line.size() - 2);
+      continue;
+    }
+    auto eq = line.find(" = ");
+    ASSERT_NE(eq, std::string::npos) << line;
+    printed.push_back(section + "." + line.substr(0, eq));
+  }
+  for (const auto& f : hp::train::config_fields()) table.push_back(f.section + "." + f.key);
+  EXPECT_EQ(printed, table);
+  EXPECT_EQ(table.size(), 38u);  // 4 mesh, 4 pipeline, 10 model, 14 train, 1 data, 5 checkpoint
+  EXPECT_EQ(hp::train::config_sections(),
+            (std::vector<std::string>{"mesh", "pipeline", "model", "train", "data", "checkpoint"}));
 }

@@ -1,15 +1,18 @@
 #include "hp/train/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <toml.hpp>
+#include <variant>
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
 #include "hp/schedule/generators.h"
+#include "hp/train/config_fields.h"
 
 namespace hp::train {
 
@@ -29,44 +32,45 @@ std::string shown(const toml::value& v) {
   return s;
 }
 
-// Reads one [section]: each get() consumes a key; finish() rejects the rest.
+// Reads one [section]: each get() consumes a key (one per row of config_fields());
+// finish() rejects the rest.
 class SectionReader {
  public:
   SectionReader(const std::string& source, const std::string& name, const toml::value* table)
       : source_(source), name_(name), table_(table) {}
 
-  void get(const char* key, int64_t& out) {
+  void get(const std::string& key, int64_t& out) {
     if (auto* v = find(key)) {
       expect(*v, key, v->is_integer(), "an integer");
       out = v->as_integer();
     }
   }
-  void get(const char* key, uint64_t& out) {
+  void get(const std::string& key, uint64_t& out) {
     if (auto* v = find(key)) {
       expect(*v, key, v->is_integer() && v->as_integer() >= 0, "a non-negative integer");
       out = static_cast<uint64_t>(v->as_integer());
     }
   }
   // Integers are accepted for floats: "rope_theta = 10000" should just work.
-  void get(const char* key, double& out) {
+  void get(const std::string& key, double& out) {
     if (auto* v = find(key)) {
       expect(*v, key, v->is_floating() || v->is_integer(), "a number");
       out = v->is_floating() ? v->as_floating() : static_cast<double>(v->as_integer());
     }
   }
-  void get(const char* key, bool& out) {
+  void get(const std::string& key, bool& out) {
     if (auto* v = find(key)) {
       expect(*v, key, v->is_boolean(), "a boolean");
       out = v->as_boolean();
     }
   }
-  void get(const char* key, std::string& out) {
+  void get(const std::string& key, std::string& out) {
     if (auto* v = find(key)) {
       expect(*v, key, v->is_string(), "a string");
       out = v->as_string().str;
     }
   }
-  void get(const char* key, std::vector<int64_t>& out) {
+  void get(const std::string& key, std::vector<int64_t>& out) {
     if (auto* v = find(key)) {
       bool ok = v->is_array();
       if (ok)
@@ -76,7 +80,7 @@ class SectionReader {
       for (const auto& e : v->as_array()) out.push_back(e.as_integer());
     }
   }
-  void get(const char* key, std::vector<std::string>& out) {
+  void get(const std::string& key, std::vector<std::string>& out) {
     if (auto* v = find(key)) {
       bool ok = v->is_array();
       if (ok)
@@ -96,14 +100,14 @@ class SectionReader {
   }
 
  private:
-  const toml::value* find(const char* key) {
+  const toml::value* find(const std::string& key) {
     used_.insert(key);
     if (!table_) return nullptr;
     const auto& t = table_->as_table();
     auto it = t.find(key);
     return it == t.end() ? nullptr : &it->second;
   }
-  void expect(const toml::value& v, const char* key, bool ok, const char* what) const {
+  void expect(const toml::value& v, const std::string& key, bool ok, const char* what) const {
     HP_CHECK(ok) << where(source_, v) << ": " << name_ << "." << key << " must be " << what
                  << ", found " << shown(v);
   }
@@ -145,11 +149,24 @@ std::string toml_string(const std::string& s) {
   return out + "\"";
 }
 
-template <typename T>
-std::string toml_list(const std::vector<T>& xs, std::string (*item)(const T&)) {
+// A value as to_string writes it, by its type.
+std::string toml_value(int64_t x) { return std::to_string(x); }
+std::string toml_value(uint64_t x) { return std::to_string(x); }
+std::string toml_value(double x) { return toml_float(x); }
+std::string toml_value(bool x) { return x ? "true" : "false"; }
+std::string toml_value(const std::string& s) { return toml_string(s); }
+std::string toml_value(const std::vector<int64_t>& xs) { return to_string_list(xs); }
+std::string toml_value(const std::vector<std::string>& xs) {
+  std::vector<std::string> quoted;
+  for (const auto& x : xs) quoted.push_back(toml_string(x));
+  return to_string_list(quoted);
+}
+
+// "[mesh], [pipeline], ..." for an error that lists the sections.
+std::string bracketed(const std::vector<std::string>& sections) {
   std::vector<std::string> parts;
-  for (const auto& x : xs) parts.push_back(item(x));
-  return to_string_list(parts);
+  for (const auto& s : sections) parts.push_back("[" + s + "]");
+  return to_string_list(parts, "", "");
 }
 
 }  // namespace
@@ -178,54 +195,13 @@ int64_t TrainConfig::world_size() const {
 
 std::string TrainConfig::to_string() const {
   std::ostringstream os;
-  auto b = [](bool x) { return x ? "true" : "false"; };
-  os << "# resolved from " << source << "\n"
-     << "[mesh]\n"
-     << "shape = " << to_string_list(mesh.shape) << "\n"
-     << "names = "
-     << toml_list<std::string>(mesh.names, [](const std::string& s) { return toml_string(s); })
-     << "\n"
-     << "sequence_parallel = " << b(mesh.sequence_parallel) << "\n"
-     << "data_parallel = " << toml_string(mesh.data_parallel) << "\n\n"
-     << "[pipeline]\n"
-     << "schedule = " << toml_string(pipeline.schedule) << "\n"
-     << "microbatches = " << pipeline.microbatches << "\n"
-     << "virtual_stages = " << pipeline.virtual_stages << "\n"
-     << "split = " << to_string_list(pipeline.split) << "\n\n"
-     << "[model]\n"
-     << "vocab = " << model.vocab << "\n"
-     << "dim = " << model.dim << "\n"
-     << "layers = " << model.layers << "\n"
-     << "heads = " << model.heads << "\n"
-     << "kv_heads = " << model.kv_heads << "\n"
-     << "ffn_dim = " << model.ffn_dim << "\n"
-     << "max_seq = " << model.max_seq << "\n"
-     << "rope_theta = " << toml_float(model.rope_theta) << "\n"
-     << "tied_embeddings = " << b(model.tied_embeddings) << "\n"
-     << "norm_eps = " << toml_float(model.norm_eps) << "\n\n"
-     << "[train]\n"
-     << "steps = " << train.steps << "\n"
-     << "batch = " << train.batch << "\n"
-     << "seq = " << train.seq << "\n"
-     << "lr = " << toml_float(train.lr) << "\n"
-     << "warmup = " << train.warmup << "\n"
-     << "weight_decay = " << toml_float(train.weight_decay) << "\n"
-     << "optimizer = " << toml_string(train.optimizer) << "\n"
-     << "muon_lr = " << toml_float(train.muon_lr) << "\n"
-     << "grad_clip = " << toml_float(train.grad_clip) << "\n"
-     << "seed = " << train.seed << "\n"
-     << "log_every = " << train.log_every << "\n"
-     << "deterministic = " << b(train.deterministic) << "\n"
-     << "metrics_file = " << toml_string(train.metrics_file) << "\n"
-     << "peak_tflops = " << toml_float(train.peak_tflops) << "\n\n"
-     << "[data]\n"
-     << "path = " << toml_string(data.path) << "\n\n"
-     << "[checkpoint]\n"
-     << "dir = " << toml_string(checkpoint.dir) << "\n"
-     << "every = " << checkpoint.every << "\n"
-     << "keep = " << checkpoint.keep << "\n"
-     << "async = " << b(checkpoint.async) << "\n"
-     << "resume = " << b(checkpoint.resume) << "\n";
+  os << "# resolved from " << source << "\n";
+  std::string section;
+  for (const auto& f : config_fields()) {
+    if (f.section != section) os << (section.empty() ? "" : "\n") << "[" << f.section << "]\n";
+    section = f.section;
+    std::visit([&](const auto& slot) { os << f.key << " = " << toml_value(slot.read(*this)) << "\n"; }, f.member);
+  }
   return os.str();
 }
 
@@ -242,74 +218,24 @@ TrainConfig parse_config(const std::string& toml_text, const std::string& source
 
   TrainConfig c;
   c.source = source;
-  static const std::set<std::string> kSections = {"mesh", "pipeline", "model", "train", "data", "checkpoint"};
-  for (const auto& [key, v] : root.as_table()) {
-    HP_CHECK(kSections.count(key)) << where(source, v) << ": unknown key " << key
-                                   << " (known sections: [mesh], [pipeline], [model], [train], [data], [checkpoint])";
-    HP_CHECK(v.is_table()) << where(source, v) << ": " << key << " must be a table ([" << key
+  const std::vector<std::string> sections = config_sections();
+  for (const auto& [name, v] : root.as_table()) {
+    HP_CHECK(std::count(sections.begin(), sections.end(), name))
+        << where(source, v) << ": unknown key " << name << " (known sections: " << bracketed(sections) << ")";
+    HP_CHECK(v.is_table()) << where(source, v) << ": " << name << " must be a table ([" << name
                            << "]), found " << shown(v);
   }
-  auto section = [&](const char* name) -> const toml::value* {
+  auto section = [&](const std::string& name) -> const toml::value* {
     const auto& t = root.as_table();
     auto it = t.find(name);
     return it == t.end() ? nullptr : &it->second;
   };
-
-  SectionReader mesh(source, "mesh", section("mesh"));
-  mesh.get("shape", c.mesh.shape);
-  mesh.get("names", c.mesh.names);
-  mesh.get("sequence_parallel", c.mesh.sequence_parallel);
-  mesh.get("data_parallel", c.mesh.data_parallel);
-  mesh.finish();
-
-  SectionReader pipe(source, "pipeline", section("pipeline"));
-  pipe.get("schedule", c.pipeline.schedule);
-  pipe.get("microbatches", c.pipeline.microbatches);
-  pipe.get("virtual_stages", c.pipeline.virtual_stages);
-  pipe.get("split", c.pipeline.split);
-  pipe.finish();
-
-  SectionReader model(source, "model", section("model"));
-  model.get("vocab", c.model.vocab);
-  model.get("dim", c.model.dim);
-  model.get("layers", c.model.layers);
-  model.get("heads", c.model.heads);
-  model.get("kv_heads", c.model.kv_heads);
-  model.get("ffn_dim", c.model.ffn_dim);
-  model.get("max_seq", c.model.max_seq);
-  model.get("rope_theta", c.model.rope_theta);
-  model.get("tied_embeddings", c.model.tied_embeddings);
-  model.get("norm_eps", c.model.norm_eps);
-  model.finish();
-
-  SectionReader train(source, "train", section("train"));
-  train.get("steps", c.train.steps);
-  train.get("batch", c.train.batch);
-  train.get("seq", c.train.seq);
-  train.get("lr", c.train.lr);
-  train.get("warmup", c.train.warmup);
-  train.get("weight_decay", c.train.weight_decay);
-  train.get("optimizer", c.train.optimizer);
-  train.get("muon_lr", c.train.muon_lr);
-  train.get("grad_clip", c.train.grad_clip);
-  train.get("seed", c.train.seed);
-  train.get("log_every", c.train.log_every);
-  train.get("deterministic", c.train.deterministic);
-  train.get("metrics_file", c.train.metrics_file);
-  train.get("peak_tflops", c.train.peak_tflops);
-  train.finish();
-
-  SectionReader data(source, "data", section("data"));
-  data.get("path", c.data.path);
-  data.finish();
-
-  SectionReader ckpt(source, "checkpoint", section("checkpoint"));
-  ckpt.get("dir", c.checkpoint.dir);
-  ckpt.get("every", c.checkpoint.every);
-  ckpt.get("keep", c.checkpoint.keep);
-  ckpt.get("async", c.checkpoint.async);
-  ckpt.get("resume", c.checkpoint.resume);
-  ckpt.finish();
+  for (const auto& name : sections) {
+    SectionReader reader(source, name, section(name));
+    for (const auto& f : config_fields())
+      if (f.section == name) std::visit([&](const auto& slot) { reader.get(f.key, slot.write(c)); }, f.member);
+    reader.finish();
+  }
 
   validate(c);
   return c;

@@ -1,5 +1,6 @@
 // The trainer's configuration: every field has a default, a TOML file overrides
 // any of them. Torch-free, so tools (dry-run, planner) can read it cheaply.
+// A field's TOML key is declared once, in config_fields.cpp.
 #pragma once
 
 #include <cstdint>

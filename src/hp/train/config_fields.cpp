@@ -1,0 +1,90 @@
+#include "hp/train/config_fields.h"
+
+#include <type_traits>
+#include <utility>
+
+namespace hp::train {
+
+namespace {
+
+// The member `Key` of the section `Section`, e.g. at<&TrainConfig::model, &ModelConfig::dim>().
+template <auto Section, auto Key>
+Member at() {
+  using T = std::decay_t<decltype(std::declval<TrainConfig&>().*Section.*Key)>;
+  return Slot<T>{[](const TrainConfig& c) -> const T& { return c.*Section.*Key; },
+                 [](TrainConfig& c) -> T& { return c.*Section.*Key; }};
+}
+
+using T = TrainConfig;
+using Mesh = MeshConfig;
+using Pipe = PipelineConfig;
+using Model = ModelConfig;
+using Loop = LoopConfig;
+using Data = DataConfig;
+using Ckpt = CheckpointConfig;
+
+std::vector<Field> make_fields() {
+  return {
+      {"mesh", "shape", "devices per mesh dim; product = world size", at<&T::mesh, &Mesh::shape>()},
+      {"mesh", "names", "a name per dim: dp, tp or pp", at<&T::mesh, &Mesh::names>()},
+      {"mesh", "sequence_parallel", "shard norms and activations along seq inside tp",
+       at<&T::mesh, &Mesh::sequence_parallel>()},
+      {"mesh", "data_parallel", "ddp, fsdp or replicate", at<&T::mesh, &Mesh::data_parallel>()},
+
+      {"pipeline", "schedule", "gpipe, 1f1b, interleaved-1f1b, zb-h1 or zbv", at<&T::pipeline, &Pipe::schedule>()},
+      {"pipeline", "microbatches", "per step; 0 = 2 * pp", at<&T::pipeline, &Pipe::microbatches>()},
+      {"pipeline", "virtual_stages", "chunks per pp rank; 0 = the schedule's own",
+       at<&T::pipeline, &Pipe::virtual_stages>()},
+      {"pipeline", "split", "blocks per chunk; empty = balanced by the cost model", at<&T::pipeline, &Pipe::split>()},
+
+      {"model", "vocab", "token ids; >= 256 (byte-level tokenizer)", at<&T::model, &Model::vocab>()},
+      {"model", "dim", "hidden size", at<&T::model, &Model::dim>()},
+      {"model", "layers", "transformer blocks", at<&T::model, &Model::layers>()},
+      {"model", "heads", "query heads", at<&T::model, &Model::heads>()},
+      {"model", "kv_heads", "key/value heads (grouped-query attention)", at<&T::model, &Model::kv_heads>()},
+      {"model", "ffn_dim", "hidden size of the feed-forward", at<&T::model, &Model::ffn_dim>()},
+      {"model", "max_seq", "longest sequence the rotary tables cover", at<&T::model, &Model::max_seq>()},
+      {"model", "rope_theta", "rotary embedding base", at<&T::model, &Model::rope_theta>()},
+      {"model", "tied_embeddings", "the head reuses the embedding weight", at<&T::model, &Model::tied_embeddings>()},
+      {"model", "norm_eps", "RMSNorm epsilon", at<&T::model, &Model::norm_eps>()},
+
+      {"train", "steps", "optimizer steps", at<&T::train, &Loop::steps>()},
+      {"train", "batch", "global: sequences per step over all dp ranks", at<&T::train, &Loop::batch>()},
+      {"train", "seq", "tokens per sequence", at<&T::train, &Loop::seq>()},
+      {"train", "lr", "peak learning rate (AdamW), cosine after warmup", at<&T::train, &Loop::lr>()},
+      {"train", "warmup", "linear warmup steps", at<&T::train, &Loop::warmup>()},
+      {"train", "weight_decay", "decoupled weight decay", at<&T::train, &Loop::weight_decay>()},
+      {"train", "optimizer", "adamw or muon", at<&T::train, &Loop::optimizer>()},
+      {"train", "muon_lr", "Muon's learning rate on the blocks' matrices", at<&T::train, &Loop::muon_lr>()},
+      {"train", "grad_clip", "max global grad norm; 0 = off", at<&T::train, &Loop::grad_clip>()},
+      {"train", "seed", "weights' initialisation and data order", at<&T::train, &Loop::seed>()},
+      {"train", "log_every", "steps between log lines", at<&T::train, &Loop::log_every>()},
+      {"train", "deterministic", "deterministic kernels only", at<&T::train, &Loop::deterministic>()},
+      {"train", "metrics_file", "JSON lines of every logged step; \"\" = none", at<&T::train, &Loop::metrics_file>()},
+      {"train", "peak_tflops", "per rank, for MFU; 0 = measured at start", at<&T::train, &Loop::peak_tflops>()},
+
+      {"data", "path", "text corpus; \"\" = the fortunes corpus", at<&T::data, &Data::path>()},
+
+      {"checkpoint", "dir", "where checkpoints go; \"\" = none", at<&T::checkpoint, &Ckpt::dir>()},
+      {"checkpoint", "every", "steps between checkpoints; 0 = only the last", at<&T::checkpoint, &Ckpt::every>()},
+      {"checkpoint", "keep", "checkpoints kept; 0 = all", at<&T::checkpoint, &Ckpt::keep>()},
+      {"checkpoint", "async", "write in the background", at<&T::checkpoint, &Ckpt::async>()},
+      {"checkpoint", "resume", "start from the latest checkpoint in dir", at<&T::checkpoint, &Ckpt::resume>()},
+  };
+}
+
+}  // namespace
+
+const std::vector<Field>& config_fields() {
+  static const std::vector<Field> fields = make_fields();
+  return fields;
+}
+
+std::vector<std::string> config_sections() {
+  std::vector<std::string> sections;
+  for (const auto& f : config_fields())
+    if (sections.empty() || sections.back() != f.section) sections.push_back(f.section);
+  return sections;
+}
+
+}  // namespace hp::train
