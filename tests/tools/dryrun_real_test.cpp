@@ -20,6 +20,12 @@ TEST(DryrunReal, TinyModelPrintsMemoryAndCollectives) {
   EXPECT_NE(r.output.find("estimator (fp32-eager)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("reduce_scatter"), std::string::npos) << r.output;
 
+  // Pipeline stages: the last rank of pp = 2 x dp = 2 x tp = 2, interleaved.
+  Result pp = hp("--model tiny --strategy pp=2,dp=2,tp=2,mb=4,schedule=interleaved-1f1b,vpp=2 --devices 8 --rank 7");
+  ASSERT_EQ(pp.code, 0) << pp.output;
+  EXPECT_NE(pp.output.find("rank 7 of 8"), std::string::npos) << pp.output;
+  EXPECT_NE(pp.output.find("high-water mark"), std::string::npos) << pp.output;
+
   Result j = hp("--model tiny --strategy dp=8 --devices 8 --json");
   ASSERT_EQ(j.code, 0) << j.output;
   EXPECT_NE(j.output.find("\"high_water_MiB\""), std::string::npos) << j.output;
@@ -27,13 +33,13 @@ TEST(DryrunReal, TinyModelPrintsMemoryAndCollectives) {
 }
 
 TEST(DryrunReal, BadInputFailsClearly) {
-  Result pp = hp("--model tiny --strategy dp=2,pp=2 --devices 4");
-  EXPECT_EQ(pp.code, 1);
-  EXPECT_NE(pp.output.find("pipeline parallelism is not supported by --real"), std::string::npos) << pp.output;
+  Result cp = hp("--model tiny --strategy dp=2,cp=2 --devices 4");
+  EXPECT_EQ(cp.code, 1);
+  EXPECT_NE(cp.output.find("the trainer runs dp, tp, pp and fsdp; found cp=2"), std::string::npos) << cp.output;
 
   Result rank = hp("--model tiny --strategy dp=4 --devices 4 --rank 4");
   EXPECT_EQ(rank.code, 1);
-  EXPECT_NE(rank.output.find("rank 4 is outside the mesh [4, 1] of 4 ranks"), std::string::npos) << rank.output;
+  EXPECT_NE(rank.output.find("rank 4 is outside the mesh [4] of 4 ranks"), std::string::npos) << rank.output;
 
   Result odd = hp("--model tiny --strategy tp=3 --devices 8");
   EXPECT_EQ(odd.code, 1);

@@ -80,6 +80,13 @@ TEST(DryRun, CollectivesMatchGlooCallForCallDp2xTp2) {
 
 TEST(DryRun, CollectivesMatchGlooCallForCallFsdp4) { expect_dry_run_matches_real(config({4}, {"dp"}, "fsdp")); }
 
+// Pipeline stages: every rank of a pp = 2 x dp = 2 x tp = 2 job, stages inside the meshes.
+TEST(DryRun, CollectivesMatchGlooCallForCallPp2xDp2xTp2) {
+  train::TrainConfig c = config({2, 2, 2}, {"pp", "dp", "tp"}, "ddp");
+  c.train.batch = 8;
+  expect_dry_run_matches_real(c);
+}
+
 // The meta high-water mark against the CPU run's peak tensor bytes, one rank and the same
 // steps. CPU kernels allocate a few temporaries that meta kernels do not (stated tolerance).
 TEST(DryRun, HighWaterMarkNearCpuPeak) {
@@ -116,10 +123,8 @@ TEST(DryRun, ClearErrors) {
   EXPECT_NE(message([&] { train::dry_run(c, 4); }).find("rank 4 is outside the mesh [2, 2] of 4 ranks"),
             std::string::npos);
   EXPECT_NE(message([&] { train::dry_run(c, -1); }).find("outside"), std::string::npos);
-  train::TrainConfig pp = config({2, 2}, {"pp", "dp"}, "ddp");
-  pp.train.batch = 8;
-  EXPECT_NE(message([&] { train::dry_run(pp, 0); }).find("pipeline stages are not run by the dry-run"),
-            std::string::npos);
+  train::TrainConfig cp = config({2, 2}, {"cp", "dp"}, "ddp");
+  EXPECT_NE(message([&] { train::dry_run(cp, 0); }).find("mesh dim 'cp'"), std::string::npos);
   train::TrainConfig odd = config({3}, {"dp"}, "ddp");  // batch 4 over 3 dp ranks
   EXPECT_NE(message([&] { train::dry_run(odd, 0); }).find("divisible"), std::string::npos);
 }

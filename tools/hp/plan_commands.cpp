@@ -79,7 +79,7 @@ void add_plan_commands(CLI::App& app) {
   dry->add_flag("--json", args->json, "print JSON");
   dry->add_flag("--real", args->real,
                 "run the trainer's real steps as one rank, on a fake process group and meta tensors "
-                "(dp, tp and fsdp; world = --devices)");
+                "(dp, tp, pp and fsdp; world = --devices)");
   dry->add_option("--rank", args->rank, "with --real: the rank to run")->capture_default_str();
   dry->add_option("--steps", args->steps, "with --real: training steps to run")->capture_default_str();
   dry->add_option("--emit-config", args->emit_config, "write a training config for the strategy (hp train --config)");

@@ -47,21 +47,29 @@ class StepRun {
  public:
   StepRun(const std::map<int, const PipelineStage*>& stages, const schedule::Schedule& s,
           const comm::Group& g, const std::vector<std::vector<int>>& members, int rank,
-          const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets)
+          const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets,
+          const ActivationBufferFn& activation_buffer)
       : stages_(stages), s_(s), g_(g), members_(members), rank_(rank),
-        leader_(members.at(rank).front() == g.rank()), inputs_(inputs), targets_(targets) {}
+        leader_(members.at(rank).front() == g.rank()), inputs_(inputs), targets_(targets),
+        activation_buffer_(activation_buffer) {}
 
   // Returns the sum of this rank's scaled microbatch losses (0 without the last stage).
   double run(StepStats& stats) {
     const auto& list = s_.actions.at(rank_);
     for (size_t i = 0; i < list.size(); ++i)
       if (list[i].type == ActionType::B || list[i].type == ActionType::I) last_backward_[list[i].stage] = i;
-    // Activation headers are tiny and their order is known: post them all now.
-    for (const Action& a : list)
-      if (a.type == ActionType::RECV_F)
-        act_recv_.emplace(Key{a.stage, a.microbatch},
-                          detail::ActivationRecv(g_, leader(a.peer), tag(Message::kActHeader, a.stage - 1, a.microbatch),
-                                                 tag(Message::kAct, a.stage - 1, a.microbatch)));
+    // Activation headers are tiny and their order is known: post them all now (with static
+    // shapes, the data receives themselves).
+    for (const Action& a : list) {
+      if (a.type != ActionType::RECV_F) continue;
+      const int data_tag = tag(Message::kAct, a.stage - 1, a.microbatch);
+      act_recv_.emplace(Key{a.stage, a.microbatch},
+                        activation_buffer_
+                            ? detail::ActivationRecv(g_, leader(a.peer), data_tag,
+                                                     activation_buffer_(a.stage - 1, a.microbatch))
+                            : detail::ActivationRecv(g_, leader(a.peer),
+                                                     tag(Message::kActHeader, a.stage - 1, a.microbatch), data_tag));
+    }
     for (size_t i = 0; i < list.size(); ++i) {
       try {
         for (auto& [k, r] : act_recv_) r.progress(/*wait=*/false);
@@ -103,7 +111,7 @@ class StepRun {
         if (!leader_) return;  // the other ranks of this mesh hold the same whole tensor
         for (int peer : members_.at(a.peer))
           for (auto& p : detail::send_activation(work_.at(k).output, g_, peer, tag(Message::kActHeader, a.stage, a.microbatch),
-                                                 tag(Message::kAct, a.stage, a.microbatch)))
+                                                 tag(Message::kAct, a.stage, a.microbatch), !activation_buffer_))
             sends_.push_back(std::move(p));
         return;
       }
@@ -149,7 +157,7 @@ class StepRun {
     }
     at::Tensor target = st.is_last() ? targets_.at(mb) : at::Tensor();
     detail::StageWork w = detail::run_forward(st, in, target, 1.0 / s_.num_microbatches);
-    if (st.is_last()) loss_sum_ += w.loss.detach().item<double>();
+    if (st.is_last() && !w.loss.is_meta()) loss_sum_ += w.loss.detach().item<double>();  // a dry-run's hold none
     if (!st.is_last()) {
       if (local(s + 1)) {
         local_act_[{s + 1, mb}] = w.output.detach();
@@ -199,6 +207,7 @@ class StepRun {
   bool leader_;  // the first rank of this schedule rank's mesh: it sends for all of them
   const std::vector<at::Tensor>& inputs_;
   const std::vector<at::Tensor>& targets_;
+  const ActivationBufferFn& activation_buffer_;
 
   std::map<Key, detail::StageWork> work_;         // between F and B (or W)
   std::map<Key, at::Tensor> local_act_;           // F(s) -> F(s+1) on this rank
@@ -274,12 +283,13 @@ PipelineRuntime::PipelineRuntime(std::vector<PipelineStage> stages, schedule::Sc
   for (const auto& st : stages_) mine.push_back(st.stage_index);
   std::sort(mine.begin(), mine.end());
   std::vector<int> want = schedule_.stages_of(rank_);
-  for (const auto& st : stages_)
-    if (st.set_requires_gradient_sync)
-      for (const Action& a : schedule_.actions[rank_])
-        HP_CHECK(a.type != ActionType::I && a.type != ActionType::W)
-            << "pipeline stage " << st.stage_index << " holds a data-parallel wrapper, which needs full backwards, "
-            << "but schedule '" << schedule_.name << "' splits them (" << schedule::to_string(a) << ")";
+  for (const auto& st : stages_) {
+    if (!st.set_requires_gradient_sync) continue;
+    for (const Action& a : schedule_.actions[rank_])
+      HP_CHECK(a.type != ActionType::I && a.type != ActionType::W)
+          << "pipeline stage " << st.stage_index << " holds a data-parallel wrapper, which needs full backwards, "
+          << "but schedule '" << schedule_.name << "' splits them (" << schedule::to_string(a) << ")";
+  }
   HP_CHECK(mine == want) << "pipeline rank " << rank_ << " was given stages " << list_str(mine) << " but schedule '"
                          << schedule_.name << "' puts stages " << list_str(want) << " on it";
 }
@@ -317,7 +327,7 @@ at::Tensor PipelineRuntime::step(const std::vector<at::Tensor>& inputs, const st
   }
   stats_ = StepStats{};
   double t0 = now_s();
-  double loss = StepRun(by_index, schedule_, *group_, members_, rank_, inputs, targets).run(stats_);
+  double loss = StepRun(by_index, schedule_, *group_, members_, rank_, inputs, targets, activation_buffer_).run(stats_);
   // Every pipeline rank gets the loss, so that each can log it.
   at::Tensor l = at::full({1}, loss, at::kDouble);
   if (group_->size() > 1) comm::broadcast_(l, *group_, members_.at(schedule_.rank_of(schedule_.num_stages - 1)).front());

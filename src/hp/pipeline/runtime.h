@@ -22,6 +22,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <vector>
 
 #include "hp/pipeline/stage.h"
@@ -44,6 +45,9 @@ struct StepStats {
   double idle_fraction() const { return wall > 0 ? 1.0 - compute / wall : 0.0; }
 };
 
+// An empty tensor shaped like the activation stage `stage` sends for microbatch `mb`.
+using ActivationBufferFn = std::function<at::Tensor(int stage, int microbatch)>;
+
 class PipelineRuntime {
  public:
   // `stages`: this rank's stages (any order), all sharing one group whose size is the
@@ -63,6 +67,11 @@ class PipelineRuntime {
   // The same with the microbatches given one by one (their shapes may differ).
   at::Tensor step(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& targets);
 
+  // Static shapes: activations travel without the header that tells the receiver their
+  // shape (one message fewer each), received into buffers from `fn` posted at step start.
+  // Needed on a fake world (a dry-run), whose receives deliver nothing to decode.
+  void set_static_shapes(ActivationBufferFn fn) { activation_buffer_ = std::move(fn); }
+
   int num_microbatches() const { return schedule_.num_microbatches; }
   const schedule::Schedule& schedule() const { return schedule_; }
   const std::vector<PipelineStage>& stages() const { return stages_; }
@@ -74,6 +83,7 @@ class PipelineRuntime {
   std::shared_ptr<const comm::Group> group_;
   std::vector<std::vector<int>> members_;  // per schedule rank: its group ranks, leader first
   int rank_ = 0;                           // this rank's schedule rank
+  ActivationBufferFn activation_buffer_;   // set: static shapes
   StepStats stats_;
 };
 

@@ -45,6 +45,12 @@ ActivationRecv::ActivationRecv(const comm::Group& g, int peer, int tag_header, i
   header_ = comm::recv_async(at::empty({kHeaderLen}, at::kLong), g, peer, tag_header);
 }
 
+ActivationRecv::ActivationRecv(const comm::Group& g, int peer, int tag_data, at::Tensor buffer)
+    : group_(&g), peer_(peer), tag_data_(tag_data) {
+  data_ = comm::recv_async(std::move(buffer), g, peer, tag_data);
+  data_posted_ = true;
+}
+
 void ActivationRecv::progress(bool wait) {
   if (data_posted_ || (!wait && !header_.ready())) return;
   TensorMeta m = decode_header(header_.wait());
@@ -58,9 +64,9 @@ at::Tensor ActivationRecv::wait() {
 }
 
 std::vector<comm::Pending> send_activation(const at::Tensor& t, const comm::Group& g, int peer,
-                                           int tag_header, int tag_data) {
+                                           int tag_header, int tag_data, bool header) {
   std::vector<comm::Pending> out;
-  out.push_back(comm::send_async(encode_header(t), g, peer, tag_header));
+  if (header) out.push_back(comm::send_async(encode_header(t), g, peer, tag_header));
   out.push_back(comm::send_async(t.detach(), g, peer, tag_data));
   return out;
 }

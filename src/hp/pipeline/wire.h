@@ -40,6 +40,8 @@ class ActivationRecv {
  public:
   ActivationRecv() = default;
   ActivationRecv(const comm::Group& g, int peer, int tag_header, int tag_data);
+  // Static shapes: no header; the data receive into `buffer` is posted at once.
+  ActivationRecv(const comm::Group& g, int peer, int tag_data, at::Tensor buffer);
   // Posts the data receive if the header is there (wait: block for it).
   void progress(bool wait);
   at::Tensor wait();  // the activation
@@ -52,8 +54,9 @@ class ActivationRecv {
   bool data_posted_ = false;
 };
 
-// Sends header + data (non-blocking); returns the handles to wait on.
+// Sends header + data (non-blocking; data alone with static shapes); returns the handles
+// to wait on.
 std::vector<comm::Pending> send_activation(const at::Tensor& t, const comm::Group& g, int peer,
-                                           int tag_header, int tag_data);
+                                           int tag_header, int tag_data, bool header = true);
 
 }  // namespace hp::pipeline::detail

@@ -24,7 +24,7 @@ struct DryRunResult {
 };
 
 // Checks the rank against the mesh (0 <= rank < product of cfg.mesh.shape) and that the
-// mesh names only dp and tp (pipeline stages are not run by the dry-run).
+// mesh names only dp, tp and pp.
 DryRunResult dry_run(const TrainConfig& cfg, int rank, int64_t steps = 1);
 
 }  // namespace hp::train

@@ -104,6 +104,11 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
     stages.push_back(pipeline::mesh_stage(sm, std::move(o)));
   }
   t.pipeline = std::make_unique<pipeline::PipelineRuntime>(std::move(stages), std::move(sched), stage_meshes(t.mesh));
+  // Every activation between chunks is a whole microbatch [rows, seq, dim] in float32, so
+  // shapes need not travel: one message fewer each, and a dry-run's fake world works.
+  const std::vector<int64_t> shape{cfg.train.batch / cfg.microbatches(), cfg.train.seq, cfg.model.dim};
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(at::Device(t.mesh.device_type()));
+  t.pipeline->set_static_shapes([shape, options](int, int) { return at::empty(shape, options); });
   t.model = mine;
   t.other_stages = &t.mesh.group("pp");
 }
