@@ -90,6 +90,14 @@ class StepRun {
   }
 
  private:
+  template <typename Wait>
+  at::Tensor timed_wait(Wait&& wait) {
+    const double t0 = now_s();
+    at::Tensor t = wait();
+    waited_ += now_s() - t0;
+    return t;
+  }
+
   int tag(Message kind, int stage, int mb) const { return detail::message_tag(kind, stage, mb, s_.num_microbatches); }
   bool local(int stage) const { return s_.rank_of(stage) == rank_; }
   int leader(int schedule_rank) const { return members_.at(schedule_rank).front(); }
@@ -97,6 +105,7 @@ class StepRun {
   void execute(const Action& a, StepStats& stats) {
     Key k{a.stage, a.microbatch};
     double t0 = now_s();
+    waited_ = 0;
     switch (a.type) {
       case ActionType::F: forward(k); break;
       case ActionType::B:
@@ -133,7 +142,8 @@ class StepRun {
       case ActionType::RESHARD:
         return;  // parameters are whole here
     }
-    double dt = now_s() - t0;
+    // Waiting for an activation or a gradient inside F or B is idle time, not compute.
+    double dt = now_s() - t0 - waited_;
     stats.compute += dt;
     PhaseTime& ph = a.type == ActionType::F   ? stats.f
                     : a.type == ActionType::B ? stats.b
@@ -153,7 +163,7 @@ class StepRun {
       in = take(local_act_, k);
     } else {
       HP_CHECK(act_recv_.count(k)) << "F with no input: neither received nor handed over by stage " << s - 1;
-      in = take(act_recv_, k).wait();
+      in = timed_wait([&] { return take(act_recv_, k).wait(); });
     }
     at::Tensor target = st.is_last() ? targets_.at(mb) : at::Tensor();
     detail::StageWork w = detail::run_forward(st, in, target, 1.0 / s_.num_microbatches);
@@ -179,7 +189,7 @@ class StepRun {
         w.grad_output = take(local_grad_, k);
       } else {
         HP_CHECK(grad_recv_.count(k)) << "no output grad: neither received nor handed over by stage " << s + 1;
-        w.grad_output = take(grad_recv_, k).wait();
+        w.grad_output = timed_wait([&] { return take(grad_recv_, k).wait(); });
       }
     }
     if (st.set_requires_gradient_sync) st.set_requires_gradient_sync(last_backward_.at(s) == action_);
@@ -218,6 +228,7 @@ class StepRun {
   std::vector<comm::Pending> sends_;
   std::map<int, size_t> last_backward_;  // stage -> index of its last B or I in the list
   size_t action_ = 0;
+  double waited_ = 0;  // inside the current action, for a message
   double loss_sum_ = 0;
 };
 

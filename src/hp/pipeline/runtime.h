@@ -40,7 +40,7 @@ struct PhaseTime {
 // Where the time of one step went on this rank (seconds).
 struct StepStats {
   double wall = 0;      // step() from entry to return
-  double compute = 0;   // inside F, B, I, W
+  double compute = 0;   // inside F, B, I, W, less their waits for an activation or a gradient
   PhaseTime f, b, i, w; // per kind: the unit costs as they were in the step
   double idle_fraction() const { return wall > 0 ? 1.0 - compute / wall : 0.0; }
 };
