@@ -123,7 +123,8 @@ TEST(DryRun, ClearErrors) {
   EXPECT_NE(message([&] { train::dry_run(c, 4); }).find("rank 4 is outside the mesh [2, 2] of 4 ranks"),
             std::string::npos);
   EXPECT_NE(message([&] { train::dry_run(c, -1); }).find("outside"), std::string::npos);
-  train::TrainConfig cp = config({2, 2}, {"cp", "dp"}, "ddp");
+  train::TrainConfig cp = c;
+  cp.mesh.names = {"cp", "tp"};
   EXPECT_NE(message([&] { train::dry_run(cp, 0); }).find("mesh dim 'cp'"), std::string::npos);
   train::TrainConfig odd = config({3}, {"dp"}, "ddp");  // batch 4 over 3 dp ranks
   EXPECT_NE(message([&] { train::dry_run(odd, 0); }).find("divisible"), std::string::npos);

@@ -171,11 +171,9 @@ std::string bracketed(const std::vector<std::string>& sections) {
 
 }  // namespace
 
-int64_t TrainConfig::mesh_size(const std::string& name) const {
-  for (size_t i = 0; i < mesh.names.size() && i < mesh.shape.size(); ++i)
-    if (mesh.names[i] == name) return mesh.shape[i];
-  return 1;
-}
+ParallelDims TrainConfig::dims() const { return ParallelDims::from_mesh(mesh.shape, mesh.names, source); }
+
+int64_t TrainConfig::mesh_size(const std::string& name) const { return dims().size(name); }
 
 int64_t TrainConfig::stages_per_rank() const {
   if (pipeline.schedule == "zbv") return 2;
@@ -184,7 +182,7 @@ int64_t TrainConfig::stages_per_rank() const {
 }
 
 int64_t TrainConfig::microbatches() const {
-  return pipeline.microbatches > 0 ? pipeline.microbatches : 2 * mesh_size("pp");
+  return pipeline.microbatches > 0 ? pipeline.microbatches : 2 * dims().pp;
 }
 
 int64_t TrainConfig::world_size() const {
@@ -256,7 +254,7 @@ void validate_pipeline(const TrainConfig& c) {
   const auto& p = c.pipeline;
   HP_CHECK(p.microbatches >= 0) << src << ": pipeline.microbatches = " << p.microbatches << " must be >= 0";
   HP_CHECK(p.virtual_stages >= 0) << src << ": pipeline.virtual_stages = " << p.virtual_stages << " must be >= 0";
-  const int64_t pp = c.mesh_size("pp");
+  const int64_t pp = c.dims().pp;
   if (pp == 1) return;
   try {  // the generator knows which kinds, stage counts and microbatch counts go together
     schedule::make_schedule(p.schedule, static_cast<int>(pp), static_cast<int>(c.microbatches()),
@@ -264,7 +262,7 @@ void validate_pipeline(const TrainConfig& c) {
   } catch (const Error& e) {
     HP_FAIL() << src << ": [pipeline] does not make a schedule for pp = " << pp << ": " << e.what();
   }
-  const int64_t chunks = pp * c.stages_per_rank(), dp = c.mesh_size("dp");
+  const int64_t chunks = pp * c.stages_per_rank(), dp = c.dims().dp;
   const auto& md = c.model;
   HP_CHECK(!md.tied_embeddings) << src << ": model.tied_embeddings cannot be split into pipeline stages (the "
                                 << "embedding and the head share one weight); set it to false or pp to 1";
@@ -298,16 +296,7 @@ void validate_pipeline(const TrainConfig& c) {
 void validate(const TrainConfig& c) {
   const auto& src = c.source;
   const auto& m = c.mesh;
-  HP_CHECK(!m.shape.empty() && m.shape.size() == m.names.size())
-      << src << ": mesh.shape " << to_string_list(m.shape) << " and mesh.names "
-      << to_string_list(m.names) << " must be non-empty and of equal length";
-  std::set<std::string> seen;
-  for (size_t i = 0; i < m.shape.size(); ++i) {
-    HP_CHECK(m.shape[i] >= 1) << src << ": mesh.shape[" << i << "] = " << m.shape[i]
-                              << " must be >= 1";
-    HP_CHECK(!m.names[i].empty() && seen.insert(m.names[i]).second)
-        << src << ": mesh.names " << to_string_list(m.names) << " must be distinct and non-empty";
-  }
+  const ParallelDims dims = c.dims();  // names, sizes
 
   auto positive = [&](const char* key, int64_t v) {
     HP_CHECK(v >= 1) << src << ": " << key << " = " << v << " must be >= 1";
@@ -359,7 +348,7 @@ void validate(const TrainConfig& c) {
                                 << " exceeds model.max_seq = " << md.max_seq;
 
   // Shapes the parallel layers will split; failing here beats failing mid-setup.
-  int64_t dp = c.mesh_size("dp"), tp = c.mesh_size("tp");
+  const int64_t dp = dims.dp, tp = dims.tp;
   HP_CHECK(t.batch % dp == 0) << src << ": train.batch = " << t.batch
                               << " must be divisible by the dp mesh dim (" << dp << ")";
   HP_CHECK(md.heads % tp == 0 && md.kv_heads % tp == 0 && md.ffn_dim % tp == 0)

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "hp/nn/llama_config.h"
+#include "hp/train/parallel_dims.h"
 
 namespace hp::train {
 
@@ -77,6 +78,8 @@ struct TrainConfig {
   std::string source = "<defaults>";  // file it was read from, for messages
 
   // Size of the mesh dim called `name`, 1 if the mesh has none.
+  // The layout [mesh] declares (throws naming a bad mesh); mesh_size("pp") is dims().pp.
+  ParallelDims dims() const;
   int64_t mesh_size(const std::string& name) const;
   int64_t world_size() const;  // product of mesh.shape
   // With pp > 1: the schedule's chunks per pp rank and microbatches, defaults resolved.

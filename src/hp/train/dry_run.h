@@ -23,8 +23,8 @@ struct DryRunResult {
   double seconds = 0;                               // wall time of setup and steps
 };
 
-// Checks the rank against the mesh (0 <= rank < product of cfg.mesh.shape) and that the
-// mesh names only dp, tp and pp.
+// Checks the config (validate: the mesh names only pp, dp and tp) and the rank against the
+// mesh (0 <= rank < product of cfg.mesh.shape).
 DryRunResult dry_run(const TrainConfig& cfg, int rank, int64_t steps = 1);
 
 }  // namespace hp::train

@@ -37,26 +37,12 @@ std::vector<MeshShape> stage_meshes(const DeviceMesh& mesh) {
   return meshes;
 }
 
-// How a stage input arrives on its mesh: token ids (chunk 0) or activations between
-// blocks, rows over dp, and with sequence parallelism the sequence over tp.
-std::vector<Placement> input_placements(const DeviceMesh& sm, const TrainConfig& cfg, bool ids) {
-  std::vector<Placement> p;
-  for (const auto& name : sm.dim_names()) {
-    if (name == "dp")
-      p.push_back(Shard(0));
-    else if (name == "tp" && cfg.mesh.sequence_parallel && !ids)
-      p.push_back(Shard(1));
-    else
-      p.push_back(Replicate());
-  }
-  return p;
-}
-
 }  // namespace
 
 void build_pipeline(Training& t, const TrainConfig& cfg) {
   const DeviceMesh& sm = t.stage_mesh;
-  const int pp = static_cast<int>(t.mesh.size(t.mesh.shape().dim_index("pp")));
+  const ParallelDims dims = cfg.dims();
+  const int pp = static_cast<int>(dims.pp);
   const int pp_rank = static_cast<int>(t.mesh.local_rank("pp"));
   schedule::Schedule sched = schedule::make_schedule(cfg.pipeline.schedule, pp, static_cast<int>(cfg.microbatches()),
                                                      static_cast<int>(cfg.pipeline.virtual_stages));
@@ -66,8 +52,8 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
   // The whole model on every stage mesh from the same seed, so each stage keeps the values
   // one process would have; what no stage of this rank takes is freed at the end.
   nn::Llama whole(cfg.model, sm);
-  if (cfg.mesh_size("tp") > 1) parallelize_llama(whole, sm["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
-  const bool dp = cfg.mesh_size("dp") > 1;
+  if (dims.tp > 1) parallelize_llama(whole, sm["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
+  const bool dp = dims.dp > 1;
   auto group = comm::current_world()->world_group(t.mesh.device_type());
   auto mine = std::make_shared<nn::Sequential>();
   std::vector<pipeline::PipelineStage> stages;
@@ -78,7 +64,8 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
     pipeline::MeshStageOptions o;
     o.stage_index = c;
     o.num_stages = chunks;
-    o.input_placements = input_placements(sm, cfg, c == 0);
+    // Token ids (chunk 0) or activations between blocks.
+    o.input_placements = batch_placements(sm, cfg.mesh.sequence_parallel && c > 0);
     if (dp && cfg.mesh.data_parallel == "ddp") {
       t.ddp.push_back(std::make_unique<DistributedDataParallel>(*stage, sm["dp"]));
       DistributedDataParallel* d = t.ddp.back().get();
@@ -92,7 +79,7 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
     o.forward = [stage](const DTensor& x) { return (*stage)(x); };
     o.parameters = stage->parameters();
     if (c == chunks - 1) {
-      const std::vector<Placement> rows = input_placements(sm, cfg, /*ids=*/true);
+      const std::vector<Placement> rows = batch_placements(sm);
       o.loss = [sm, rows, vocab = cfg.model.vocab](const DTensor& logits, const at::Tensor& target) {
         ShardSpec spec = make_spec(target.sizes().vec(), target.scalar_type(), sm, rows);
         DTensor tgt(pipeline::local_piece(target, spec, sm.coordinate()), sm, spec);

@@ -23,8 +23,6 @@ TrainConfig config_of(const plan::ModelDesc& m, const plan::Strategy& s) {
   HP_CHECK(m.head_size() * m.heads == m.hidden)
       << "model " << m.name << " has head_dim " << m.head_size() << " x " << m.heads << " heads != hidden "
       << m.hidden << "; the trainer's Llama needs head_dim = hidden / heads";
-  HP_CHECK(s.cp <= 1 && s.ep <= 1) << "strategy " << plan::to_string(s)
-                                   << ": the trainer runs dp, tp, pp and fsdp; found cp=" << s.cp << ", ep=" << s.ep;
   HP_CHECK(s.recompute == plan::Recompute::None)
       << "strategy " << plan::to_string(s) << ": the trainer does not recompute activations";
   TrainConfig cfg = default_config();
@@ -38,10 +36,9 @@ TrainConfig config_of(const plan::ModelDesc& m, const plan::Strategy& s) {
   cfg.model.tied_embeddings = m.tied_embeddings;
   cfg.train.seq = m.seq_len;
   cfg.train.batch = s.global_batch;
-  cfg.mesh.shape.clear(), cfg.mesh.names.clear();
-  for (const auto& [name, size] : {std::pair<const char*, int64_t>{"pp", s.pp}, {"dp", s.dp}, {"tp", s.tp}})
-    if (size > 1) cfg.mesh.shape.push_back(size), cfg.mesh.names.push_back(name);
-  if (cfg.mesh.shape.empty()) cfg.mesh.shape = {1}, cfg.mesh.names = {"dp"};
+  const ParallelDims dims = ParallelDims::from_strategy(s);
+  cfg.mesh.shape = dims.config_shape();
+  cfg.mesh.names = dims.config_names();
   cfg.mesh.sequence_parallel = s.tp > 1;  // as the estimator assumes
   cfg.mesh.data_parallel = s.fsdp ? "fsdp" : "ddp";
   if (s.pp > 1) {

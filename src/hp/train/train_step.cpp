@@ -11,43 +11,37 @@
 namespace hp::train {
 namespace {
 
-int find_dim(const std::vector<std::string>& names, const std::string& name) {
-  auto it = std::find(names.begin(), names.end(), name);
-  return it == names.end() ? -1 : static_cast<int>(it - names.begin());
-}
-
-// The dims the model lives on: the config's without pp (a size-1 dp when nothing is left).
-DeviceMesh stage_mesh_of(const DeviceMesh& mesh) {
-  std::vector<std::string> dims;
-  for (const auto& n : mesh.dim_names())
-    if (n != "pp") dims.push_back(n);
-  return mesh.submesh(dims);
-}
-
 void build_whole_model(Training& t, const TrainConfig& cfg) {
+  const ParallelDims dims = cfg.dims();
   DeviceMesh& mesh = t.stage_mesh;
   t.llama = std::make_shared<nn::Llama>(cfg.model, mesh);
   nn::Llama& model = *t.llama;
-  if (cfg.mesh_size("tp") > 1) parallelize_llama(model, mesh["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
+  if (dims.tp > 1) parallelize_llama(model, mesh["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
   // Data parallelism from outside the model, after tensor parallelism.
-  if (cfg.mesh_size("dp") > 1 && cfg.mesh.data_parallel == "ddp")
+  if (dims.dp > 1 && cfg.mesh.data_parallel == "ddp")
     t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh["dp"]));
-  if (cfg.mesh_size("dp") > 1 && cfg.mesh.data_parallel == "fsdp") fully_shard_llama(model, mesh["dp"]);
+  if (dims.dp > 1 && cfg.mesh.data_parallel == "fsdp") fully_shard_llama(model, mesh["dp"]);
   t.model = t.llama;
 }
 
 }  // namespace
 
+std::vector<Placement> batch_placements(const DeviceMesh& stage_mesh, bool sequence_sharded) {
+  std::vector<Placement> p;
+  for (const auto& name : stage_mesh.dim_names())
+    p.push_back(name == "dp" ? Placement(Shard(0)) : name == "tp" && sequence_sharded ? Placement(Shard(1)) : Placement(Replicate()));
+  return p;
+}
+
 Training build_training(const TrainConfig& cfg, const std::string& device) {
   validate(cfg);
-  std::vector<int64_t> shape = cfg.mesh.shape;
-  std::vector<std::string> names = cfg.mesh.names;
-  if (cfg.mesh_size("pp") > 1 && names.size() == 1) shape.push_back(1), names.push_back("dp");
-  DeviceMesh mesh = init_device_mesh(device, shape, names);
-  Training t{mesh, stage_mesh_of(mesh)};
+  // Every mesh dim (size 1 too) and its groups, built up front in the same order on every rank.
+  const ParallelDims dims = cfg.dims();
+  DeviceMesh mesh = init_device_mesh(device, dims.mesh_shape(), dims.mesh_names());
+  Training t{mesh, mesh.submesh(dims.stage_dims())};
 
   manual_seed(cfg.train.seed);
-  if (cfg.mesh_size("pp") > 1)
+  if (dims.pp > 1)
     detail::build_pipeline(t, cfg);
   else
     build_whole_model(t, cfg);
@@ -60,13 +54,11 @@ Training build_training(const TrainConfig& cfg, const std::string& device) {
     t.opt = std::make_unique<optim::AdamW>(t.params, adamw);
   t.base_lr = t.opt->lr();
 
-  const int dp_dim = find_dim(t.stage_mesh.dim_names(), "dp");
-  t.rows.assign(t.stage_mesh.ndim(), Replicate());
-  if (dp_dim >= 0) t.rows[dp_dim] = Shard(0);
+  t.rows = batch_placements(t.stage_mesh);
   t.global = {cfg.train.batch, cfg.train.seq};
   // A pipeline's first and last stages take the whole batch and split it into microbatches
   // whose rows then go over dp (mesh_stage); without one each dp rank reads its own rows.
-  if (!t.pipeline && dp_dim >= 0) t.data_rank = t.stage_mesh.local_rank(dp_dim), t.data_size = t.stage_mesh.size(dp_dim);
+  if (!t.pipeline) t.data_rank = t.stage_mesh.local_rank("dp"), t.data_size = dims.dp;
   return t;
 }
 

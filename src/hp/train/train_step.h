@@ -50,6 +50,10 @@ struct StepOutput {
 StepOutput train_step(Training& t, const TrainConfig& cfg, const at::Tensor& inputs, const at::Tensor& targets,
                       double lr, const std::function<void()>& before_update = {});
 
+// How a batch lies on a stage mesh: rows over dp, the rest replicated; activations between
+// blocks with sequence parallelism also have their sequence over tp.
+std::vector<Placement> batch_placements(const DeviceMesh& stage_mesh, bool sequence_sharded = false);
+
 namespace detail {
 // Pipeline stages over "pp" (pipeline_training.cpp): fills t.model, t.pipeline, t.ddp.
 void build_pipeline(Training& t, const TrainConfig& cfg);

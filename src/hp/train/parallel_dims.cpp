@@ -1,0 +1,80 @@
+#include "hp/train/parallel_dims.h"
+
+#include <algorithm>
+
+#include "hp/base/error.h"
+#include "hp/base/strings.h"
+
+namespace hp::train {
+namespace {
+
+const std::vector<std::string> kDims = {"pp", "dp", "tp"};
+
+int64_t& degree(ParallelDims& d, const std::string& name) { return name == "pp" ? d.pp : name == "dp" ? d.dp : d.tp; }
+
+}  // namespace
+
+ParallelDims ParallelDims::from_mesh(const std::vector<int64_t>& shape, const std::vector<std::string>& names,
+                                     const std::string& source) {
+  HP_CHECK(!shape.empty() && shape.size() == names.size())
+      << source << ": mesh.shape " << to_string_list(shape) << " and mesh.names " << to_string_list(names)
+      << " must be non-empty and of equal length";
+  ParallelDims d;
+  d.order.clear();
+  for (size_t i = 0; i < names.size(); ++i) {
+    HP_CHECK(std::find(kDims.begin(), kDims.end(), names[i]) != kDims.end())
+        << source << ": mesh dim '" << names[i] << "' in " << to_string_list(names)
+        << " is not run by the trainer (known: pp, dp, tp)";
+    HP_CHECK(std::find(d.order.begin(), d.order.end(), names[i]) == d.order.end())
+        << source << ": mesh.names " << to_string_list(names) << " must be distinct and non-empty";
+    HP_CHECK(shape[i] >= 1) << source << ": mesh.shape[" << i << "] = " << shape[i] << " must be >= 1";
+    d.order.push_back(names[i]);
+    degree(d, names[i]) = shape[i];
+  }
+  for (const auto& n : kDims)  // size 1: where they go does not change any rank's place
+    if (std::find(d.order.begin(), d.order.end(), n) == d.order.end()) d.order.push_back(n);
+  return d;
+}
+
+ParallelDims ParallelDims::from_strategy(const plan::Strategy& s) {
+  HP_CHECK(s.cp <= 1 && s.ep <= 1) << "strategy " << plan::to_string(s)
+                                   << ": the trainer runs dp, tp, pp and fsdp; found cp=" << s.cp << ", ep=" << s.ep;
+  ParallelDims d;  // the planner numbers ranks pp, dp, (ep, cp,) tp from outermost
+  d.pp = s.pp, d.dp = std::max<int64_t>(s.dp, 1), d.tp = s.tp;
+  return d;
+}
+
+int64_t ParallelDims::size(const std::string& name) const {
+  HP_CHECK(std::find(kDims.begin(), kDims.end(), name) != kDims.end())
+      << "ParallelDims: no dim '" << name << "' (known: pp, dp, tp)";
+  return name == "pp" ? pp : name == "dp" ? dp : tp;
+}
+
+std::vector<int64_t> ParallelDims::mesh_shape() const {
+  std::vector<int64_t> shape;
+  for (const auto& n : order) shape.push_back(size(n));
+  return shape;
+}
+
+std::vector<std::string> ParallelDims::stage_dims() const {
+  std::vector<std::string> dims;
+  for (const auto& n : order)
+    if (n != "pp") dims.push_back(n);
+  return dims;
+}
+
+std::vector<int64_t> ParallelDims::config_shape() const {
+  std::vector<int64_t> shape;
+  for (const auto& n : order)
+    if (size(n) > 1) shape.push_back(size(n));
+  return shape.empty() ? std::vector<int64_t>{1} : shape;
+}
+
+std::vector<std::string> ParallelDims::config_names() const {
+  std::vector<std::string> names;
+  for (const auto& n : order)
+    if (size(n) > 1) names.push_back(n);
+  return names.empty() ? std::vector<std::string>{"dp"} : names;
+}
+
+}  // namespace hp::train

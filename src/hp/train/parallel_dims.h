@@ -1,0 +1,41 @@
+// The degrees of a training layout, in one place: what the planner emits (from_strategy),
+// the config's [mesh] declares (from_mesh), and the trainer and the dry-run build their
+// meshes from (mesh_shape / mesh_names, the same on every rank). The dim names "pp", "dp"
+// and "tp" are known here. Torch-free.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hp/plan/strategy.h"
+
+namespace hp::train {
+
+struct ParallelDims {
+  int64_t pp = 1;  // pipeline stages
+  int64_t dp = 1;  // data-parallel replicas (ddp, fully_shard or replicate over them)
+  int64_t tp = 1;  // tensor-parallel ranks inside a stage
+  std::vector<std::string> order{"pp", "dp", "tp"};  // outermost first: how ranks are numbered
+
+  // A config's mesh: each name one of pp, dp, tp, at most once, shapes >= 1; throws naming
+  // `source` and what is wrong. Dims it leaves out have size 1.
+  static ParallelDims from_mesh(const std::vector<int64_t>& shape, const std::vector<std::string>& names,
+                                const std::string& source);
+  // A resolved strategy's dims in the planner's rank order; throws naming cp or ep, which
+  // the trainer does not run.
+  static ParallelDims from_strategy(const plan::Strategy& s);
+
+  int64_t size(const std::string& name) const;  // of "pp", "dp" or "tp"
+  int64_t world_size() const { return pp * dp * tp; }
+  // The mesh the trainer builds: every dim, size-1 ones included (in `order`).
+  std::vector<int64_t> mesh_shape() const;
+  const std::vector<std::string>& mesh_names() const { return order; }
+  // The dims a stage's model lives on: every one but pp.
+  std::vector<std::string> stage_dims() const;
+  // For a config's [mesh]: the dims larger than 1 (dp alone when there is none).
+  std::vector<int64_t> config_shape() const;
+  std::vector<std::string> config_names() const;
+};
+
+}  // namespace hp::train
