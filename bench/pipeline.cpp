@@ -227,6 +227,10 @@ int main(int argc, char** argv) {
   std::printf("%-17s %6s %22s %8s %8s %8s %8s %22s %8s  %s\n", "schedule", "stages", "alone: unit ms F/B/I/W",
               "sim ms", "meas ms", "meas/sim", "sim idle", "in step: unit ms", "sim ms", "measured idle per rank");
   for (const auto& kind : schedule::schedule_kinds()) {
+    if (kind == "dualpipev" && c.microbatches < 2 * c.ranks) {
+      std::printf("%-17s skipped: needs at least %d microbatches\n", kind.c_str(), 2 * c.ranks);
+      continue;
+    }
     Row r = run_kind(c, kind);
     auto units = [](const schedule::StageCost& u) {
       char buf[64];

@@ -67,6 +67,8 @@ TEST_P(ScheduleMatchesReference, LossAndGradsEqualSingleProcess) {
   comm::run_local_ranks(p, [&](int rank) {
     auto group = comm::current_world()->world_group();
     for (int m = 1; m <= 8; ++m) {  // interleaved and V schedules included at 3, 5, 6, 7
+      // dualpipev rejects m < 2p: it runs m = 4..8 on 2 ranks and m = 8 on 4.
+      if (kind == "dualpipev" && m < 2 * p) continue;
       auto sched = schedule::make_schedule(kind, p, m);
       auto stages = mlp_stages(model, sched, rank, group);
       pipeline::PipelineRuntime rt(stages, sched);

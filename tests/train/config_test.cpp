@@ -262,6 +262,18 @@ TEST(TrainConfig, InconsistentValuesAreErrors) {
   EXPECT_HAS(load_error("[train]\nsteps = 0\n"), "train.steps = 0 must be >= 1");
 }
 
+// dualpipev puts two chunks on each pp rank and splits the backward, like zbv.
+TEST(TrainConfig, DualPipeVIsAVScheduleWithSplitBackward) {
+  const std::string pp2 = "[mesh]\nshape = [2]\nnames = [\"pp\"]\n[pipeline]\nschedule = \"dualpipev\"\n";
+  TempFile f(pp2);
+  EXPECT_EQ(hp::train::load_config(f.path()).stages_per_rank(), 2);
+  EXPECT_HAS(load_error(pp2 + "microbatches = 3\n"), "num_microbatches >= 2 * num_ranks = 4, got 3");
+  EXPECT_HAS(load_error(pp2 + "[model]\nlayers = 3\n"), "fewer than the 4 pipeline chunks");
+  EXPECT_HAS(load_error("[mesh]\nshape = [2, 2]\nnames = [\"pp\", \"dp\"]\ndata_parallel = \"ddp\"\n"
+                        "[pipeline]\nschedule = \"dualpipev\"\n"),
+             "splits the backward");
+}
+
 namespace {
 
 // A valid config in which every key differs from its default, each set by hand so that a

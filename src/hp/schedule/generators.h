@@ -2,8 +2,8 @@
 // the order every rank runs them; lower_communication() then adds SEND/RECV.
 // make_schedule() does both and is what callers normally want.
 //
-// Every generator accepts any num_microbatches >= 1, including fewer
-// microbatches than stages (the pipeline then simply never fills).
+// Every generator but dualpipev accepts any num_microbatches >= 1, including
+// fewer microbatches than stages (the pipeline then simply never fills).
 #pragma once
 
 #include <string>
@@ -35,12 +35,20 @@ Schedule zb_h1(int num_ranks, int num_microbatches);
 // activations are live on the rank, then weight grads to fill the gaps.
 Schedule zbv(int num_ranks, int num_microbatches);
 
-// Known kinds: "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv".
+// DualPipeV (DeepSeek's DualPipe cut in half): two stages per rank on the V map.
+// Rank r runs fixed phases whose counts are formulas in r: first-chunk warm-up
+// forwards, forwards of both chunks, then a steady phase where every forward of
+// one chunk is followed by a backward of the other (F and B one for one), and a
+// cool-down of backwards in which split backwards (I now, W later) fill the
+// waits. Needs num_ranks >= 2 and num_microbatches >= 2 * num_ranks.
+Schedule dualpipev(int num_ranks, int num_microbatches);
+
+// Known kinds: "gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev".
 std::vector<std::string> schedule_kinds();
 
 // Generates `kind` and lowers it. `stages_per_rank` is used by
 // interleaved-1f1b only (0 = its default, 2); other kinds reject a value > 1
-// except zbv, which always has 2.
+// except zbv and dualpipev, which always have 2.
 Schedule make_schedule(const std::string& kind, int num_ranks, int num_microbatches,
                        int stages_per_rank = 0);
 

@@ -5,7 +5,7 @@
 namespace hp::schedule {
 
 std::vector<std::string> schedule_kinds() {
-  return {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv"};
+  return {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"};
 }
 
 Schedule make_schedule(const std::string& kind, int num_ranks, int num_microbatches,
@@ -13,6 +13,10 @@ Schedule make_schedule(const std::string& kind, int num_ranks, int num_microbatc
   auto single = [&] {
     HP_CHECK(stages_per_rank <= 1) << kind << " has one stage per rank; got stages_per_rank="
                                    << stages_per_rank << " (use interleaved-1f1b)";
+  };
+  auto on_the_v = [&] {
+    HP_CHECK(stages_per_rank == 0 || stages_per_rank == 2)
+        << kind << " always has 2 stages per rank; got stages_per_rank=" << stages_per_rank;
   };
   Schedule s;
   if (kind == "gpipe") {
@@ -27,9 +31,11 @@ Schedule make_schedule(const std::string& kind, int num_ranks, int num_microbatc
     single();
     s = zb_h1(num_ranks, num_microbatches);
   } else if (kind == "zbv") {
-    HP_CHECK(stages_per_rank == 0 || stages_per_rank == 2)
-        << "zbv always has 2 stages per rank; got stages_per_rank=" << stages_per_rank;
+    on_the_v();
     s = zbv(num_ranks, num_microbatches);
+  } else if (kind == "dualpipev") {
+    on_the_v();
+    s = dualpipev(num_ranks, num_microbatches);
   } else {
     std::string known;
     for (const auto& k : schedule_kinds()) known += (known.empty() ? "" : ", ") + k;

@@ -176,7 +176,7 @@ ParallelDims TrainConfig::dims() const { return ParallelDims::from_mesh(mesh.sha
 int64_t TrainConfig::mesh_size(const std::string& name) const { return dims().size(name); }
 
 int64_t TrainConfig::stages_per_rank() const {
-  if (pipeline.schedule == "zbv") return 2;
+  if (pipeline.schedule == "zbv" || pipeline.schedule == "dualpipev") return 2;
   if (pipeline.schedule == "interleaved-1f1b") return pipeline.virtual_stages > 0 ? pipeline.virtual_stages : 2;
   return 1;
 }
@@ -284,7 +284,7 @@ void validate_pipeline(const TrainConfig& c) {
   }
   // A data-parallel wrapper reduces gradients in the step's last backward, which a split
   // backward (I then W) does not have.
-  const bool split_backward = p.schedule == "zb-h1" || p.schedule == "zbv";
+  const bool split_backward = p.schedule == "zb-h1" || p.schedule == "zbv" || p.schedule == "dualpipev";
   HP_CHECK(!split_backward || dp == 1 || c.mesh.data_parallel == "replicate")
       << src << ": schedule \"" << p.schedule << "\" splits the backward, which mesh.data_parallel = \""
       << c.mesh.data_parallel << "\" cannot reduce in; use gpipe, 1f1b or interleaved-1f1b, or data_parallel = "

@@ -29,9 +29,9 @@ struct MeshConfig {
 // on the pp ranks by the schedule. virtual_stages is not a mesh dim: it is how many chunks
 // each pp rank holds.
 struct PipelineConfig {
-  std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved-1f1b, zb-h1 or zbv (`hp schedule`)
+  std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv or dualpipev (`hp schedule`)
   int64_t microbatches = 0;       // per step; 0 = 2 * pp
-  int64_t virtual_stages = 0;     // chunks per pp rank; 0 = the schedule's own (2 for interleaved-1f1b and zbv)
+  int64_t virtual_stages = 0;     // chunks per pp rank; 0 = the schedule's own (2 for interleaved-1f1b, zbv, dualpipev)
   std::vector<int64_t> split;     // blocks per chunk; empty = balanced by the cost model (`hp schedule --split`)
 };
 

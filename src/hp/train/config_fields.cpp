@@ -31,7 +31,8 @@ std::vector<Field> make_fields() {
        at<&T::mesh, &Mesh::sequence_parallel>()},
       {"mesh", "data_parallel", "ddp, fsdp or replicate", at<&T::mesh, &Mesh::data_parallel>()},
 
-      {"pipeline", "schedule", "gpipe, 1f1b, interleaved-1f1b, zb-h1 or zbv", at<&T::pipeline, &Pipe::schedule>()},
+      {"pipeline", "schedule", "gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv or dualpipev",
+       at<&T::pipeline, &Pipe::schedule>()},
       {"pipeline", "microbatches", "per step; 0 = 2 * pp", at<&T::pipeline, &Pipe::microbatches>()},
       {"pipeline", "virtual_stages", "chunks per pp rank; 0 = the schedule's own",
        at<&T::pipeline, &Pipe::virtual_stages>()},
