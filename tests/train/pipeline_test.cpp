@@ -135,11 +135,12 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, PipelineTraining,
     ::testing::Values(Layout{{2}, {"pp"}, "1f1b"}, Layout{{4}, {"pp"}, "gpipe"}, Layout{{4}, {"pp"}, "1f1b"},
                       Layout{{4}, {"pp"}, "interleaved-1f1b"}, Layout{{4}, {"pp"}, "zb-h1"},
-                      Layout{{4}, {"pp"}, "zbv"}, Layout{{3}, {"pp"}, "1f1b", "ddp", 4},
+                      Layout{{4}, {"pp"}, "zbv"}, Layout{{4}, {"pp"}, "dualpipev"}, Layout{{3}, {"pp"}, "1f1b", "ddp", 4},
                       Layout{{2}, {"pp"}, "zbv", "ddp", 0, false, {1, 3, 4, 0}},
                       Layout{{2, 2}, {"pp", "dp"}, "1f1b", "ddp"}, Layout{{2, 2}, {"pp", "dp"}, "gpipe", "fsdp"},
                       Layout{{2, 2}, {"pp", "dp"}, "interleaved-1f1b", "ddp"},
                       Layout{{2, 2}, {"pp", "dp"}, "zb-h1", "replicate"},
+                      Layout{{2, 2}, {"pp", "dp"}, "dualpipev", "replicate"},
                       Layout{{2, 2}, {"pp", "tp"}, "1f1b", "ddp", 0, true},
                       Layout{{2, 2}, {"dp", "pp"}, "interleaved-1f1b", "fsdp"}));
 
