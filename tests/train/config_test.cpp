@@ -269,7 +269,7 @@ TEST(TrainConfig, DualPipeVIsAVScheduleWithSplitBackward) {
   EXPECT_EQ(hp::train::load_config(f.path()).stages_per_rank(), 2);
   EXPECT_HAS(load_error(pp2 + "microbatches = 3\n"), "num_microbatches >= 2 * num_ranks = 4, got 3");
   EXPECT_HAS(load_error(pp2 + "[model]\nlayers = 3\n"), "fewer than the 4 pipeline chunks");
-  EXPECT_HAS(load_error("[mesh]\nshape = [2, 2]\nnames = [\"pp\", \"dp\"]\ndata_parallel = \"ddp\"\n"
+  EXPECT_HAS(load_error("[mesh]\nshape = [2, 2]\nnames = [\"pp\", \"dp\"]\ndata_parallel = \"fsdp\"\n"
                         "[pipeline]\nschedule = \"dualpipev\"\n"),
              "splits the backward");
 }

@@ -141,6 +141,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{{2, 2}, {"pp", "dp"}, "interleaved-1f1b", "ddp"},
                       Layout{{2, 2}, {"pp", "dp"}, "zb-h1", "replicate"},
                       Layout{{2, 2}, {"pp", "dp"}, "dualpipev", "replicate"},
+                      Layout{{2, 2}, {"pp", "dp"}, "zbv", "ddp"}, Layout{{2, 2}, {"dp", "pp"}, "zb-h1", "ddp"},
                       Layout{{2, 2}, {"pp", "tp"}, "1f1b", "ddp", 0, true},
                       Layout{{2, 2}, {"dp", "pp"}, "interleaved-1f1b", "fsdp"}));
 

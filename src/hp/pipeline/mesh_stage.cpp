@@ -35,6 +35,7 @@ PipelineStage mesh_stage(const DeviceMesh& mesh, MeshStageOptions o) {
   st.mesh = mesh.shape();
   for (DTensor* p : o.parameters) st.parameters.push_back(p->to_local());
   st.set_requires_gradient_sync = std::move(o.set_requires_gradient_sync);
+  st.sync_in_weight_backward = o.sync_in_weight_backward;
   const bool last = s == o.num_stages - 1;
   auto in_spec = [mesh, placements = o.input_placements](const at::Tensor& whole) {
     return make_spec(whole.sizes().vec(), whole.scalar_type(), mesh, placements);

@@ -33,8 +33,10 @@ struct MeshStageOptions {
   std::vector<DTensor*> parameters;  // e.g. module.parameters(); their local tensors get the grads
   DTensorLossFn loss;                // the last stage only
   std::shared_ptr<const comm::Group> group;  // every rank of every stage
-  // fully_shard inside the stage: gradients are reduced in the step's last backward only.
+  // A data-parallel wrapper inside the stage: gradients are reduced in the step's last
+  // backward only (PipelineStage says when, and what sync_in_weight_backward means).
   std::function<void(bool)> set_requires_gradient_sync;
+  bool sync_in_weight_backward = false;
 };
 
 // The stage on `mesh` (this rank must be in it). Throws hp::Error on bad placements.

@@ -57,7 +57,7 @@ class StepRun {
   double run(StepStats& stats) {
     const auto& list = s_.actions.at(rank_);
     for (size_t i = 0; i < list.size(); ++i)
-      if (list[i].type == ActionType::B || list[i].type == ActionType::I) last_backward_[list[i].stage] = i;
+      if (list[i].type == ActionType::B || list[i].type == ActionType::W) last_backward_[list[i].stage] = i;
     // Activation headers are tiny and their order is known: post them all now (with static
     // shapes, the data receives themselves).
     for (const Action& a : list) {
@@ -110,11 +110,14 @@ class StepRun {
       case ActionType::F: forward(k); break;
       case ActionType::B:
       case ActionType::I: backward(k, a.type == ActionType::B); break;
-      case ActionType::W:
+      case ActionType::W: {
         HP_CHECK(work_.count(k)) << "W before I";
-        detail::run_backward_weight(*stages_.at(a.stage), work_.at(k));
+        const PipelineStage& st = *stages_.at(a.stage);
+        if (st.set_requires_gradient_sync) st.set_requires_gradient_sync(last_backward_.at(a.stage) == action_);
+        detail::run_backward_weight(st, work_.at(k));
         work_.erase(k);
         break;
+      }
       case ActionType::SEND_F: {
         HP_CHECK(work_.count(k)) << "SEND_F before its F";
         if (!leader_) return;  // the other ranks of this mesh hold the same whole tensor
@@ -192,7 +195,7 @@ class StepRun {
         w.grad_output = timed_wait([&] { return take(grad_recv_, k).wait(); });
       }
     }
-    if (st.set_requires_gradient_sync) st.set_requires_gradient_sync(last_backward_.at(s) == action_);
+    if (full && st.set_requires_gradient_sync) st.set_requires_gradient_sync(last_backward_.at(s) == action_);
     if (full) {
       detail::run_backward(st, w);
     } else {
@@ -226,7 +229,7 @@ class StepRun {
   std::map<Key, comm::Pending> grad_recv_;
   std::map<Key, at::Tensor> grad_to_send_;
   std::vector<comm::Pending> sends_;
-  std::map<int, size_t> last_backward_;  // stage -> index of its last B or I in the list
+  std::map<int, size_t> last_backward_;  // stage -> index of its last B or W in the list
   size_t action_ = 0;
   double waited_ = 0;  // inside the current action, for a message
   double loss_sum_ = 0;
@@ -295,7 +298,7 @@ PipelineRuntime::PipelineRuntime(std::vector<PipelineStage> stages, schedule::Sc
   std::sort(mine.begin(), mine.end());
   std::vector<int> want = schedule_.stages_of(rank_);
   for (const auto& st : stages_) {
-    if (!st.set_requires_gradient_sync) continue;
+    if (!st.set_requires_gradient_sync || st.sync_in_weight_backward) continue;
     for (const Action& a : schedule_.actions[rank_])
       HP_CHECK(a.type != ActionType::I && a.type != ActionType::W)
           << "pipeline stage " << st.stage_index << " holds a data-parallel wrapper, which needs full backwards, "

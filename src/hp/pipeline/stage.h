@@ -31,10 +31,14 @@ struct PipelineStage {
   // This rank's part of the input gradient (input-shaped) to the whole input gradient: a
   // collective on the stage mesh. Unset: the identity (one rank per stage).
   std::function<at::Tensor(const at::Tensor& input_grad)> gather_input_grad;
-  // Called before each backward with whether it is this stage's last in the step: a
-  // data-parallel wrapper inside the stage (fully_shard) then reduces gradients once.
-  // Needs full backwards (B); split ones (I + W) are refused.
+  // Called before each backward that accumulates parameter gradients (B, or W of a split
+  // one) with whether it is this stage's last in the step: a data-parallel wrapper inside
+  // the stage then reduces gradients once.
   std::function<void(bool last)> set_requires_gradient_sync;
+  // The wrapper reduces as the parameters' gradients accumulate (DDP's hooks), so a split
+  // backward's W can be the last; fully_shard's reduction runs in B only, and a schedule
+  // that splits backwards is refused for it.
+  bool sync_in_weight_backward = false;
 
   bool is_first() const { return stage_index == 0; }
   bool is_last() const { return stage_index == num_stages - 1; }

@@ -282,13 +282,12 @@ void validate_pipeline(const TrainConfig& c) {
         << src << ": pipeline.split " << to_string_list(p.split) << " must give " << chunks
         << " chunks that hold model.layers = " << md.layers << " blocks";
   }
-  // A data-parallel wrapper reduces gradients in the step's last backward, which a split
-  // backward (I then W) does not have.
+  // fully_shard reduces gradients in the step's last full backward, which a split backward
+  // (I then W) does not have; ddp reduces in W as well.
   const bool split_backward = p.schedule == "zb-h1" || p.schedule == "zbv" || p.schedule == "dualpipev";
-  HP_CHECK(!split_backward || dp == 1 || c.mesh.data_parallel == "replicate")
-      << src << ": schedule \"" << p.schedule << "\" splits the backward, which mesh.data_parallel = \""
-      << c.mesh.data_parallel << "\" cannot reduce in; use gpipe, 1f1b or interleaved-1f1b, or data_parallel = "
-      << "\"replicate\"";
+  HP_CHECK(!split_backward || dp == 1 || c.mesh.data_parallel != "fsdp")
+      << src << ": schedule \"" << p.schedule << "\" splits the backward, which mesh.data_parallel = \"fsdp\" "
+      << "cannot reduce in; use gpipe, 1f1b or interleaved-1f1b, or data_parallel = \"ddp\" or \"replicate\"";
 }
 
 }  // namespace

@@ -70,6 +70,7 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
       t.ddp.push_back(std::make_unique<DistributedDataParallel>(*stage, sm["dp"]));
       DistributedDataParallel* d = t.ddp.back().get();
       o.set_requires_gradient_sync = [d](bool on) { d->set_requires_gradient_sync(on); };
+      o.sync_in_weight_backward = true;  // its hooks fire as W accumulates
     } else if (dp && cfg.mesh.data_parallel == "fsdp") {
       for (const auto& [name, m] : stage->named_children())
         if (name.rfind("layers.", 0) == 0) fully_shard(*m, sm["dp"]);
