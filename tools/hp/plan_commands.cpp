@@ -31,6 +31,7 @@ struct PlanArgs {
 // Writes the trainer's config for `s`; the caller scales steps and sizes to its machine.
 void emit_config(const plan::ModelDesc& m, const plan::Strategy& s, const std::string& path) {
   const train::TrainConfig cfg = train::config_of(m, s);
+  train::validate(cfg);
   std::ofstream out(path);
   HP_CHECK(out) << "cannot write " << path;
   out << cfg.to_string();
@@ -45,7 +46,7 @@ const plan::Strategy& first_trainable(const plan::SearchResult& r, const plan::M
   std::string why;
   for (const plan::Estimate& e : r.best) {
     try {
-      train::config_of(m, e.strategy);
+      train::validate(train::config_of(m, e.strategy));
       return e.strategy;
     } catch (const Error& err) {
       if (why.empty()) why = err.what();
