@@ -36,6 +36,7 @@
 #include "hp/comm.h"
 #include "hp/pipeline.h"
 #include "hp/schedule.h"
+#include "hp/tensor/weight_outputs.h"
 
 using namespace hp;
 
@@ -84,12 +85,15 @@ pipeline::PipelineStage make_stage(const Config& c, int s, int num_stages, int b
   st.forward = [p = st.parameters, ms = c.device_ms](const at::Tensor& x) {
     at::Tensor y = x;
     for (size_t i = 0; i < p.size(); i += 2) {
+      at::Tensor z;
       if (ms > 0) {
         y = DeviceWait::apply(y, ms, ms);
-        y = at::tanh(at::linear(y, DeviceWait::apply(p[i], 0.0, ms), p[i + 1]));
+        z = at::linear(y, DeviceWait::apply(p[i], 0.0, ms), p[i + 1]);
       } else {
-        y = at::tanh(at::linear(y, p[i], p[i + 1]));
+        z = at::linear(y, p[i], p[i + 1]);
       }
+      WeightOutputRecorder::record(z, {p[i], p[i + 1]});  // a split backward's W starts here
+      y = at::tanh(z);
     }
     return y;
   };
@@ -113,8 +117,8 @@ schedule::StageCost calibrate(const Config& c, int num_stages, std::shared_ptr<c
   // Stage 1 of 3: neither first (it has an input grad) nor last (no loss).
   auto st = make_stage(c, 1, 3, kBlocks / num_stages, g);
   at::Tensor x = at::randn({c.rows, c.dim}), gy = at::ones({c.rows, c.dim});
-  auto fwd = [&] {
-    auto w = pipeline::detail::run_forward(st, x, {}, 1.0);
+  auto fwd = [&](bool split = false) {  // split: recorded for I then W, as the runtime does
+    auto w = pipeline::detail::run_forward(st, x, {}, 1.0, split);
     w.grad_output = gy;
     return w;
   };
@@ -132,13 +136,13 @@ schedule::StageCost calibrate(const Config& c, int num_stages, std::shared_ptr<c
     return now_s() - t0;
   });
   cost.i = median_time(reps, [&] {
-    auto w = fwd();
+    auto w = fwd(true);
     double t0 = now_s();
     pipeline::detail::run_backward_input(st, w);
     return now_s() - t0;
   });
   cost.w = median_time(reps, [&] {
-    auto w = fwd();
+    auto w = fwd(true);
     pipeline::detail::run_backward_input(st, w);
     double t0 = now_s();
     pipeline::detail::run_backward_weight(st, w);

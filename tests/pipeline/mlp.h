@@ -32,9 +32,14 @@ struct Mlp {
   }
 };
 
-// Runs the blocks whose weights are in `p` (pairs W, b); works on [..., dim] inputs.
+// Runs the blocks whose weights are in `p` (pairs W, b); works on [..., dim] inputs. Each
+// linear reports its output for a split backward's W (weight_outputs.h).
 inline at::Tensor run_blocks(const std::vector<at::Tensor>& p, at::Tensor x) {
-  for (size_t i = 0; i < p.size(); i += 2) x = at::tanh(at::linear(x, p[i], p[i + 1]));
+  for (size_t i = 0; i < p.size(); i += 2) {
+    at::Tensor y = at::linear(x, p[i], p[i + 1]);
+    hp::WeightOutputRecorder::record(y, {p[i], p[i + 1]});
+    x = at::tanh(y);
+  }
   return x;
 }
 

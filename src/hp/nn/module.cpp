@@ -1,6 +1,7 @@
 #include "hp/nn/module.h"
 
 #include "hp/base/error.h"
+#include "hp/tensor/weight_outputs.h"
 
 namespace hp::nn {
 
@@ -8,6 +9,12 @@ DTensor Module::operator()(const DTensor& x) {
   DTensor in = x;
   for (auto& h : pre_hooks_) in = h(*this, in);
   DTensor out = forward(in);
+  if (!params_.empty() && WeightOutputRecorder::recording()) {  // before the hooks: W must not repeat theirs
+    std::vector<at::Tensor> own;
+    for (auto& [name, p] : params_)
+      if (p->requires_grad()) own.push_back(p->to_local());
+    WeightOutputRecorder::record(out.to_local(), std::move(own));
+  }
   for (auto& h : post_hooks_) out = h(*this, in, out);
   return out;
 }

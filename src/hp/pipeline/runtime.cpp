@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "hp/base/error.h"
@@ -58,6 +59,8 @@ class StepRun {
     const auto& list = s_.actions.at(rank_);
     for (size_t i = 0; i < list.size(); ++i)
       if (list[i].type == ActionType::B || list[i].type == ActionType::W) last_backward_[list[i].stage] = i;
+    for (const Action& a : list)
+      if (a.type == ActionType::I) split_.insert({a.stage, a.microbatch});
     // Activation headers are tiny and their order is known: post them all now (with static
     // shapes, the data receives themselves).
     for (const Action& a : list) {
@@ -112,9 +115,7 @@ class StepRun {
       case ActionType::I: backward(k, a.type == ActionType::B); break;
       case ActionType::W: {
         HP_CHECK(work_.count(k)) << "W before I";
-        const PipelineStage& st = *stages_.at(a.stage);
-        if (st.set_requires_gradient_sync) st.set_requires_gradient_sync(last_backward_.at(a.stage) == action_);
-        detail::run_backward_weight(st, work_.at(k));
+        detail::run_backward_weight(*stages_.at(a.stage), work_.at(k), last_backward_.at(a.stage) == action_);
         work_.erase(k);
         break;
       }
@@ -169,7 +170,7 @@ class StepRun {
       in = timed_wait([&] { return take(act_recv_, k).wait(); });
     }
     at::Tensor target = st.is_last() ? targets_.at(mb) : at::Tensor();
-    detail::StageWork w = detail::run_forward(st, in, target, 1.0 / s_.num_microbatches);
+    detail::StageWork w = detail::run_forward(st, in, target, 1.0 / s_.num_microbatches, split_.count(k) > 0);
     if (st.is_last() && !w.loss.is_meta()) loss_sum_ += w.loss.detach().item<double>();  // a dry-run's hold none
     if (!st.is_last()) {
       if (local(s + 1)) {
@@ -230,6 +231,7 @@ class StepRun {
   std::map<Key, at::Tensor> grad_to_send_;
   std::vector<comm::Pending> sends_;
   std::map<int, size_t> last_backward_;  // stage -> index of its last B or W in the list
+  std::set<Key> split_;                  // (stage, microbatch) whose backward is I then W
   size_t action_ = 0;
   double waited_ = 0;  // inside the current action, for a message
   double loss_sum_ = 0;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "hp/comm/group.h"
+#include "hp/tensor/weight_outputs.h"
 #include "hp/topology/mesh_shape.h"
 
 namespace hp::pipeline {
@@ -58,18 +59,26 @@ struct StageWork {
   at::Tensor loss;         // last stage: the scaled microbatch loss
   at::Tensor grad_output;  // from the next stage (not for the last stage)
   at::Tensor input_grad;   // what B or I produced, for the previous stage
+  // A split backward: what F recorded (weight_outputs.h) and the gradients I took of it.
+  std::vector<WeightOutput> weight_outputs;
+  std::vector<at::Tensor> weight_output_grads;
 };
 
 // F: runs the stage on `input` (detached into a fresh leaf so each stage has its own
-// graph); on the last stage also the loss, times `loss_scale`.
+// graph); on the last stage also the loss, times `loss_scale`. `split`: its backward will
+// be I then W, so the outputs of parameter-owning ops are recorded for W.
 StageWork run_forward(const PipelineStage& st, const at::Tensor& input, const at::Tensor& target,
-                      double loss_scale);
+                      double loss_scale, bool split = false);
 // B: full backward; grads accumulate into the parameters, w.input_grad is set (not stage 0).
 void run_backward(const PipelineStage& st, StageWork& w);
-// I: the input grad only, keeping the graph for W. No-op on stage 0 (no input grad).
+// I: the input grad and the recorded outputs' grads (every activation-gradient product
+// once, no weight-gradient product), keeping the graph for W.
 void run_backward_input(const PipelineStage& st, StageWork& w);
-// W: the parameter grads, accumulated into .grad; frees the graph.
-void run_backward_weight(const PipelineStage& st, StageWork& w);
+// W: the parameter grads, accumulated into .grad: from each recorded output to its own
+// parameters, then from the stage output to any parameter no record covers (repeating
+// the activation-gradient work on their path). `last`: the stage's last W in the step;
+// set_requires_gradient_sync(true) goes before its final backward only.
+void run_backward_weight(const PipelineStage& st, StageWork& w, bool last = false);
 
 }  // namespace detail
 }  // namespace hp::pipeline
