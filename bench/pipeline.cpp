@@ -155,11 +155,35 @@ struct Row {
   std::string kind;
   int stages = 0;
   schedule::StageCost unit;
+  double latency = 0;  // measured point to point, fed to the simulator
   double predicted = 0, sim_bubble = 0, measured = 0;
   schedule::StageCost in_step;  // unit costs as measured inside the steps (all ranks)
   double predicted_in_step = 0;
   std::vector<double> idle;
 };
+
+// One-way time of an activation between two ranks (ping-pong, median), called by every
+// rank; ranks 0 and 1 measure, the rest wait at the barrier.
+double p2p_latency(const Config& c, const comm::Group& g) {
+  at::Tensor t = at::zeros({c.rows, c.dim});
+  double one_way = 0;
+  if (g.rank() < 2) {
+    const int peer = 1 - g.rank();
+    one_way = median_time(15, [&] {
+      double t0 = now_s();
+      if (g.rank() == 0) {
+        comm::send_async(t, g, peer, 0).wait();
+        comm::recv_async(t, g, peer, 1).wait();
+      } else {
+        comm::recv_async(t, g, peer, 0).wait();
+        comm::send_async(t, g, peer, 1).wait();
+      }
+      return (now_s() - t0) / 2;
+    });
+  }
+  comm::barrier(g);
+  return one_way;
+}
 
 Row run_kind(const Config& c, const std::string& kind) {
   auto sched = schedule::make_schedule(kind, c.ranks, c.microbatches);
@@ -176,6 +200,8 @@ Row run_kind(const Config& c, const std::string& kind) {
     auto group = comm::current_world()->world_group();
     if (rank == 0) row.unit = calibrate(c, sched.num_stages, group);
     comm::barrier(*group);  // calibration alone on the machine
+    const double latency = p2p_latency(c, *group);
+    if (rank == 0) row.latency = latency;
     std::vector<pipeline::PipelineStage> stages;
     for (int s : sched.stages_of(rank)) stages.push_back(make_stage(c, s, sched.num_stages, kBlocks / sched.num_stages, group));
     pipeline::PipelineRuntime rt(stages, sched);
@@ -203,6 +229,7 @@ Row run_kind(const Config& c, const std::string& kind) {
   row.measured = *std::max_element(wall.begin(), wall.end());
   schedule::CostModel cm;
   cm.uniform = row.unit;
+  cm.latency = row.latency;
   auto sim = schedule::simulate(sched, cm);
   row.predicted = sim.makespan;
   row.sim_bubble = sim.bubble_ratio;
@@ -228,8 +255,10 @@ int main(int argc, char** argv) {
   if (c.device_ms > 0)
     std::printf("emulated devices: every block's forward, input-gradient and weight-gradient parts wait %.2f ms\n",
                 c.device_ms);
-  std::printf("%-17s %6s %22s %8s %8s %8s %8s %22s %8s  %s\n", "schedule", "stages", "alone: unit ms F/B/I/W",
-              "sim ms", "meas ms", "meas/sim", "sim idle", "in step: unit ms", "sim ms", "measured idle per rank");
+  std::printf("%-17s %6s %22s %7s %8s %8s %8s %8s %22s %8s  %s\n", "schedule", "stages", "alone: unit ms F/B/I/W",
+              "p2p ms", "sim ms", "meas ms", "meas/sim", "sim idle", "in step: unit ms", "sim ms",
+              "measured idle per rank");
+  std::vector<std::string> results;
   for (const auto& kind : schedule::schedule_kinds()) {
     if (kind == "dualpipev" && c.microbatches < 2 * c.ranks) {
       std::printf("%-17s skipped: needs at least %d microbatches\n", kind.c_str(), 2 * c.ranks);
@@ -241,11 +270,21 @@ int main(int argc, char** argv) {
       std::snprintf(buf, sizeof buf, "%.2f/%.2f/%.2f/%.2f", u.f * 1e3, u.b * 1e3, u.i * 1e3, u.w * 1e3);
       return std::string(buf);
     };
-    std::printf("%-17s %6d %22s %8.1f %8.1f %8.2f %8.2f %22s %8.1f ", r.kind.c_str(), r.stages, units(r.unit).c_str(),
-                r.predicted * 1e3, r.measured * 1e3, r.measured / r.predicted, r.sim_bubble,
-                units(r.in_step).c_str(), r.predicted_in_step * 1e3);
+    std::printf("%-17s %6d %22s %7.2f %8.1f %8.1f %8.2f %8.2f %22s %8.1f ", r.kind.c_str(), r.stages,
+                units(r.unit).c_str(), r.latency * 1e3, r.predicted * 1e3, r.measured * 1e3,
+                r.measured / r.predicted, r.sim_bubble, units(r.in_step).c_str(), r.predicted_in_step * 1e3);
     for (double i : r.idle) std::printf(" %.2f", i);
     std::printf("\n");
+    char line[160];
+    std::snprintf(line, sizeof line, "RESULT %s_measured_over_simulated %.3f", r.kind.c_str(), r.measured / r.predicted);
+    results.push_back(line);
+    std::snprintf(line, sizeof line, "RESULT %s_idle_rank0 %.3f", r.kind.c_str(), r.idle[0]);
+    results.push_back(line);
+    if (r.kind == "zb-h1") {
+      std::snprintf(line, sizeof line, "RESULT split_backward_over_full %.3f", (r.unit.i + r.unit.w) / r.unit.b);
+      results.push_back(line);
+    }
   }
+  for (const auto& line : results) std::printf("%s\n", line.c_str());
   return 0;
 }
