@@ -28,6 +28,7 @@
 #include "hp/plan.h"
 #include "hp/plan/rank_correlation.h"
 #include "hp/tensor/memory_stats.h"
+#include "hp/train/plan_bridge.h"
 #include "hp/train/trainer.h"
 
 using namespace hp;
@@ -95,27 +96,13 @@ int calibrate() {
   return 0;
 }
 
-plan::ModelDesc model_of(const train::TrainConfig& c) {
-  plan::ModelDesc m;
-  m.name = "config";
-  m.layers = c.model.layers;
-  m.hidden = c.model.dim;
-  m.heads = c.model.heads;
-  m.kv_heads = c.model.kv_heads;
-  m.ffn = c.model.ffn_dim;
-  m.vocab = c.model.vocab;
-  m.seq_len = c.train.seq;
-  m.tied_embeddings = c.model.tied_embeddings;
-  return m;
-}
-
 int run(const std::string& strategy_text, const std::string& cluster_path, const std::string& config_path,
         int steps) {
   track_cpu_memory();
   auto world_ptr = comm::init_distributed();
   comm::Group& world = *world_ptr->world_group();
   train::TrainConfig cfg = train::load_config(config_path);
-  plan::ModelDesc model = model_of(cfg);
+  plan::ModelDesc model = train::model_desc_of(cfg);
   plan::Strategy s = plan::parse_strategy(strategy_text);
   s.global_batch = cfg.train.batch;
   s.microbatches = 1;

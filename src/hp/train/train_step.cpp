@@ -46,12 +46,15 @@ Training build_training(const TrainConfig& cfg, const std::string& device) {
   else
     build_whole_model(t, cfg);
   t.params = t.model->parameters();
-  const optim::AdamWOptions adamw{.lr = cfg.train.lr, .weight_decay = cfg.train.weight_decay};
-  if (cfg.train.optimizer == "muon")
-    t.opt = std::make_unique<optim::ChainedOptimizer>(optim::get_hyper_optimizer(
-        *t.model, optim::MuonOptions{.lr = cfg.train.muon_lr, .weight_decay = cfg.train.weight_decay}, adamw));
-  else
+  optim::AdamWOptions adamw;
+  adamw.lr = cfg.train.lr, adamw.weight_decay = cfg.train.weight_decay;
+  if (cfg.train.optimizer == "muon") {
+    optim::MuonOptions muon;
+    muon.lr = cfg.train.muon_lr, muon.weight_decay = cfg.train.weight_decay;
+    t.opt = std::make_unique<optim::ChainedOptimizer>(optim::get_hyper_optimizer(*t.model, muon, adamw));
+  } else {
     t.opt = std::make_unique<optim::AdamW>(t.params, adamw);
+  }
   t.base_lr = t.opt->lr();
 
   t.rows = batch_placements(t.stage_mesh);
