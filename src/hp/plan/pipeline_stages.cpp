@@ -45,15 +45,4 @@ std::vector<StageContents> split_stages(const ModelDesc& m, int64_t pp, int64_t 
   return place_chunks(m, balance_stages(m, pp * vpp), pp, vpp, schedule);
 }
 
-double inflight_microbatches(const std::string& schedule, int64_t pp, int64_t m, int64_t v, int64_t stage) {
-  if (pp <= 1) return 1;
-  if (schedule == "gpipe") return static_cast<double>(m);
-  if (schedule == "1f1b" || schedule == "zb-h1") return static_cast<double>(std::min(m, pp - stage));
-  if (schedule == "interleaved-1f1b")
-    return static_cast<double>(std::min(m * v, 2 * (pp - stage - 1) + (v - 1) * pp + 1)) / static_cast<double>(v);
-  if (schedule == "zbv") return static_cast<double>(std::min(m, pp));
-  HP_FAIL() << "inflight_microbatches: unknown schedule '" << schedule << "'";
-  return 0;
-}
-
 }  // namespace hp::plan
