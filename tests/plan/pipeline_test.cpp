@@ -77,10 +77,12 @@ TEST(PipelineStages, InterleavedAndVPlacement) {
   EXPECT_EQ(inter[0].chunks, 2);
   EXPECT_TRUE(inter[0].embedding);
   EXPECT_TRUE(inter[1].head);  // chunk 3 -> rank 1
-  auto v = split_stages(m, 2, 2, "zbv");
-  EXPECT_TRUE(v[0].embedding);
-  EXPECT_TRUE(v[0].head);  // the V comes back to rank 0
-  EXPECT_FALSE(v[1].head);
+  for (const char* schedule : {"zbv", "dualpipev"}) {
+    auto v = split_stages(m, 2, 2, schedule);
+    EXPECT_TRUE(v[0].embedding);
+    EXPECT_TRUE(v[0].head) << schedule;  // the V comes back to rank 0
+    EXPECT_FALSE(v[1].head);
+  }
 }
 
 TEST(PipelineStages, MoeLayersCounted) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "hp/base/error.h"
+#include "hp/plan/strategy.h"
 
 namespace hp::plan {
 
@@ -29,7 +30,7 @@ std::vector<StageContents> place_chunks(const ModelDesc& m, const StageSplit& sp
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t n = split.layers[c];
     int64_t rank = c % pp;
-    if (schedule == "zbv" && vpp == 2) rank = c < pp ? c : 2 * pp - 1 - c;
+    if (uses_v_placement(schedule) && vpp == 2) rank = c < pp ? c : 2 * pp - 1 - c;
     StageContents& s = stages[rank];
     for (int64_t l = first[c]; l < first[c] + n; ++l) (m.layer_is_moe(l) ? s.moe_layers : s.dense_layers)++;
     s.chunks++;

@@ -21,7 +21,7 @@ struct StageContents {
 };
 
 // Places the pp*vpp chunks of `split` on pipeline ranks: chunk c goes to rank c % pp,
-// except zbv whose V places chunks c and 2p-1-c on rank c.
+// except zbv and dualpipev whose V places chunks c and 2p-1-c on rank c.
 std::vector<StageContents> place_chunks(const ModelDesc& m, const StageSplit& split, int64_t pp, int64_t vpp,
                                         const std::string& schedule);
 
