@@ -7,7 +7,7 @@
 #include "hp/plan/flops.h"
 #include "hp/plan/memory.h"
 #include "hp/plan/model_desc.h"
-#include "hp/plan/pipeline_bubble.h"
+#include "hp/plan/pipeline_profile.h"
 #include "hp/plan/pipeline_stages.h"
 #include "hp/plan/rank_correlation.h"
 #include "hp/plan/report.h"

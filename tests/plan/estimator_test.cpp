@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "hp/plan/estimator.h"
-#include "hp/plan/pipeline_bubble.h"
+#include "hp/plan/pipeline_profile.h"
 
 using namespace hp::plan;
 
@@ -61,14 +61,35 @@ TEST(Estimator, TpGroupStaysInTheServer) {
   EXPECT_GT(e.comm_bytes_per_level[1], 0);
 }
 
-TEST(Estimator, BubbleComesFromTheOneFunction) {
+TEST(Estimator, BubbleAndInflightComeFromTheSimulatedSchedule) {
   Estimate e = run("llama3-8b", "server-8", "dp=1,pp=8,mb=16,schedule=1f1b");
-  EXPECT_DOUBLE_EQ(e.bubble_fraction, pipeline_bubble_fraction("1f1b", 8, 16, 1));
+  EXPECT_DOUBLE_EQ(e.bubble_fraction, pipeline_bubble_fraction({"1f1b", 8, 16, 1}, 0));
   EXPECT_GT(e.time.bubble, 0);
   Estimate zb = run("llama3-8b", "server-8", "dp=1,pp=8,mb=16,schedule=zb-h1");
   EXPECT_LT(zb.time.bubble, e.time.bubble);
   Estimate gp = run("llama3-8b", "server-8", "dp=1,pp=8,mb=16,schedule=gpipe");
   EXPECT_GT(gp.memory.activations, e.memory.activations);  // all 16 microbatches alive
+  // Recompute enters as the share of extra forward work in I (and so B): full adds one forward.
+  Estimate full = run("llama3-8b", "server-8", "dp=1,pp=4,mb=8,schedule=zb-h1,recompute=full", 4);
+  EXPECT_DOUBLE_EQ(full.bubble_fraction, pipeline_bubble_fraction({"zb-h1", 4, 8, 1}, 1));
+  Estimate sel = run("llama3-8b", "server-8", "dp=1,pp=4,mb=8,schedule=zb-h1,recompute=selective", 4);
+  EXPECT_DOUBLE_EQ(sel.bubble_fraction,
+                   pipeline_bubble_fraction({"zb-h1", 4, 8, 1}, EstimatorOptions{}.selective_recompute_cost));
+  Estimate none = run("llama3-8b", "server-8", "dp=1,pp=4,mb=8,schedule=zb-h1,recompute=none", 4);
+  EXPECT_NEAR(none.bubble_fraction, 0.111, 5e-4);
+  // ZB-H1 keeps p microbatches alive on every rank: the last rank's activations are p
+  // times one microbatch's, as for rank 0 (1F1B's last rank keeps one).
+  const ModelDesc m = model_preset("llama3-8b");
+  Estimator est(m, load_cluster("server-8"));
+  for (const char* schedule : {"1f1b", "zb-h1"}) {
+    const Strategy s = resolve_strategy(parse_strategy(std::string("dp=1,pp=4,mb=8,schedule=") + schedule), m, 4);
+    const std::vector<StageContents> stages = split_stages(m, 4, 1, schedule);
+    const std::vector<double> inflight = inflight_microbatches({schedule, 4, 8, 1});
+    EXPECT_DOUBLE_EQ(stage_memory(m, s, stages[3], 3, inflight[3]).activations,
+                     inflight[3] * stage_memory(m, s, stages[3], 3, 1).activations)
+        << schedule;
+    EXPECT_EQ(inflight[3], std::string(schedule) == "zb-h1" ? 4 : 1);
+  }
 }
 
 TEST(Estimator, MoeUsesAllToAllOnEp) {

@@ -2,6 +2,7 @@
 
 #include "hp/base/error.h"
 #include "hp/plan/memory.h"
+#include "hp/plan/pipeline_profile.h"
 
 using namespace hp::plan;
 
@@ -25,7 +26,8 @@ TEST(Memory, StageMemoryByHand) {
   //   attention: 2*128*128/2 (q, o) + 2*128*64/2 (k, v) + 256 (norms) = 24832
   //   mlp: 3*128*384/2 = 73728; embedding 256*128/2 = 16384
   const double p0 = 2 * (24832 + 73728) + 16384;
-  MemoryBreakdown m0 = stage_memory(m, s, stages[0], 0);
+  const std::vector<double> inflight = inflight_microbatches({"1f1b", 2, 4, 1});  // 2 on rank 0, 1 on rank 1
+  MemoryBreakdown m0 = stage_memory(m, s, stages[0], 0, inflight[0]);
   EXPECT_DOUBLE_EQ(m0.params, 2 * p0);
   EXPECT_DOUBLE_EQ(m0.grads, 4 * p0);
   EXPECT_DOUBLE_EQ(m0.optimizer, 12 * p0);
@@ -35,7 +37,7 @@ TEST(Memory, StageMemoryByHand) {
   EXPECT_DOUBLE_EQ(m0.fsdp_buffers, 0);
 
   // Last stage: one microbatch in flight, head 256*128/2 + final norm 128, logits 6 B per entry.
-  MemoryBreakdown m1 = stage_memory(m, s, stages[1], 1);
+  MemoryBreakdown m1 = stage_memory(m, s, stages[1], 1, inflight[1]);
   const double p1 = 2 * (24832 + 73728) + 16384 + 128;
   EXPECT_DOUBLE_EQ(m1.params, 2 * p1);
   EXPECT_DOUBLE_EQ(m1.activations, 256 * 2 * 4112 / 2.0);
@@ -47,7 +49,7 @@ TEST(Memory, FsdpShardsStatesAndAddsUnitBuffers) {
   Strategy plain = resolve_strategy(parse_strategy("dp=4"), m, 4);
   Strategy sharded = resolve_strategy(parse_strategy("dp=4,fsdp=1"), m, 4);
   auto st = split_stages(m, 1, 1, "1f1b");
-  MemoryBreakdown a = stage_memory(m, plain, st[0], 0), b = stage_memory(m, sharded, st[0], 0);
+  MemoryBreakdown a = stage_memory(m, plain, st[0], 0, 1), b = stage_memory(m, sharded, st[0], 0, 1);
   EXPECT_DOUBLE_EQ(b.params * 4, a.params);
   EXPECT_DOUBLE_EQ(b.optimizer * 4, a.optimizer);
   // Largest unit is a layer (196864 params): two gathered bf16 copies and one fp32 gradient.
@@ -83,11 +85,11 @@ TEST(Memory, Fp32EagerNumericsCountBytesAndBuckets) {
   auto st = split_stages(m, 1, 1, "1f1b");
   const Numerics n = numerics_preset("fp32-eager");
   Strategy ddp = resolve_strategy(parse_strategy("dp=2"), m, 2);
-  MemoryBreakdown b = stage_memory(m, ddp, st[0], 0, n);
+  MemoryBreakdown b = stage_memory(m, ddp, st[0], 0, 1, n);
   EXPECT_DOUBLE_EQ(b.params, b.grads);
   EXPECT_DOUBLE_EQ(b.optimizer, 2 * b.params);  // m and v, no master copy
   EXPECT_DOUBLE_EQ(b.ddp_buckets, b.grads);
   Strategy single = resolve_strategy(parse_strategy("dp=1"), m, 1);
-  EXPECT_DOUBLE_EQ(stage_memory(m, single, st[0], 0, n).ddp_buckets, 0);
+  EXPECT_DOUBLE_EQ(stage_memory(m, single, st[0], 0, 1, n).ddp_buckets, 0);
   EXPECT_THROW(numerics_preset("fp8"), hp::Error);
 }

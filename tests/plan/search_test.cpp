@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include <iostream>
+#include <string>
 
 #include "hp/base/error.h"
 #include "hp/plan/search.h"
@@ -41,6 +42,19 @@ TEST(Search, EightBillionOnOneServer) {
   ASSERT_FALSE(r.best.empty());
   EXPECT_LT(r.fitting, r.candidates);  // some do not fit
   expect_valid_sorted_fitting(r, est.model(), 8, est.usable_memory());
+}
+
+TEST(Search, TriesEverySchedule) {
+  Estimator est(model_preset("tiny"), load_cluster("server-8"));
+  for (const std::string& schedule : schedule_names()) {
+    SearchOptions o;
+    o.global_batch = 64;
+    o.top = 1000;
+    o.schedules = {schedule};
+    bool pipelined = false;
+    for (const Estimate& e : search(est, o).best) pipelined |= e.strategy.pp > 1 && e.strategy.schedule == schedule;
+    EXPECT_TRUE(pipelined) << schedule;
+  }
 }
 
 TEST(Search, NothingFitsIsAnEmptyAnswer) {

@@ -45,6 +45,7 @@ TEST(Strategy, ParsesEveryKey) {
   EXPECT_EQ(i.micro_batch, 2);
   EXPECT_EQ(i.global_batch, 64);
   EXPECT_EQ(parse_strategy("pp=4,schedule=interleaved-1f1b,vpp=4").virtual_stages, 4);
+  EXPECT_EQ(parse_strategy("pp=4,schedule=dualpipev").virtual_stages, 2);  // the V
 }
 
 TEST(Strategy, ParseErrorsNameTheKeyOrValue) {
@@ -67,6 +68,7 @@ TEST(Strategy, ValidityChecksSayExpectedAndFound) {
   EXPECT_TRUE(mentions(resolve_error("dp=1,pp=4,mb=6,schedule=interleaved-1f1b,vpp=2", "llama3-8b", 4),
                        "mb % pp"));
   EXPECT_TRUE(mentions(resolve_error("dp=1,pp=4,schedule=zbv,vpp=3", "llama3-8b", 4), "vpp == 2"));
+  EXPECT_TRUE(mentions(resolve_error("dp=1,pp=4,mb=6,schedule=dualpipev", "llama3-8b", 4), "mb >= 2*pp"));
   EXPECT_TRUE(mentions(resolve_error("dp=1,pp=2,vpp=2", "llama3-8b", 2), "1f1b expects vpp == 1"));
   EXPECT_TRUE(mentions(resolve_error("dp=3,gbs=64", "tiny", 3), "gbs % (dp*ep)"));
   EXPECT_TRUE(mentions(resolve_error("cp=3", "tiny", 3), "seq_len % cp"));

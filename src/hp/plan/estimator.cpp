@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "hp/base/error.h"
-#include "hp/plan/pipeline_bubble.h"
 #include "hp/plan/pipeline_stages.h"
 #include "hp/plan/rank_groups.h"
 
@@ -17,6 +16,21 @@ struct StageTime {
   double dp = 0;                                                        // per step, exposed
   double per_microbatch() const { return compute + tp + cp + ep + fsdp; }
 };
+
+PipelineShape pipeline_shape(const Strategy& s) {
+  PipelineShape p;
+  p.schedule = s.schedule;
+  p.pp = s.pp;
+  p.microbatches = s.microbatches;
+  p.vpp = s.virtual_stages;
+  return p;
+}
+
+// Extra forward work per forward of the layers (pipeline_profile.h's r).
+double recompute_share(Recompute r, const EstimatorOptions& o) {
+  if (r == Recompute::Full) return 1;
+  return r == Recompute::Selective ? o.selective_recompute_cost : 0;
+}
 
 void add_item(std::vector<CommItem>& items, const char* name, Collective kind, GroupKind g, RankGroups& groups,
               double bytes, double calls, double exposed_share, size_t levels) {
@@ -73,9 +87,10 @@ MemoryBreakdown Estimator::memory(const Strategy& s) const {
   HP_CHECK(s.dp > 0 && s.micro_batch > 0 && s.microbatches > 0)
       << "Estimator: strategy " << to_string(s) << " is not resolved; call resolve_strategy first";
   auto stages = stages_for(s);
+  const std::vector<double>& inflight = pipelines_.inflight(pipeline_shape(s));
   MemoryBreakdown worst;
   for (int64_t i = 0; i < s.pp; ++i) {
-    MemoryBreakdown mem = stage_memory(model_, s, stages[i], i, options_.numerics);
+    MemoryBreakdown mem = stage_memory(model_, s, stages[i], i, inflight[i], options_.numerics);
     if (i == 0 || mem.total() > worst.total()) worst = mem;
   }
   return worst;
@@ -126,7 +141,7 @@ Estimate Estimator::estimate(const Strategy& s) {
     StageTime r;
     double fwd = st.dense_layers * layer_forward_flops_per_token(m, false) +
                  st.moe_layers * layer_forward_flops_per_token(m, true);
-    double extra = full ? fwd : s.recompute == Recompute::Selective ? fwd * options_.selective_recompute_cost : 0;
+    const double extra = fwd * recompute_share(s.recompute, options_);
     if (st.head) fwd += head_forward_flops_per_token(m);
     const double scale = tokens / t / rate;
     r.compute = (3 * fwd + extra) * scale;
@@ -172,7 +187,7 @@ Estimate Estimator::estimate(const Strategy& s) {
   }
   const StageTime& st = times[slow];
   e.slowest_stage = static_cast<int64_t>(slow);
-  e.bubble_fraction = pipeline_bubble_fraction(s.schedule, int(s.pp), int(s.microbatches), int(s.virtual_stages));
+  e.bubble_fraction = pipelines_.bubble_fraction(pipeline_shape(s), recompute_share(s.recompute, options_));
   const double busy = mb * st.per_microbatch();
   const double pipeline = busy / (1 - e.bubble_fraction);
   double pp_send = 0;

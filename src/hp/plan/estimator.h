@@ -3,7 +3,9 @@
 //
 // Step time = m * (slowest stage's per-microbatch time) / (1 - bubble fraction)
 //           + exposed pipeline sends + exposed data-parallel communication, where a
-// stage's per-microbatch time = compute + tp + ep + exposed cp communication.
+// stage's per-microbatch time = compute + tp + ep + exposed cp communication. The bubble
+// fraction and each rank's peak of in-flight activations come from simulating the
+// strategy's schedule (pipeline_profile.h, which says how the costs map).
 // Compute = FLOPs / (device peak * compute_efficiency); FLOPs = 3 forward passes
 // (6 * active matmul params per token + causal attention 6 * seq * q_dim per layer),
 // one more forward of the layers under full recompute (the 4/3), a small share more
@@ -25,6 +27,7 @@
 #include "hp/plan/flops.h"
 #include "hp/plan/memory.h"
 #include "hp/plan/model_desc.h"
+#include "hp/plan/pipeline_profile.h"
 #include "hp/plan/pipeline_stages.h"
 #include "hp/plan/stage_split.h"
 #include "hp/plan/strategy.h"
@@ -82,8 +85,8 @@ class RankGroups;
 class CostCache;
 
 // Reuses rank groups and collective costs while consecutive strategies keep the same
-// mesh dims, and each chunk count's stage split, which is what makes a search over
-// many strategies cheap.
+// mesh dims, each chunk count's stage split and each schedule shape's simulation, which
+// is what makes a search over many strategies cheap.
 class Estimator {
  public:
   Estimator(ModelDesc model, ClusterSpec cluster, EstimatorOptions options = {});
@@ -108,6 +111,7 @@ class Estimator {
   std::unique_ptr<RankGroups> groups_;
   std::vector<int64_t> groups_dims_;
   mutable std::map<int64_t, StageSplit> splits_;  // by chunk count (pp * virtual stages)
+  mutable PipelineProfiles pipelines_;
 };
 
 // Resolves `s` for the cluster's devices (or `devices` when > 0) and estimates it.

@@ -81,7 +81,7 @@ StageParams stage_params(const ModelDesc& m, const Strategy& s, const StageConte
 }
 
 MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageContents& st, int64_t index,
-                             const Numerics& n) {
+                             double inflight, const Numerics& n) {
   MemoryBreakdown mem;
   mem.stage = index;
   const StageParams p = stage_params(m, s, st);
@@ -110,7 +110,6 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     if (st.moe_layers) per_mb += st.moe_layers * layer_activation_bytes_per_token(m, true, s.recompute);
     per_mb *= tokens / t;
   }
-  const double inflight = inflight_microbatches(s.schedule, s.pp, s.microbatches, s.virtual_stages, index);
   mem.activations = inflight * per_mb;
   if (s.recompute == Recompute::Full && st.layers() > 0 && n.eager) {
     mem.activations += tokens * eager_layer_activation_elements(m, s.tp) * n.activation_bytes;

@@ -62,8 +62,10 @@ struct MemoryBreakdown {
   double total() const { return params + grads + optimizer + activations + logits + fsdp_buffers + ddp_buckets; }
 };
 
-// Memory of pipeline rank `index` (holding `stage`) under resolved strategy `s`.
+// Memory of pipeline rank `index` (holding `stage`) under resolved strategy `s`, which
+// keeps `inflight` microbatches of activations through its layers at its peak
+// (inflight_microbatches, pipeline_profile.h).
 MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageContents& stage, int64_t index,
-                             const Numerics& n = {});
+                             double inflight, const Numerics& n = {});
 
 }  // namespace hp::plan

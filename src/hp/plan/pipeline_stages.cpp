@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "hp/base/error.h"
+#include "hp/plan/strategy.h"
 
 namespace hp::plan {
 
@@ -29,7 +30,7 @@ std::vector<StageContents> place_chunks(const ModelDesc& m, const StageSplit& sp
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t n = split.layers[c];
     int64_t rank = c % pp;
-    if (schedule == "zbv" && vpp == 2) rank = c < pp ? c : 2 * pp - 1 - c;
+    if (uses_v_placement(schedule) && vpp == 2) rank = c < pp ? c : 2 * pp - 1 - c;
     StageContents& s = stages[rank];
     for (int64_t l = first[c]; l < first[c] + n; ++l) (m.layer_is_moe(l) ? s.moe_layers : s.dense_layers)++;
     s.chunks++;
@@ -43,17 +44,6 @@ std::vector<StageContents> place_chunks(const ModelDesc& m, const StageSplit& sp
 std::vector<StageContents> split_stages(const ModelDesc& m, int64_t pp, int64_t vpp, const std::string& schedule) {
   check_chunk_count(m, pp, vpp);
   return place_chunks(m, balance_stages(m, pp * vpp), pp, vpp, schedule);
-}
-
-double inflight_microbatches(const std::string& schedule, int64_t pp, int64_t m, int64_t v, int64_t stage) {
-  if (pp <= 1) return 1;
-  if (schedule == "gpipe") return static_cast<double>(m);
-  if (schedule == "1f1b" || schedule == "zb-h1") return static_cast<double>(std::min(m, pp - stage));
-  if (schedule == "interleaved-1f1b")
-    return static_cast<double>(std::min(m * v, 2 * (pp - stage - 1) + (v - 1) * pp + 1)) / static_cast<double>(v);
-  if (schedule == "zbv") return static_cast<double>(std::min(m, pp));
-  HP_FAIL() << "inflight_microbatches: unknown schedule '" << schedule << "'";
-  return 0;
 }
 
 }  // namespace hp::plan

@@ -1,6 +1,4 @@
-// Which layers each pipeline rank holds, and how many microbatches of activations it
-// keeps alive at its peak under a schedule. Like the bubble, the in-flight count is a
-// closed form that a schedule simulator can replace.
+// Which layers each pipeline rank holds.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +21,7 @@ struct StageContents {
 };
 
 // Places the pp*vpp chunks of `split` on pipeline ranks: chunk c goes to rank c % pp,
-// except zbv whose V places chunks c and 2p-1-c on rank c.
+// except zbv and dualpipev whose V places chunks c and 2p-1-c on rank c.
 std::vector<StageContents> place_chunks(const ModelDesc& m, const StageSplit& split, int64_t pp, int64_t vpp,
                                         const std::string& schedule);
 
@@ -31,15 +29,5 @@ std::vector<StageContents> place_chunks(const ModelDesc& m, const StageSplit& sp
 // stage_split.h: the last chunk also runs the head, so it tends to hold fewer layers)
 // and places them.
 std::vector<StageContents> split_stages(const ModelDesc& m, int64_t pp, int64_t vpp, const std::string& schedule);
-
-// Peak live activations on pipeline rank `stage`, in units of "one microbatch through
-// all of this rank's layers":
-//   pp == 1            1
-//   gpipe              m
-//   1f1b, zb-h1        min(m, p - stage)
-//   interleaved-1f1b   min(m*v, 2(p-stage-1) + (v-1)p + 1) / v  (warm-up chunks + 1)
-//   zbv                min(m, p)          (the V keeps every rank at 1F1B's first-rank peak)
-double inflight_microbatches(const std::string& schedule, int64_t pp, int64_t microbatches, int64_t vpp,
-                             int64_t stage);
 
 }  // namespace hp::plan

@@ -167,7 +167,7 @@ std::string format_plan(const SearchResult& r, const ModelDesc& m, const Cluster
   int i = 1;
   for (const auto& e : r.best) {
     const Strategy& s = e.strategy;
-    std::string sched = s.pp == 1 ? "-" : s.virtual_stages > 1 && s.schedule != "zbv"
+    std::string sched = s.pp == 1 ? "-" : s.virtual_stages > 1 && !uses_v_placement(s.schedule)
                                              ? fmt::format("{} v{}", s.schedule, s.virtual_stages)
                                              : s.schedule;
     out += fmt::format("{:>3}  {:<4} {:<4} {:<4} {:<4} {:<4} {:<4} {:>5} {:>4} {:<16} {:<9} {:>9.4g} {:>9.1f} "

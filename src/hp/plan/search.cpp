@@ -77,7 +77,7 @@ SearchResult search(Estimator& est, const SearchOptions& o) {
               if (sch == "interleaved-1f1b") {
                 for (int64_t v : o.interleave)
                   if (pp * v <= m.layers) variants.push_back({sch, v});
-              } else if (sch == "zbv") {
+              } else if (uses_v_placement(sch)) {
                 if (pp * 2 <= m.layers) variants.push_back({sch, 2});
               } else {
                 variants.push_back({sch, 1});
@@ -91,7 +91,7 @@ SearchResult search(Estimator& est, const SearchOptions& o) {
                 const int64_t mb = per_replica / mbs;
                 if (pp > 1 && var.schedule == "interleaved-1f1b" && mb % pp) continue;
                 if (pp > 1 && var.schedule == "zb-h1" && mb < pp) continue;
-                if (pp > 1 && var.schedule == "zbv" && mb < 2 * pp) continue;
+                if (pp > 1 && uses_v_placement(var.schedule) && mb < 2 * pp) continue;
                 for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
                   Strategy s = base;
                   s.fsdp = fsdp;

@@ -18,7 +18,11 @@ const char* to_string(Recompute r) {
   return "?";
 }
 
-std::vector<std::string> schedule_names() { return {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv"}; }
+std::vector<std::string> schedule_names() {
+  return {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"};
+}
+
+bool uses_v_placement(const std::string& schedule) { return schedule == "zbv" || schedule == "dualpipev"; }
 
 namespace {
 
@@ -88,7 +92,7 @@ Strategy parse_strategy(const std::string& text) {
   }
   // Interleaving needs at least two chunks; say so only if the user did not choose.
   if (s.schedule == "interleaved-1f1b" && !seen.count("vpp")) s.virtual_stages = 2;
-  if (s.schedule == "zbv" && !seen.count("vpp")) s.virtual_stages = 2;
+  if (uses_v_placement(s.schedule) && !seen.count("vpp")) s.virtual_stages = 2;
   return s;
 }
 
@@ -130,8 +134,8 @@ Strategy resolve_strategy(Strategy s, const ModelDesc& m, int64_t devices) {
     HP_CHECK(s.virtual_stages == 1) << where << "expected vpp == 1 without pipelining, found " << s.virtual_stages;
   } else if (s.schedule == "interleaved-1f1b") {
     HP_CHECK(s.virtual_stages >= 2) << where << "interleaved-1f1b expects vpp >= 2, found " << s.virtual_stages;
-  } else if (s.schedule == "zbv") {
-    HP_CHECK(s.virtual_stages == 2) << where << "zbv expects vpp == 2, found " << s.virtual_stages;
+  } else if (uses_v_placement(s.schedule)) {
+    HP_CHECK(s.virtual_stages == 2) << where << s.schedule << " expects vpp == 2, found " << s.virtual_stages;
   } else {
     HP_CHECK(s.virtual_stages == 1) << where << s.schedule << " expects vpp == 1, found " << s.virtual_stages;
   }
@@ -158,7 +162,7 @@ Strategy resolve_strategy(Strategy s, const ModelDesc& m, int64_t devices) {
         << s.microbatches;
   } else {
     if (s.micro_batch == 0) s.micro_batch = 1;
-    if (s.microbatches == 0) s.microbatches = s.pp * (s.schedule == "zbv" ? 2 : 1);
+    if (s.microbatches == 0) s.microbatches = s.pp * (uses_v_placement(s.schedule) ? 2 : 1);
     s.global_batch = s.micro_batch * s.microbatches * replicas;
   }
   if (s.pp > 1) {
@@ -168,9 +172,9 @@ Strategy resolve_strategy(Strategy s, const ModelDesc& m, int64_t devices) {
     } else if (s.schedule == "zb-h1") {
       HP_CHECK(s.microbatches >= s.pp) << where << "zb-h1 expects mb >= pp, found mb " << s.microbatches
                                        << ", pp " << s.pp;
-    } else if (s.schedule == "zbv") {
-      HP_CHECK(s.microbatches >= 2 * s.pp) << where << "zbv expects mb >= 2*pp, found mb " << s.microbatches
-                                           << ", pp " << s.pp;
+    } else if (uses_v_placement(s.schedule)) {
+      HP_CHECK(s.microbatches >= 2 * s.pp) << where << s.schedule << " expects mb >= 2*pp, found mb "
+                                           << s.microbatches << ", pp " << s.pp;
     }
   }
   return s;

@@ -27,7 +27,7 @@ struct Strategy {
   int64_t microbatches = 0;  // per step per pipeline; 0: derived
   int64_t micro_batch = 0;   // sequences per microbatch; 0: derived
   int64_t global_batch = 0;  // sequences per step; 0: derived
-  std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv
+  std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv, dualpipev
   int64_t virtual_stages = 1;     // model chunks per pipeline rank
   Recompute recompute = Recompute::None;
 
@@ -36,6 +36,8 @@ struct Strategy {
 };
 
 std::vector<std::string> schedule_names();
+// zbv and dualpipev: two chunks per rank on the V, chunks c and 2p-1-c on rank c.
+bool uses_v_placement(const std::string& schedule);
 
 // Parses "key=value,..."; keys: dp tp pp cp ep fsdp mb mbs gbs schedule vpp recompute.
 // Errors name the bad key or value.

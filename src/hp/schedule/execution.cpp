@@ -1,21 +1,14 @@
 #include "hp/schedule/execution.h"
 
 #include <algorithm>
-#include <map>
 #include <sstream>
-#include <tuple>
 
 namespace hp::schedule::detail {
 
 namespace {
 
-// A message is named by its send: (sender rank, type, stage, microbatch).
-using MsgKey = std::tuple<int, int, int, int>;
-MsgKey key_of_send(const Action& send, int rank) {
-  return {rank, static_cast<int>(send.type), send.stage, send.microbatch};
-}
-
 struct Message {
+  bool posted = false;
   double post = 0;
   int index = 0;  // position among the messages sent on its (src, dst) channel
   bool received = false;
@@ -28,34 +21,45 @@ Execution execute(const Schedule& s, const CostModel& costs) {
   const int p = s.num_ranks;
   Execution ex;
   ex.timeline.assign(p, {});
+  for (int r = 0; r < p; ++r) ex.timeline[r].reserve(s.actions[r].size());
   ex.stopped_at.assign(p, 0);
   std::vector<double> clock(p, 0.0);
-  std::map<MsgKey, Message> messages;
-  std::map<std::pair<int, int>, std::vector<MsgKey>> channels;  // (src, dst) -> messages in post order
+  // A message is named by its send: (type, stage, microbatch); the stage fixes the
+  // sender. Flat tables keep a long schedule's simulation linear in its length.
+  const size_t per_type = static_cast<size_t>(s.num_stages) * s.num_microbatches;
+  std::vector<Message> messages(2 * per_type);
+  auto message_of_send = [&](const Action& send) -> Message& {
+    const size_t type = send.type == ActionType::SEND_F ? 0 : 1;
+    const size_t stage_mb = static_cast<size_t>(send.stage) * s.num_microbatches + send.microbatch;
+    return messages[type * per_type + stage_mb];
+  };
+  // Per (src, dst) channel, its messages in post order.
+  std::vector<std::vector<const Message*>> channels(static_cast<size_t>(p) * p);
 
   // Runs the action at the head of rank r if it can; false when it must wait.
   auto step = [&](int r) -> bool {
     const Action& a = s.actions[r][ex.stopped_at[r]];
     double end = clock[r];
     if (is_send(a.type)) {
-      const MsgKey key = key_of_send(a, r);
-      auto& channel = channels[{r, a.peer}];
-      auto it = messages.find(key);
-      if (it == messages.end()) {  // post once; the rank may then wait on it
-        it = messages.emplace(key, Message{clock[r], static_cast<int>(channel.size())}).first;
-        channel.push_back(key);
+      Message& msg = message_of_send(a);
+      auto& channel = channels[static_cast<size_t>(r) * p + a.peer];
+      if (!msg.posted) {  // post once; the rank may then wait on it
+        msg.posted = true;
+        msg.post = clock[r];
+        msg.index = static_cast<int>(channel.size());
+        channel.push_back(&msg);
       }
       const int cap = costs.send_capacity;
       if (cap == 0) {
-        if (!it->second.received) return false;
-        end = std::max(end, it->second.received_at);
+        if (!msg.received) return false;
+        end = std::max(end, msg.received_at);
       } else if (cap > 0) {
         // Free once at most cap-1 earlier messages to this peer are unreceived.
-        const int need = it->second.index - cap + 1;
+        const int need = msg.index - cap + 1;
         if (need > 0) {
           std::vector<double> times;
-          for (int k = 0; k < it->second.index; ++k) {
-            const Message& m = messages[channel[k]];
+          for (int k = 0; k < msg.index; ++k) {
+            const Message& m = *channel[k];
             if (m.received) times.push_back(m.received_at);
           }
           if (static_cast<int>(times.size()) < need) return false;
@@ -64,11 +68,11 @@ Execution execute(const Schedule& s, const CostModel& costs) {
         }
       }
     } else if (is_recv(a.type)) {
-      auto it = messages.find(key_of_send(matching_comm(a, r), a.peer));
-      if (it == messages.end()) return false;
-      end = std::max(end, it->second.post + costs.latency);
-      it->second.received = true;
-      it->second.received_at = end;
+      Message& msg = message_of_send(matching_comm(a, r));
+      if (!msg.posted) return false;
+      end = std::max(end, msg.post + costs.latency);
+      msg.received = true;
+      msg.received_at = end;
     } else {
       end += costs.cost(a);
     }

@@ -1,7 +1,7 @@
 #include "hp/schedule/validate.h"
 
-#include <map>
-#include <tuple>
+#include <string>
+#include <vector>
 
 #include "hp/base/error.h"
 #include "hp/schedule/execution.h"
@@ -56,18 +56,25 @@ void check_action(const Schedule& s, int r, int pos, const Action& a) {
 
 void validate(const Schedule& s, int send_capacity) {
   check_shape(s);
-  // Where each action sits: (rank, type, stage, mb) -> position on that rank.
-  using Key = std::tuple<int, int, int, int>;
-  std::map<Key, int> at;
-  auto key = [](int r, ActionType t, int st, int mb) {
-    return Key{r, static_cast<int>(t), st, mb};
+  // Where each action sits on its rank, by (type, stage, mb); -1 where absent. A flat
+  // table keeps checking a long schedule linear in its length.
+  const size_t per_type = static_cast<size_t>(s.num_stages) * s.num_microbatches;
+  std::vector<int> at((static_cast<size_t>(ActionType::RESHARD) + 1) * per_type, -1);
+  auto slot = [&](ActionType t, int st, int mb) -> int& {
+    const size_t stage_mb = static_cast<size_t>(st) * s.num_microbatches + mb;
+    return at[static_cast<size_t>(t) * per_type + stage_mb];
+  };
+  // Position of an action on rank r; -1 when absent or when its stage lives elsewhere.
+  auto find = [&](int r, ActionType t, int st, int mb) {
+    return s.rank_of(st) == r ? slot(t, st, mb) : -1;
   };
   for (int r = 0; r < s.num_ranks; ++r) {
     for (int pos = 0; pos < static_cast<int>(s.actions[r].size()); ++pos) {
       const Action& a = s.actions[r][pos];
       check_action(s, r, pos, a);
-      auto [it, fresh] = at.emplace(key(r, a.type, a.stage, a.microbatch), pos);
-      HP_CHECK(fresh) << where(r, pos, a) << ": duplicate of position " << it->second;
+      int& seen = slot(a.type, a.stage, a.microbatch);
+      HP_CHECK(seen < 0) << where(r, pos, a) << ": duplicate of position " << seen;
+      seen = pos;
     }
   }
 
@@ -75,24 +82,23 @@ void validate(const Schedule& s, int send_capacity) {
   for (int st = 0; st < s.num_stages; ++st) {
     const int r = s.rank_of(st);
     for (int mb = 0; mb < s.num_microbatches; ++mb) {
-      auto has = [&](ActionType t) { return at.count(key(r, t, st, mb)) > 0; };
-      const std::string what = "stage " + std::to_string(st) + " microbatch " +
-                               std::to_string(mb) + " on rank " + std::to_string(r);
-      HP_CHECK(has(ActionType::F)) << what << ": no F";
+      auto has = [&](ActionType t) { return slot(t, st, mb) >= 0; };
+      auto what = [&] {
+        return "stage " + std::to_string(st) + " microbatch " + std::to_string(mb) + " on rank " +
+               std::to_string(r);
+      };
+      HP_CHECK(has(ActionType::F)) << what() << ": no F";
       HP_CHECK(has(ActionType::B) != has(ActionType::I))
-          << what << (has(ActionType::B) ? ": both B and I" : ": no B (or I + W)");
+          << what() << (has(ActionType::B) ? ": both B and I" : ": no B (or I + W)");
       HP_CHECK(has(ActionType::I) == has(ActionType::W))
-          << what << (has(ActionType::I) ? ": I without W" : ": W without I");
+          << what() << (has(ActionType::I) ? ": I without W" : ": W without I");
     }
   }
 
   // Every transfer has its partner, and every local order holds.
   const int last = s.num_stages - 1;
   for (int r = 0; r < s.num_ranks; ++r) {
-    auto pos_of = [&](ActionType t, int st, int mb) {
-      auto it = at.find(key(r, t, st, mb));
-      return it == at.end() ? -1 : it->second;
-    };
+    auto pos_of = [&](ActionType t, int st, int mb) { return find(r, t, st, mb); };
     // Whichever of B or I this stage and microbatch uses.
     auto backward_pos = [&](int st, int mb) {
       const int b = pos_of(ActionType::B, st, mb);
@@ -101,47 +107,54 @@ void validate(const Schedule& s, int send_capacity) {
     for (int pos = 0; pos < static_cast<int>(s.actions[r].size()); ++pos) {
       const Action& a = s.actions[r][pos];
       const int st = a.stage, mb = a.microbatch;
-      auto before = [&](int p, const std::string& need) {
-        HP_CHECK(p >= 0 && p < pos) << where(r, pos, a) << ": needs " << need << " on rank " << r
+      // `need` names the missing action; it is only spelled out on failure.
+      auto before = [&](int p, auto need) {
+        HP_CHECK(p >= 0 && p < pos) << where(r, pos, a) << ": needs " << need() << " on rank " << r
                                     << (p < 0 ? " before it, found none" : " before it, found it at position " + std::to_string(p));
+      };
+      auto action = [](ActionType t, int stage, int m, int peer = -1) {
+        return [=] { return to_string(Action{t, stage, m, peer}); };
+      };
+      auto backward_of = [](int stage, int m) {
+        return [=] {
+          return "the backward (B or I) of stage " + std::to_string(stage) + " microbatch " +
+                 std::to_string(m);
+        };
       };
       if (is_comm(a.type)) {
         const Action partner = matching_comm(a, r);
-        HP_CHECK(at.count(key(a.peer, partner.type, partner.stage, partner.microbatch)))
+        HP_CHECK(find(a.peer, partner.type, partner.stage, partner.microbatch) >= 0)
             << where(r, pos, a) << ": no matching " << to_string(partner) << " on rank " << a.peer;
       }
       switch (a.type) {
         case ActionType::F:
           if (st > 0) {
             if (s.rank_of(st - 1) == r)
-              before(pos_of(ActionType::F, st - 1, mb), to_string(compute(ActionType::F, st - 1, mb)));
+              before(pos_of(ActionType::F, st - 1, mb), action(ActionType::F, st - 1, mb));
             else
               before(pos_of(ActionType::RECV_F, st, mb),
-                     to_string(Action{ActionType::RECV_F, st, mb, s.rank_of(st - 1)}));
+                     action(ActionType::RECV_F, st, mb, s.rank_of(st - 1)));
           }
           break;
         case ActionType::B:
         case ActionType::I:
-          before(pos_of(ActionType::F, st, mb), to_string(compute(ActionType::F, st, mb)));
+          before(pos_of(ActionType::F, st, mb), action(ActionType::F, st, mb));
           if (st < last) {
             if (s.rank_of(st + 1) == r)
-              before(backward_pos(st + 1, mb), "the backward (B or I) of stage " +
-                                                   std::to_string(st + 1) + " microbatch " +
-                                                   std::to_string(mb));
+              before(backward_pos(st + 1, mb), backward_of(st + 1, mb));
             else
               before(pos_of(ActionType::RECV_B, st, mb),
-                     to_string(Action{ActionType::RECV_B, st, mb, s.rank_of(st + 1)}));
+                     action(ActionType::RECV_B, st, mb, s.rank_of(st + 1)));
           }
           break;
         case ActionType::W:
-          before(pos_of(ActionType::I, st, mb), to_string(compute(ActionType::I, st, mb)));
+          before(pos_of(ActionType::I, st, mb), action(ActionType::I, st, mb));
           break;
         case ActionType::SEND_F:
-          before(pos_of(ActionType::F, st, mb), to_string(compute(ActionType::F, st, mb)));
+          before(pos_of(ActionType::F, st, mb), action(ActionType::F, st, mb));
           break;
         case ActionType::SEND_B:
-          before(backward_pos(st, mb), "the backward (B or I) of stage " + std::to_string(st) +
-                                           " microbatch " + std::to_string(mb));
+          before(backward_pos(st, mb), backward_of(st, mb));
           break;
         default:
           break;
