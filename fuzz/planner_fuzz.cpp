@@ -1,5 +1,7 @@
 // The planner: any two layouts of one tensor have a plan; its steps chain from one layout
-// to the other, one mesh dim at a time, and it never costs more than the per-mesh-dim plan.
+// to the other, each changing one mesh dim or one flattened group of them, and it never
+// costs more than the per-mesh-dim plan.
+#include <algorithm>
 #include <cstdlib>
 
 #include "fuzz/fuzz_input.h"
@@ -17,8 +19,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   hp::ShardSpec cur = a;
   for (const auto& s : p.steps) {
     if (s.from != cur) std::abort();
-    for (int d = 0; d < mesh.ndim(); ++d)
-      if ((d == s.mesh_dim) == (s.from.placement(d) == s.to.placement(d))) std::abort();
+    const bool flattened = s.kind == hp::StepKind::FlattenedAllToAll;
+    for (int d = 0; d < mesh.ndim(); ++d) {
+      const bool stepped = flattened ? std::count(s.mesh_dims.begin(), s.mesh_dims.end(), d) > 0 : d == s.mesh_dim;
+      const bool same = s.from.placement(d) == s.to.placement(d);
+      if (flattened ? !stepped && !same : stepped == same) std::abort();
+    }
+    if (flattened && s.from.placements() == s.to.placements()) std::abort();
     for (int r : mesh.ranks())
       for (int64_t x : s.to.local_shape_of_rank(r))
         if (x < 0) std::abort();

@@ -198,7 +198,68 @@ inline ::testing::AssertionResult matches(const Locals& locals, const Arr& globa
   return ::testing::AssertionSuccess();
 }
 
-inline void apply(const hp::RedistributeStep& s, Locals& locals) {
+// A flattened all-to-all by its meaning alone: every rank of each group along the step's
+// mesh dims ends with its piece of `to`, each element copied from any member that holds it
+// or, where `from` is Partial on those dims, reduced over one holder of each term. False
+// when some element or term is held by no member (the data would have to leave the group).
+inline bool apply_flattened(const hp::RedistributeStep& s, Locals& locals) {
+  const hp::MeshShape& m = s.from.mesh();
+  // The term a member holds: its coordinates on the step's partial dims.
+  auto term = [&](const Shape& c) {
+    int64_t q = 0;
+    for (int d : s.mesh_dims)
+      if (s.from.placement(d).is_partial()) q = q * m.dim_size(d) + c[d];
+    return q;
+  };
+  int64_t terms = 1;
+  hp::ReduceOp kind = hp::ReduceOp::Sum;
+  double avg = 1;
+  for (int d : s.mesh_dims) {
+    const hp::Placement& p = s.from.placement(d);
+    if (!p.is_partial()) continue;
+    terms *= m.dim_size(d);
+    if (p.op() == hp::ReduceOp::Avg) avg *= static_cast<double>(m.dim_size(d));
+    if (p.op() == hp::ReduceOp::Max || p.op() == hp::ReduceOp::Min) kind = p.op();
+  }
+  Locals next = locals;
+  for (const auto& g : m.groups_along(s.mesh_dims)) {
+    for (int dst : g) {
+      const Shape c = m.coord_of(dst), off = s.to.global_offset(c);
+      Arr& out = next[pos_of(m, dst)];
+      out = zeros(s.to.local_shape(c));
+      bool found_all = true;
+      for_each_index(out.shape, [&](const Shape& i) {
+        std::vector<Arr> values(terms);
+        std::vector<bool> found(terms, false);
+        for (int src : g) {
+          const Shape cs = m.coord_of(src), so = s.from.global_offset(cs), ss = s.from.local_shape(cs);
+          const int64_t q = term(cs);
+          Shape j(i.size());
+          bool inside = !found[q];
+          for (size_t d = 0; d < i.size(); ++d) {
+            j[d] = i[d] + off[d] - so[d];
+            inside = inside && j[d] >= 0 && j[d] < ss[d];
+          }
+          if (!inside) continue;
+          const Arr& a = locals[pos_of(m, src)];
+          values[q] = {{}, {a.v[flat(a.shape, j)]}};
+          found[q] = true;
+        }
+        for (bool f : found) found_all = found_all && f;
+        if (!found_all) return;
+        double x = reduce(values, kind).v[0];
+        out.v[flat(out.shape, i)] = kind == hp::ReduceOp::Sum ? x / avg : x;
+      });
+      if (!found_all) return false;
+    }
+  }
+  locals = std::move(next);
+  return true;
+}
+
+// Applies `s` to every group along its mesh dim; false when it cannot be carried out.
+inline bool apply(const hp::RedistributeStep& s, Locals& locals) {
+  if (s.kind == hp::StepKind::FlattenedAllToAll) return apply_flattened(s, locals);
   const hp::MeshShape& m = s.from.mesh();
   const int64_t k = m.dim_size(s.mesh_dim);
   Locals next = locals;
@@ -225,11 +286,13 @@ inline void apply(const hp::RedistributeStep& s, Locals& locals) {
           out[j] = in[j];
           for (double& x : out[j].v) x *= s.scale;
           break;
+        case hp::StepKind::FlattenedAllToAll: break;  // above
       }
     }
     for (int64_t j = 0; j < k; ++j) next[pos_of(m, g[j])] = out[j];
   }
   locals = std::move(next);
+  return true;
 }
 
 // Runs `plan` on `from`'s pieces of `global`, checking each step's before/after shapes.
@@ -243,7 +306,7 @@ inline ::testing::AssertionResult run(const hp::RedistributePlan& plan, const Ar
     for (int p = 0; p < m.size(); ++p)
       if (locals[p].shape != s.from.local_shape(m.coord_of(m.ranks()[p])))
         return ::testing::AssertionFailure() << "before " << s.to_string() << ": wrong local shape";
-    apply(s, locals);
+    if (!apply(s, locals)) return ::testing::AssertionFailure() << s.to_string() << " needs data from outside a group";
     auto ok = matches(locals, global, s.to);
     if (!ok) return ok << " after " << s.to_string();
     cur = s.to;

@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <thread>
 
 #include "hp/base/error.h"
+#include "hp/base/strings.h"
+#include "hp/layout/exchange_box.h"
 #include "layout/redistribute_sim.h"
 
 using namespace hp;
@@ -43,29 +46,117 @@ TEST(Redistribute, OneMeshDimBasics) {
   EXPECT_DOUBLE_EQ(g.cost.total_bytes(), want.total_bytes());
 }
 
-// The brief's example: swapping shard dims across a 2x2 mesh uses all-to-all, never a
-// fully replicated intermediate.
-TEST(Redistribute, SwapShardDimsUsesAllToAll) {
+// Swapping shard dims across a 2x2 mesh: ranks (0, 1) and (1, 0) trade pieces, the others
+// keep theirs. The single-mesh-dim search needs all-to-alls and never a fully replicated
+// intermediate either, but moves more.
+TEST(Redistribute, SwapShardDimsIsOnePermutation) {
   MeshShape m({2, 2});
   ShardSpec a({8, 8}, 4, m, {Shard(0), Shard(1)});
   ShardSpec b = a.with_placements({Shard(1), Shard(0)});
   RedistributePlan p = min_cost_plan(a, b);
-  bool a2a = false;
-  for (const auto& s : p.steps) {
-    a2a = a2a || s.kind == StepKind::AllToAll;
-    EXPECT_FALSE(s.to.placement(0).is_replicate() && s.to.placement(1).is_replicate()) << p.to_string();
-  }
-  EXPECT_TRUE(a2a) << p.to_string();
+  ASSERT_EQ(kinds(p), std::vector<StepKind>{StepKind::FlattenedAllToAll}) << p.to_string();
+  EXPECT_EQ(p.steps[0].mesh_dims, (std::vector<int>{0, 1}));
+  EXPECT_DOUBLE_EQ(p.cost.total_bytes(), 2 * 16 * 4);  // two 4x4 pieces of float32
   EXPECT_TRUE(sim::run(p, sim::iota({8, 8}), a, b));
-  RedistributePlan base = per_mesh_dim_plan(a, b);
-  EXPECT_LE(p.cost.total_bytes(), base.cost.total_bytes());
+
+  RedistributePlan old = min_cost_plan(a, b, ClusterTopology::uniform(4), StepSet::SingleMeshDim);
+  bool a2a = false;
+  for (const auto& s : old.steps) {
+    a2a = a2a || s.kind == StepKind::AllToAll;
+    EXPECT_FALSE(s.to.placement(0).is_replicate() && s.to.placement(1).is_replicate()) << old.to_string();
+  }
+  EXPECT_TRUE(a2a) << old.to_string();
+  EXPECT_TRUE(sim::run(old, sim::iota({8, 8}), a, b));
+  EXPECT_LT(p.cost.total_bytes(), old.cost.total_bytes());
+  EXPECT_LE(old.cost.total_bytes(), per_mesh_dim_plan(a, b).cost.total_bytes());
+}
+
+// The two pairs the flattened steps are for, on a [1024, 1024] float32 tensor (4 MiB).
+// Bytes are all ranks' sends together, as the cost model counts them.
+TEST(Redistribute, FlattenedStepsOnTheExamplePairs) {
+  MeshShape m({2, 2});
+  ShardSpec base({1024, 1024}, 4, m, {Replicate(), Replicate()});
+  const ClusterTopology flat = ClusterTopology::uniform(4);
+  struct Case {
+    std::vector<Placement> from, to;
+    double bytes;  // the flattened plan's
+  };
+  // Swap: two ranks trade 1 MiB pieces. Transpose of 4 row blocks into 4 column blocks:
+  // each rank keeps a quarter of its piece and sends the rest, 3/4 MiB each.
+  for (const Case& c : {Case{{Shard(0), Shard(1)}, {Shard(1), Shard(0)}, 2 << 20},
+                        Case{{Shard(0), Shard(0)}, {Shard(1), Shard(1)}, 3 << 20}}) {
+    ShardSpec a = base.with_placements(c.from), b = base.with_placements(c.to);
+    RedistributePlan now = min_cost_plan(a, b, flat);
+    RedistributePlan old = min_cost_plan(a, b, flat, StepSet::SingleMeshDim);
+    RedistributePlan pytorch = per_mesh_dim_plan(a, b, flat);
+    std::printf("%s -> %s: %.2f MB (%s), single-mesh-dim search %.2f MB (%s), per-mesh-dim %.2f MB\n",
+                to_string_list(c.from).c_str(), to_string_list(c.to).c_str(), now.cost.total_bytes() / 1e6,
+                now.to_string().c_str(), old.cost.total_bytes() / 1e6, old.to_string().c_str(),
+                pytorch.cost.total_bytes() / 1e6);
+    ASSERT_EQ(kinds(now), std::vector<StepKind>{StepKind::FlattenedAllToAll}) << now.to_string();
+    EXPECT_DOUBLE_EQ(now.cost.total_bytes(), c.bytes);
+    EXPECT_DOUBLE_EQ(old.cost.total_bytes(), 8 << 20) << old.to_string();
+  }
+  // The same plans on data small enough to simulate.
+  ShardSpec small({12, 10}, 4, m, {Shard(0), Shard(1)});
+  for (const auto& [x, y] : {std::pair{std::vector<Placement>{Shard(0), Shard(1)}, std::vector<Placement>{Shard(1), Shard(0)}},
+                             std::pair{std::vector<Placement>{Shard(0), Shard(0)}, std::vector<Placement>{Shard(1), Shard(1)}}}) {
+    ShardSpec a = small.with_placements(x), b = small.with_placements(y);
+    EXPECT_TRUE(sim::run(min_cost_plan(a, b), sim::iota({12, 10}), a, b));
+  }
+}
+
+// Where the target repeats data, halving the bytes can be out of reach: every rank must
+// receive its whole new piece less what it already holds, and for [S(0), S(0), S(0)] ->
+// [R, S(0), R] on 2x2x2 that alone is more than half of what the single-mesh-dim search
+// moves (its gather and re-slice of mesh dim 1 cost little beside it).
+TEST(Redistribute, ReplicatedTargetsCannotAlwaysHalve) {
+  MeshShape m({2, 2, 2});
+  ShardSpec a({1024, 1024}, 4, m, {Shard(0), Shard(0), Shard(0)});
+  ShardSpec b = a.with_placements({Replicate(), Shard(0), Replicate()});
+  double least = 0;  // bytes no plan can avoid
+  for (int r : m.ranks()) {
+    const auto c = m.coord_of(r);
+    least += static_cast<double>(box_of(b, c).numel() - intersect(box_of(a, c), box_of(b, c)).numel()) * 4;
+  }
+  const ClusterTopology flat = ClusterTopology::uniform(8);
+  RedistributePlan now = min_cost_plan(a, b, flat), old = min_cost_plan(a, b, flat, StepSet::SingleMeshDim);
+  std::printf("%s: new %.1f MB, single-mesh-dim search %.1f MB, at least %.1f MB\n", to_string_list(b.placements()).c_str(),
+              now.cost.total_bytes() / 1e6, old.cost.total_bytes() / 1e6, least / 1e6);
+  EXPECT_GT(2 * least, old.cost.total_bytes());
+  EXPECT_GE(now.cost.total_bytes(), least);
+  EXPECT_LT(now.cost.total_bytes(), old.cost.total_bytes());
+  ShardSpec x({16, 8}, 4, m, a.placements()), y = x.with_placements(b.placements());
+  EXPECT_TRUE(sim::run(min_cost_plan(x, y, flat), sim::iota({16, 8}), x, y));
+}
+
+// A flattened step keeps data inside each group along its dims: a change that would move
+// data between groups is none.
+TEST(Redistribute, FlattenedStepsStayInsideTheirGroups) {
+  MeshShape m({2, 2, 2});
+  MeshCost cost(m, ClusterTopology::uniform(8));
+  ShardSpec a({16, 16}, 4, m, {Shard(0), Shard(0), Replicate()});
+  // Over mesh dims 0 and 2, mesh dim 1 still splits the piece mesh dim 0 gave: the group's
+  // rows are not those it will need.
+  EXPECT_FALSE(flattened_step(a, a.with_placements({Replicate(), Shard(0), Shard(0)}), {0, 2}, cost));
+  // Adding an innermost split inside the group is fine, and free.
+  auto s = flattened_step(a, a.with_placements({Shard(0), Shard(0), Shard(0)}), {0, 2}, cost);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->cost.total_bytes(), 0);
+  // Outside the group nothing may change; inside, nothing may become Partial.
+  EXPECT_FALSE(flattened_step(a, a.with_placements({Shard(1), Shard(1), Replicate()}), {0, 2}, cost));
+  EXPECT_FALSE(flattened_step(a, a.with_placements({Partial(), Shard(0), Replicate()}), {0, 1}, cost));
+  // Groups larger than kMaxFlattenedMembers are not flattened.
+  MeshShape big({16, 8});
+  ShardSpec g({256, 256}, 4, big, {Shard(0), Shard(1)});
+  EXPECT_FALSE(flattened_step(g, g.with_placements({Shard(1), Shard(0)}), {0, 1}, MeshCost(big, ClusterTopology::uniform(128))));
 }
 
 TEST(Redistribute, NestedShardingGathersInnermostFirst) {
   MeshShape m({2, 2});
   ShardSpec a({8, 4}, 4, m, {Shard(0), Shard(0)});
   ShardSpec b = a.with_placements({Replicate(), Shard(0)});
-  RedistributePlan p = min_cost_plan(a, b);
+  RedistributePlan p = min_cost_plan(a, b, ClusterTopology::uniform(4), StepSet::SingleMeshDim);
   ASSERT_FALSE(p.steps.empty());
   EXPECT_EQ(p.steps[0].mesh_dim, 1) << p.to_string();  // mesh dim 0 cannot gather first
   EXPECT_TRUE(sim::run(p, sim::iota({8, 4}), a, b));

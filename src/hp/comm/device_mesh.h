@@ -27,6 +27,9 @@ class DeviceMesh {
   const std::vector<std::string>& dim_names() const { return shape_.names(); }
   bool contains_me() const;
   int rank() const;  // this process's global rank
+  // The hosts and network of the world the mesh lives in (global ranks as devices): what
+  // the redistribution planner prices its steps on.
+  const ClusterTopology& topology() const { return world_->topology(); }
 
   std::vector<int64_t> coordinate() const;  // of this rank
   int64_t local_rank(int dim) const;        // this rank's coordinate along `dim`

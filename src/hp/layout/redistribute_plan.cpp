@@ -1,10 +1,12 @@
 #include "hp/layout/redistribute_plan.h"
 
 #include <algorithm>
+#include <optional>
 #include <queue>
 #include <sstream>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "hp/base/error.h"
 
@@ -36,6 +38,113 @@ Dist add(const Dist& d, const RedistributeStep& s) {
   return {d.seconds + s.cost.seconds, d.bytes + s.cost.total_bytes(), d.steps + 1};
 }
 
+// Every set of two or more mesh dims small enough to flatten, each increasing.
+std::vector<std::vector<int>> flattenable_groups(const MeshShape& mesh) {
+  std::vector<std::vector<int>> out;
+  for (uint32_t mask = 0; mask < (1u << mesh.ndim()); ++mask) {
+    std::vector<int> dims;
+    int64_t members = 1;
+    for (int m = 0; m < mesh.ndim(); ++m)
+      if (mask >> m & 1) {
+        dims.push_back(m);
+        members *= mesh.dim_size(m);
+      }
+    if (dims.size() >= 2 && members <= kMaxFlattenedMembers) out.push_back(std::move(dims));
+  }
+  return out;
+}
+
+// Dijkstra over layouts from `from`, each step priced by `cost`, until every target is
+// settled: the least-cost path to each, then.
+class LayoutSearch {
+ public:
+  LayoutSearch(const ShardSpec& from, const std::vector<ShardSpec>& targets, const MeshCost& cost,
+               StepSet step_set)
+      : cost_(cost), states_{from}, index_{{from, 0}}, dist_{Dist{}}, step_into_{std::nullopt}, prev_{-1},
+        done_{false} {
+    // Candidate placements of any mesh dim: intermediate partials only of ops already in play.
+    candidates_.push_back(Replicate());
+    for (int t = 0; t < from.ndim(); ++t) candidates_.push_back(Shard(t));
+    std::vector<const ShardSpec*> in_play{&from};
+    for (const auto& t : targets) in_play.push_back(&t);
+    for (const ShardSpec* s : in_play)
+      for (const auto& p : s->placements())
+        if (p.is_partial() && std::find(candidates_.begin(), candidates_.end(), p) == candidates_.end())
+          candidates_.push_back(p);
+    if (step_set == StepSet::All) groups_ = flattenable_groups(from.mesh());
+    run(targets);
+  }
+
+  RedistributePlan plan_to(const ShardSpec& to) const {
+    RedistributePlan plan{{}, cost_.zero()};
+    auto it = index_.find(to);
+    HP_CHECK(it != index_.end() && done_[it->second])
+        << "no redistribution found from " << states_[0] << " to " << to;
+    for (int v = it->second; prev_[v] >= 0; v = prev_[v]) plan.steps.push_back(*step_into_[v]);
+    std::reverse(plan.steps.begin(), plan.steps.end());
+    for (const auto& s : plan.steps) plan.cost += s.cost;
+    return plan;
+  }
+
+ private:
+  void run(const std::vector<ShardSpec>& targets) {
+    std::unordered_set<ShardSpec> open(targets.begin(), targets.end());
+    using Item = std::pair<Dist, int>;
+    auto greater = [](const Item& a, const Item& b) { return a.first > b.first; };
+    std::priority_queue<Item, std::vector<Item>, decltype(greater)> queue(greater);
+    queue.push({Dist{}, 0});
+    auto wanted = [&](const ShardSpec& s) {  // not settled yet: worth pricing a step to it
+      auto it = index_.find(s);
+      return it == index_.end() || !done_[it->second];
+    };
+    while (!queue.empty() && !open.empty()) {
+      auto [d, u] = queue.top();
+      queue.pop();
+      if (done_[u]) continue;
+      done_[u] = true;
+      open.erase(states_[u]);
+      if (open.empty()) return;
+      const ShardSpec cur = states_[u];
+      for (int m = 0; m < cur.mesh().ndim(); ++m)
+        for (const auto& p : candidates_)
+          if (auto s = single_step(cur, m, p, cost_)) relax(u, d, std::move(*s), queue);
+      for (const auto& g : groups_)
+        for (auto& s : flattened_steps(cur, g, cost_, wanted)) relax(u, d, std::move(s), queue);
+    }
+  }
+
+  template <typename Queue>
+  void relax(int u, const Dist& d, RedistributeStep&& s, Queue& queue) {
+    Dist nd = add(d, s);
+    auto [it, fresh] = index_.emplace(s.to, static_cast<int>(states_.size()));
+    const int v = it->second;
+    if (fresh) {
+      states_.push_back(s.to);
+      dist_.push_back(nd);
+      step_into_.push_back(std::move(s));
+      prev_.push_back(u);
+      done_.push_back(false);
+    } else if (!done_[v] && nd < dist_[v]) {
+      dist_[v] = nd;
+      step_into_[v] = std::move(s);
+      prev_[v] = u;
+    } else {
+      return;
+    }
+    queue.push({nd, v});
+  }
+
+  const MeshCost& cost_;
+  std::vector<Placement> candidates_;
+  std::vector<std::vector<int>> groups_;
+  std::vector<ShardSpec> states_;
+  std::unordered_map<ShardSpec, int> index_;
+  std::vector<Dist> dist_;
+  std::vector<std::optional<RedistributeStep>> step_into_;  // the best step into each state
+  std::vector<int> prev_;
+  std::vector<bool> done_;
+};
+
 }  // namespace
 
 std::string RedistributePlan::to_string() const {
@@ -47,70 +156,18 @@ std::string RedistributePlan::to_string() const {
 }
 
 RedistributePlan min_cost_plan(const ShardSpec& from, const ShardSpec& to,
-                               const ClusterTopology& topology) {
-  check_compatible(from, to);
+                               const ClusterTopology& topology, StepSet step_set) {
+  return min_cost_plans(from, {to}, topology, step_set)[0];
+}
+
+std::vector<RedistributePlan> min_cost_plans(const ShardSpec& from, const std::vector<ShardSpec>& targets,
+                                             const ClusterTopology& topology, StepSet step_set) {
+  for (const auto& to : targets) check_compatible(from, to);
   MeshCost cost(from.mesh(), topology);
-  RedistributePlan plan{{}, cost.zero()};
-  if (from == to) return plan;
-
-  // Candidate placements of any mesh dim: intermediate partials only of ops already in play.
-  std::vector<Placement> candidates{Replicate()};
-  for (int t = 0; t < from.ndim(); ++t) candidates.push_back(Shard(t));
-  for (const ShardSpec* s : {&from, &to})
-    for (const auto& p : s->placements())
-      if (p.is_partial() && std::find(candidates.begin(), candidates.end(), p) == candidates.end())
-        candidates.push_back(p);
-
-  std::vector<ShardSpec> states{from};
-  std::unordered_map<ShardSpec, int> index{{from, 0}};
-  std::vector<Dist> dist{Dist{}};
-  std::vector<std::pair<int, Placement>> via{{-1, Placement()}};  // step into each state
-  std::vector<int> prev{-1};
-  std::vector<bool> done{false};
-  using Item = std::pair<Dist, int>;
-  auto greater = [](const Item& a, const Item& b) { return a.first > b.first; };
-  std::priority_queue<Item, std::vector<Item>, decltype(greater)> queue(greater);
-  queue.push({Dist{}, 0});
-  int goal = -1;
-  while (!queue.empty()) {
-    auto [d, u] = queue.top();
-    queue.pop();
-    if (done[u]) continue;
-    done[u] = true;
-    if (states[u] == to) {
-      goal = u;
-      break;
-    }
-    for (int m = 0; m < from.mesh().ndim(); ++m) {
-      for (const auto& p : candidates) {
-        std::optional<RedistributeStep> s = single_step(states[u], m, p, cost);
-        if (!s) continue;
-        Dist nd = add(d, *s);
-        auto [it, fresh] = index.emplace(s->to, static_cast<int>(states.size()));
-        int v = it->second;
-        if (fresh) {
-          states.push_back(s->to);
-          dist.push_back(nd);
-          via.push_back({m, p});
-          prev.push_back(u);
-          done.push_back(false);
-        } else if (!done[v] && nd < dist[v]) {
-          dist[v] = nd;
-          via[v] = {m, p};
-          prev[v] = u;
-        } else {
-          continue;
-        }
-        queue.push({nd, v});
-      }
-    }
-  }
-  HP_CHECK(goal >= 0) << "no redistribution found from " << from << " to " << to;
-  for (int v = goal; prev[v] >= 0; v = prev[v])
-    plan.steps.push_back(*single_step(states[prev[v]], via[v].first, via[v].second, cost));
-  std::reverse(plan.steps.begin(), plan.steps.end());
-  for (const auto& s : plan.steps) plan.cost += s.cost;
-  return plan;
+  LayoutSearch search(from, targets, cost, step_set);
+  std::vector<RedistributePlan> plans;
+  for (const auto& to : targets) plans.push_back(search.plan_to(to));
+  return plans;
 }
 
 RedistributePlan min_cost_plan(const ShardSpec& from, const ShardSpec& to) {

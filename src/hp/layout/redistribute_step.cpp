@@ -13,17 +13,30 @@ const char* to_string(StepKind k) {
     case StepKind::LocalChunk: return "local_chunk";
     case StepKind::LocalReduceToPartial: return "local_reduce_to_partial";
     case StepKind::LocalScale: return "local_scale";
+    case StepKind::FlattenedAllToAll: return "flattened_all_to_all";
   }
   return "?";
 }
 
 bool is_collective(StepKind k) {
   return k == StepKind::AllGather || k == StepKind::ReduceScatter || k == StepKind::AllReduce ||
-         k == StepKind::AllToAll;
+         k == StepKind::AllToAll || k == StepKind::FlattenedAllToAll;
 }
 
 std::string RedistributeStep::to_string() const {
   std::ostringstream os;
+  if (kind == StepKind::FlattenedAllToAll) {
+    os << hp::to_string(kind) << "(mesh ";
+    for (size_t i = 0; i < mesh_dims.size(); ++i) os << (i ? "+" : "") << mesh_dims[i];
+    os << " -> ";
+    for (size_t i = 0; i < mesh_dims.size(); ++i) os << (i ? ", " : "") << to.placement(mesh_dims[i]);
+    bool partial = false;
+    for (int m : mesh_dims) partial = partial || from.placement(m).is_partial();
+    if (partial) os << ", reduce " << hp::to_string(op);
+    if (scale != 1) os << " x" << scale;
+    os << ")";
+    return os.str();
+  }
   os << hp::to_string(kind) << "(mesh " << mesh_dim;
   if (split_dim >= 0) os << ", split " << split_dim;
   if (concat_dim >= 0) os << ", concat " << concat_dim;

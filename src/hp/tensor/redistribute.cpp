@@ -7,6 +7,7 @@
 #include "hp/base/strings.h"
 #include "hp/comm/autograd.h"
 #include "hp/comm/collectives.h"
+#include "hp/tensor/flattened_all_to_all.h"
 
 namespace hp {
 namespace {
@@ -60,6 +61,9 @@ at::Tensor execute_plan(const at::Tensor& local, const RedistributePlan& plan, c
       case StepKind::LocalScale:
         x = x * s.scale;
         break;
+      case StepKind::FlattenedAllToAll:
+        x = flattened_all_to_all(x, s, mesh);
+        break;
     }
   }
   return x;
@@ -85,7 +89,7 @@ at::Tensor redistribute_local(const at::Tensor& local, const ShardSpec& from, co
   at::Tensor out;
   {
     at::NoGradGuard no_grad;
-    out = execute_plan(local.detach(), *plan_redistribute(from, to), mesh);
+    out = execute_plan(local.detach(), *plan_redistribute(from, to, mesh.topology()), mesh);
   }
   // A purely local plan returns a view of the input; the graph needs a tensor of its own.
   if (out.storage().is_alias_of(local.storage())) out = out.clone();
@@ -96,7 +100,7 @@ at::Tensor redistribute_local(const at::Tensor& local, const ShardSpec& from, co
   return comm::autograd::attach_backward(
       out, local,
       [mesh, grad_from, grad_to, scale](const at::Tensor& grad) {
-        at::Tensor g = execute_plan(grad, *plan_redistribute(grad_to, grad_from), mesh);
+        at::Tensor g = execute_plan(grad, *plan_redistribute(grad_to, grad_from, mesh.topology()), mesh);
         return scale == 1 ? g : g * scale;
       },
       "RedistributeBackward");

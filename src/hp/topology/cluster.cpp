@@ -130,4 +130,25 @@ CollectiveCost ClusterTopology::cost(Collective kind, double bytes, const std::v
   return c;
 }
 
+CollectiveCost ClusterTopology::exchange_cost(const std::vector<int>& ranks,
+                                              const std::vector<Transfer>& transfers) const {
+  CollectiveCost c;
+  c.bytes_per_level.assign(levels_.size(), 0.0);
+  std::vector<double> sending(ranks.size(), 0.0), receiving(ranks.size(), 0.0);
+  for (const Transfer& t : transfers) {
+    HP_CHECK(t.from >= 0 && t.to >= 0 && t.from < static_cast<int>(ranks.size()) &&
+             t.to < static_cast<int>(ranks.size()))
+        << "transfer " << t.from << " -> " << t.to << " names a member outside a group of " << ranks.size();
+    if (t.from == t.to || t.bytes <= 0) continue;
+    const int lvl = link_level(ranks[t.from], ranks[t.to]);
+    const LinkLevel& l = levels_[lvl];
+    const double seconds = t.bytes / (l.bandwidth_GBps * 1e9) + l.latency_us * 1e-6;
+    c.bytes_per_level[lvl] += t.bytes;
+    sending[t.from] += seconds;
+    receiving[t.to] += seconds;
+  }
+  for (size_t i = 0; i < ranks.size(); ++i) c.seconds = std::max({c.seconds, sending[i], receiving[i]});
+  return c;
+}
+
 }  // namespace hp

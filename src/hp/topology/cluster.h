@@ -27,6 +27,13 @@ struct CollectiveCost {
   CollectiveCost& operator+=(const CollectiveCost& o);
 };
 
+// Bytes that one member of a group sends another; members are indices into the group.
+struct Transfer {
+  int from = 0;
+  int to = 0;
+  double bytes = 0;
+};
+
 class ClusterTopology {
  public:
   explicit ClusterTopology(std::vector<LinkLevel> levels);
@@ -42,6 +49,12 @@ class ClusterTopology {
   // `bytes` is the size of the whole logical buffer: the all-reduced tensor, the gathered
   // output, the reduce-scattered input, one rank's all-to-all input, the broadcast tensor.
   CollectiveCost cost(Collective kind, double bytes, const std::vector<int>& ranks) const;
+
+  // Cost of point-to-point `transfers` among `ranks`, all issued at once: a rank sends its
+  // pieces one after another and receives them likewise, and the busiest rank either way
+  // sets the time. A transfer to oneself is a local copy, free. With bytes / n between
+  // every pair this is cost(AllToAll, bytes, ranks).
+  CollectiveCost exchange_cost(const std::vector<int>& ranks, const std::vector<Transfer>& transfers) const;
 
  private:
   std::vector<LinkLevel> levels_;
