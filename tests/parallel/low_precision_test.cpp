@@ -73,6 +73,16 @@ TEST(LowPrecision, Tp2TensorwiseDelayed) { expect_matches_fp8_reference(1, 2, fa
 TEST(LowPrecision, Dp2Tp2TensorwiseDelayed) { expect_matches_fp8_reference(2, 2, false, "tensorwise", true); }
 TEST(LowPrecision, Dp2TensorwiseDelayed) { expect_matches_fp8_reference(2, 1, false, "tensorwise", true); }
 
+TEST(LowPrecision, AppliedBeforeTensorParallelism) {
+  hp::testing::LlamaRunSpec spec = fp8_spec(1, 2, false, fp8("rowwise"));
+  spec.parallelize = [](nn::Llama& model, const DeviceMesh& mesh) {
+    apply_low_precision(model, fp8("rowwise"));
+    parallelize_llama(model, mesh["tp"]);
+    return std::function<void(bool)>();
+  };
+  hp::testing::expect_runs_match(hp::testing::train_llama(spec), fp8_reference("rowwise"));
+}
+
 TEST(LowPrecision, Fp8ChangesTheRunAndStillLearns) {
   LlamaRun plain = hp::testing::train_llama(hp::testing::LlamaRunSpec());
   for (const char* scaling : {"tensorwise", "rowwise", "mx_block"}) {

@@ -20,8 +20,8 @@
 //   Rowwise:    the mesh dims sharding the reduction dim: in-features of x and W under row
 //               parallelism, out-features of dY and W (for dX) under column parallelism,
 //               tokens of x and dY (for dW) under data parallelism.
-//   MxBlock:    as rowwise, one amax per global block of 32, so blocks straddling shards
-//               are exact; blocks inside one shard need the reduction only for its shape.
+//   MxBlock:    the mesh dims of rowwise, reducing one amax per global block of 32, so a
+//               block that straddles shards gets the scale one process would give it.
 #pragma once
 
 #include <memory>
