@@ -5,4 +5,5 @@
 #include "hp/parallel/data_parallel.h"
 #include "hp/parallel/fully_shard.h"
 #include "hp/parallel/llama_recipe.h"
+#include "hp/parallel/low_precision.h"
 #include "hp/parallel/tensor_parallel.h"

@@ -78,6 +78,7 @@ TEST(TrainConfig, Defaults) {
   EXPECT_EQ(c.checkpoint.keep, 2);
   EXPECT_TRUE(c.checkpoint.async);
   EXPECT_TRUE(c.checkpoint.resume);
+  EXPECT_EQ(c.low_precision.scaling, "");  // float32 unless asked
   EXPECT_EQ(c.world_size(), 1);
   EXPECT_NO_THROW(hp::train::validate(c));
 }
@@ -207,7 +208,7 @@ TEST(TrainConfig, UnknownSectionAndTopLevelKey) {
 
 TEST(TrainConfig, ErrorsListWhatTheTableKnows) {
   EXPECT_HAS(load_error("[optimizer]\nlr = 1.0\n"),
-             "known sections: [mesh], [pipeline], [model], [train], [data], [checkpoint])");
+             "known sections: [mesh], [pipeline], [model], [train], [data], [checkpoint], [low_precision])");
   EXPECT_HAS(load_error("[mesh]\nfoo = 1\n"),
              "unknown key mesh.foo (known: data_parallel, names, sequence_parallel, shape)");
   EXPECT_HAS(load_error("[pipeline]\nstages = 2\n"),
@@ -260,6 +261,10 @@ TEST(TrainConfig, InconsistentValuesAreErrors) {
   EXPECT_HAS(load_error("[train]\nseq = 256\n"), "train.seq = 256 exceeds model.max_seq = 128");
   EXPECT_HAS(load_error("[train]\nlr = 0\n"), "train.lr = 0 must be > 0");
   EXPECT_HAS(load_error("[train]\nsteps = 0\n"), "train.steps = 0 must be >= 1");
+  EXPECT_HAS(load_error("[low_precision]\nscaling = \"blockwise\"\n"), "low_precision.scaling = \"blockwise\" must be");
+  EXPECT_HAS(load_error("[low_precision]\nscaling = \"rowwise\"\ndelayed = true\n"),
+             "low_precision.delayed needs low_precision.scaling = \"tensorwise\"");
+  EXPECT_HAS(load_error("[low_precision]\nhistory_len = 0\n"), "low_precision.history_len = 0 must be >= 1");
 }
 
 // dualpipev puts two chunks on each pp rank and splits the backward, like zbv.
@@ -318,6 +323,9 @@ TrainConfig all_changed() {
   c.checkpoint.keep = 0;
   c.checkpoint.async = false;
   c.checkpoint.resume = false;
+  c.low_precision.scaling = "tensorwise";
+  c.low_precision.delayed = true;
+  c.low_precision.history_len = 4;
   return c;
 }
 
@@ -376,6 +384,9 @@ TEST(TrainConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(d.checkpoint.keep, c.checkpoint.keep);
   EXPECT_EQ(d.checkpoint.async, c.checkpoint.async);
   EXPECT_EQ(d.checkpoint.resume, c.checkpoint.resume);
+  EXPECT_EQ(d.low_precision.scaling, c.low_precision.scaling);
+  EXPECT_EQ(d.low_precision.delayed, c.low_precision.delayed);
+  EXPECT_EQ(d.low_precision.history_len, c.low_precision.history_len);
 }
 
 // The printed [section] and `key = ` lines are exactly the table's rows, in its order.
@@ -395,7 +406,7 @@ TEST(TrainConfig, PrinterPrintsTheTable) {
   }
   for (const auto& f : hp::train::config_fields()) table.push_back(f.section + "." + f.key);
   EXPECT_EQ(printed, table);
-  EXPECT_EQ(table.size(), 38u);  // 4 mesh, 4 pipeline, 10 model, 14 train, 1 data, 5 checkpoint
+  EXPECT_EQ(table.size(), 41u);  // 4 mesh, 4 pipeline, 10 model, 14 train, 1 data, 5 checkpoint, 3 low_precision
   EXPECT_EQ(hp::train::config_sections(),
-            (std::vector<std::string>{"mesh", "pipeline", "model", "train", "data", "checkpoint"}));
+            (std::vector<std::string>{"mesh", "pipeline", "model", "train", "data", "checkpoint", "low_precision"}));
 }

@@ -74,6 +74,18 @@ void expect_dry_run_matches_real(const train::TrainConfig& c) {
 
 }  // namespace
 
+TEST(DryRun, Fp8AmaxReductionsMatchGlooCallForCallDp2xTp2) {
+  const train::TrainConfig plain = config({2, 2}, {"dp", "tp"}, "fsdp");
+  const size_t without = train::dry_run(plain, 0, 1).collectives.size();
+  for (const char* scaling : {"tensorwise", "rowwise", "mx_block"}) {
+    SCOPED_TRACE(scaling);
+    train::TrainConfig c = plain;
+    c.low_precision.scaling = scaling;
+    expect_dry_run_matches_real(c);
+    EXPECT_GT(train::dry_run(c, 0, 1).collectives.size(), without);  // the amax all-reduces
+  }
+}
+
 TEST(DryRun, CollectivesMatchGlooCallForCallDp2xTp2) {
   expect_dry_run_matches_real(config({2, 2}, {"dp", "tp"}, "ddp"));
 }
@@ -84,6 +96,15 @@ TEST(DryRun, CollectivesMatchGlooCallForCallFsdp4) { expect_dry_run_matches_real
 TEST(DryRun, CollectivesMatchGlooCallForCallPp2xDp2xTp2) {
   train::TrainConfig c = config({2, 2, 2}, {"pp", "dp", "tp"}, "ddp");
   c.train.batch = 8;
+  expect_dry_run_matches_real(c);
+}
+
+// A split backward (zero bubble) runs the FP8 linear's node twice, for dX then for dW.
+TEST(DryRun, Fp8CollectivesMatchGlooCallForCallPp2xDp2xTp2ZeroBubble) {
+  train::TrainConfig c = config({2, 2, 2}, {"pp", "dp", "tp"}, "ddp");
+  c.train.batch = 8;
+  c.pipeline.schedule = "zb-h1";
+  c.low_precision.scaling = "rowwise";
   expect_dry_run_matches_real(c);
 }
 

@@ -25,7 +25,7 @@ Linear::Linear(int64_t in, int64_t out, const DeviceMesh& mesh, bool bias)
 }
 
 DTensor Linear::forward(const DTensor& x) {
-  DTensor y = linear(x, *weight_);
+  DTensor y = product_ ? product_(x, *weight_) : linear(x, *weight_);
   return bias_ ? add(y, *bias_) : y;
 }
 

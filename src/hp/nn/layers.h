@@ -2,6 +2,8 @@
 // mesh they are built on, and styles applied from outside change their layouts.
 #pragma once
 
+#include <functional>
+
 #include "hp/nn/module.h"
 
 namespace hp::nn {
@@ -14,9 +16,15 @@ class Linear : public Module {
   DTensor& weight() { return *weight_; }
   DTensor* bias() { return bias_; }
 
+  // The product x W^T, replaceable from outside (low precision swaps in its own); the
+  // parameters stay the module's. Empty: hp::linear.
+  using Product = std::function<DTensor(const DTensor& x, const DTensor& weight)>;
+  void set_product(Product product) { product_ = std::move(product); }
+
  private:
   DTensor* weight_;
   DTensor* bias_ = nullptr;
+  Product product_;
 };
 
 // Rows of a [vocab, dim] table, looked up by integer ids.

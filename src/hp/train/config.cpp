@@ -343,6 +343,13 @@ void validate(const TrainConfig& c) {
   HP_CHECK(t.muon_lr > 0 && std::isfinite(t.muon_lr)) << src << ": train.muon_lr = " << t.muon_lr << " must be > 0";
   HP_CHECK(c.checkpoint.every >= 0) << src << ": checkpoint.every = " << c.checkpoint.every << " must be >= 0";
   HP_CHECK(c.checkpoint.keep >= 0) << src << ": checkpoint.keep = " << c.checkpoint.keep << " must be >= 0";
+  const auto& lp = c.low_precision;
+  HP_CHECK(lp.scaling.empty() || lp.scaling == "tensorwise" || lp.scaling == "rowwise" || lp.scaling == "mx_block")
+      << src << ": low_precision.scaling = \"" << lp.scaling
+      << "\" must be \"\" (off), \"tensorwise\", \"rowwise\" or \"mx_block\"";
+  HP_CHECK(!lp.delayed || lp.scaling == "tensorwise")
+      << src << ": low_precision.delayed needs low_precision.scaling = \"tensorwise\", not \"" << lp.scaling << "\"";
+  positive("low_precision.history_len", lp.history_len);
   HP_CHECK(t.seq <= md.max_seq) << src << ": train.seq = " << t.seq
                                 << " exceeds model.max_seq = " << md.max_seq;
 

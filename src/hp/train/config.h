@@ -68,6 +68,14 @@ struct CheckpointConfig {
   bool resume = true;   // start from the latest checkpoint in dir when there is one
 };
 
+// FP8 linear layers in the transformer blocks (the head stays float32), applied after
+// tensor parallelism (hp::apply_low_precision); off while scaling is "".
+struct PrecisionConfig {
+  std::string scaling;   // "" = off; tensorwise, rowwise or mx_block
+  bool delayed = false;  // tensorwise only: scales from an amax history
+  int64_t history_len = 16;
+};
+
 struct TrainConfig {
   MeshConfig mesh;
   PipelineConfig pipeline;
@@ -75,6 +83,7 @@ struct TrainConfig {
   LoopConfig train;
   DataConfig data;
   CheckpointConfig checkpoint;
+  PrecisionConfig low_precision;
   std::string source = "<defaults>";  // file it was read from, for messages
 
   // Size of the mesh dim called `name`, 1 if the mesh has none.

@@ -22,6 +22,7 @@ using Model = ModelConfig;
 using Loop = LoopConfig;
 using Data = DataConfig;
 using Ckpt = CheckpointConfig;
+using Precision = PrecisionConfig;
 
 std::vector<Field> make_fields() {
   return {
@@ -71,6 +72,11 @@ std::vector<Field> make_fields() {
       {"checkpoint", "keep", "checkpoints kept; 0 = all", at<&T::checkpoint, &Ckpt::keep>()},
       {"checkpoint", "async", "write in the background", at<&T::checkpoint, &Ckpt::async>()},
       {"checkpoint", "resume", "start from the latest checkpoint in dir", at<&T::checkpoint, &Ckpt::resume>()},
+
+      {"low_precision", "scaling", "FP8 block Linears: tensorwise, rowwise or mx_block; \"\" = off",
+       at<&T::low_precision, &Precision::scaling>()},
+      {"low_precision", "delayed", "tensorwise scales from an amax history", at<&T::low_precision, &Precision::delayed>()},
+      {"low_precision", "history_len", "steps in the amax history", at<&T::low_precision, &Precision::history_len>()},
   };
 }
 

@@ -17,6 +17,7 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
   t.llama = std::make_shared<nn::Llama>(cfg.model, mesh);
   nn::Llama& model = *t.llama;
   if (dims.tp > 1) parallelize_llama(model, mesh["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
+  detail::apply_precision(model, cfg);
   // Data parallelism from outside the model, after tensor parallelism.
   if (dims.dp > 1 && cfg.mesh.data_parallel == "ddp")
     t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh["dp"]));
@@ -25,6 +26,16 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
 }
 
 }  // namespace
+
+void detail::apply_precision(nn::Module& model, const TrainConfig& cfg) {
+  const PrecisionConfig& p = cfg.low_precision;
+  if (p.scaling.empty()) return;
+  LowPrecisionConfig c;
+  c.scaling = p.scaling;
+  c.delayed = p.delayed;
+  c.history_len = static_cast<int>(p.history_len);
+  apply_low_precision(model, c);
+}
 
 std::vector<Placement> batch_placements(const DeviceMesh& stage_mesh, bool sequence_sharded) {
   std::vector<Placement> p;

@@ -57,6 +57,8 @@ std::vector<Placement> batch_placements(const DeviceMesh& stage_mesh, bool seque
 namespace detail {
 // Pipeline stages over "pp" (pipeline_training.cpp): fills t.model, t.pipeline, t.ddp.
 void build_pipeline(Training& t, const TrainConfig& cfg);
+// [low_precision]: FP8 on the block Linears of `model` (tensor-parallel or not); nothing when off.
+void apply_precision(nn::Module& model, const TrainConfig& cfg);
 }  // namespace detail
 
 }  // namespace hp::train

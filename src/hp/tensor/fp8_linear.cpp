@@ -1,0 +1,135 @@
+#include "hp/tensor/fp8_linear.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <utility>
+
+#include "hp/base/error.h"
+#include "hp/tensor/fp8_operand.h"
+#include "hp/tensor/ops.h"
+
+namespace hp {
+namespace {
+
+// Where this call's local x [tokens, in], W [out, in] and y [tokens, out] lie.
+struct CallLayout {
+  ShardSpec x, w, y;
+  std::vector<int64_t> coord;
+  DeviceMesh mesh;
+
+  int last(const ShardSpec& s) const { return s.ndim() - 1; }
+  Fp8Operand x_along_in(const at::Tensor& x2) const {
+    return {x2, fp8_leading_axis(x, coord, last(x)), fp8_axis(x, coord, last(x))};
+  }
+  Fp8Operand x_along_tokens(const at::Tensor& x2) const {
+    return {x2.t(), fp8_axis(x, coord, last(x)), fp8_leading_axis(x, coord, last(x))};
+  }
+  Fp8Operand w_along_in(const at::Tensor& w2) const { return {w2, fp8_axis(w, coord, 0), fp8_axis(w, coord, 1)}; }
+  Fp8Operand w_along_out(const at::Tensor& w2) const {
+    return {w2.t(), fp8_axis(w, coord, 1), fp8_axis(w, coord, 0)};
+  }
+  Fp8Operand dy_along_out(const at::Tensor& dy2) const {
+    return {dy2, fp8_leading_axis(y, coord, last(y)), fp8_axis(y, coord, last(y))};
+  }
+  Fp8Operand dy_along_tokens(const at::Tensor& dy2) const {
+    return {dy2.t(), fp8_axis(y, coord, last(y)), fp8_leading_axis(y, coord, last(y))};
+  }
+};
+
+// The gradient node of one call: dX and dW from the quantized operands, each only when
+// autograd asks for it (a split backward asks for them in separate passes).
+struct Fp8LinearBackward : torch::autograd::Node {
+  CallLayout layout;
+  Fp8LinearOptions options;
+  Fp8Linear::Histories histories;
+  at::Tensor x2, w;  // tensorwise: already quantized; otherwise float32, quantized per product
+  std::vector<int64_t> x_sizes;
+
+  Fp8LinearBackward(CallLayout l, Fp8LinearOptions o, Fp8Linear::Histories h)
+      : layout(std::move(l)), options(o), histories(std::move(h)) {}
+
+  at::Tensor quantize(const Fp8Operand& op, Fp8Format f, AmaxHistory* history = nullptr) const {
+    return fp8_fake_quantize(op, f, options.scaling, layout.mesh, history);
+  }
+
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    const at::Tensor dy2 = grads[0].reshape({-1, grads[0].size(-1)});
+    const bool tensorwise = options.scaling == Fp8Scaling::Tensorwise;
+    const at::Tensor dy_q = tensorwise ? quantize(layout.dy_along_out(dy2), Fp8Format::E5M2, histories.grad_output.get())
+                                       : at::Tensor();
+    at::Tensor dx, dw;
+    if (should_compute_output(0)) {
+      at::Tensor g = tensorwise ? dy_q : quantize(layout.dy_along_out(dy2), Fp8Format::E5M2);
+      at::Tensor wq = tensorwise ? w : quantize(layout.w_along_out(w), Fp8Format::E4M3).t();
+      dx = at::matmul(g, wq).reshape(x_sizes);
+    }
+    if (should_compute_output(1)) {
+      at::Tensor g = tensorwise ? dy_q : quantize(layout.dy_along_tokens(dy2), Fp8Format::E5M2).t();
+      at::Tensor xq = tensorwise ? x2 : quantize(layout.x_along_tokens(x2), Fp8Format::E4M3).t();
+      dw = at::matmul(g.t(), xq);
+    }
+    return {dx, dw};
+  }
+  std::string name() const override { return "Fp8LinearBackward"; }
+};
+
+std::vector<Placement> settled(const DTensor& t) {
+  std::vector<Placement> p = t.placements();
+  for (auto& q : p)
+    if (q.is_partial()) q = Replicate();
+  return p;
+}
+
+}  // namespace
+
+Fp8Linear::Fp8Linear(Fp8LinearOptions options) : options_(options) {
+  HP_CHECK(!options.delayed || options.scaling == Fp8Scaling::Tensorwise)
+      << "delayed FP8 scaling keeps one amax per tensor: it needs tensorwise scaling, not "
+      << to_string(options.scaling);
+  if (options.delayed)
+    histories_ = {std::make_shared<AmaxHistory>(options.history_len), std::make_shared<AmaxHistory>(options.history_len),
+                  std::make_shared<AmaxHistory>(options.history_len)};
+}
+
+DTensor Fp8Linear::operator()(const DTensor& x_in, const DTensor& weight_in) const {
+  HP_CHECK(x_in.scalar_type() == at::kFloat && weight_in.scalar_type() == at::kFloat)
+      << "the FP8 linear takes float32 inputs and weights, got " << x_in.scalar_type() << " and "
+      << weight_in.scalar_type();
+  DTensor x = x_in.redistribute(settled(x_in)), weight = weight_in.redistribute(settled(weight_in));
+  const DeviceMesh mesh = x.device_mesh();
+  const Fp8LinearOptions options = options_;
+  const Histories histories = histories_;
+  return dispatch(Op::linear(), {x, weight}, [mesh, options, histories](const auto& t, const LocalContext& ctx) {
+    HP_CHECK(!ctx.inputs[0].has_partial() && !ctx.inputs[1].has_partial())
+        << "the FP8 linear quantizes whole values, not partial terms; got " << ctx.inputs[0].to_string() << " and "
+        << ctx.inputs[1].to_string();
+    CallLayout layout{ctx.inputs[0], ctx.inputs[1], ctx.output, ctx.coord, mesh};
+    const at::Tensor& x = t[0];
+    const at::Tensor& w = t[1];
+    const at::Tensor x2 = x.detach().reshape({-1, x.size(-1)});
+    const at::Tensor w2 = w.detach();
+    const Fp8Scaling s = options.scaling;
+    at::Tensor xq = fp8_fake_quantize(layout.x_along_in(x2), Fp8Format::E4M3, s, mesh, histories.input.get());
+    at::Tensor wq = fp8_fake_quantize(layout.w_along_in(w2), Fp8Format::E4M3, s, mesh, histories.weight.get());
+    std::vector<int64_t> y_sizes = x.sizes().vec();
+    y_sizes.back() = w.size(0);
+    at::Tensor y = at::matmul(xq, wq.t()).reshape(y_sizes);
+    if (!at::GradMode::is_enabled() || !(x.requires_grad() || w.requires_grad())) return y;
+
+    auto node = std::shared_ptr<Fp8LinearBackward>(new Fp8LinearBackward(layout, options, histories),
+                                                   torch::autograd::deleteNode);
+    const bool tensorwise = s == Fp8Scaling::Tensorwise;
+    node->x2 = tensorwise ? xq : x2;
+    node->w = tensorwise ? wq : w2;
+    node->x_sizes = x.sizes().vec();
+    node->set_next_edges(torch::autograd::collect_next_edges(x, w));
+    torch::autograd::set_history(y, node);
+    return y;
+  });
+}
+
+}  // namespace hp
