@@ -35,11 +35,12 @@ FSDPParam::FSDPParam(std::string name, DTensor* slot, int shard_dim, int replica
     : name_(std::move(name)), slot_(slot), sharded_(*slot), unsharded_spec_(slot->spec()) {
   const DTensor full = *slot;  // a copy: the slot is overwritten below
   const DeviceMesh& mesh = full.device_mesh();
-  for (int k : {shard_dim, replicate_dim})
-    if (k >= 0)
-      HP_CHECK(full.placements()[k].is_replicate())
-          << "fully_shard: parameter '" << name_ << "' " << full.spec().to_string() << " must be replicated on mesh dim "
-          << mesh.dim_names()[k] << " to be sharded over it";
+  for (int k : {shard_dim, replicate_dim}) {
+    if (k < 0) continue;
+    HP_CHECK(full.placements()[k].is_replicate())
+        << "fully_shard: parameter '" << name_ << "' " << full.spec().to_string() << " must be replicated on mesh dim "
+        << mesh.dim_names()[k] << " to be sharded over it";
+  }
   HP_CHECK(full.dim() > 0) << "fully_shard: parameter '" << name_ << "' is a scalar";
   const int64_t shards = mesh.size(shard_dim);
   dim_ = choose_dim(full.spec(), shard_dim, shards, name_);
