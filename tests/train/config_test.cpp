@@ -207,7 +207,7 @@ TEST(TrainConfig, UnknownSectionAndTopLevelKey) {
 
 TEST(TrainConfig, ErrorsListWhatTheTableKnows) {
   EXPECT_HAS(load_error("[optimizer]\nlr = 1.0\n"),
-             "known sections: [mesh], [pipeline], [model], [train], [data], [checkpoint])");
+             "known sections: [mesh], [pipeline], [model], [train], [data], [checkpoint], [monitor])");
   EXPECT_HAS(load_error("[mesh]\nfoo = 1\n"),
              "unknown key mesh.foo (known: data_parallel, names, sequence_parallel, shape)");
   EXPECT_HAS(load_error("[pipeline]\nstages = 2\n"),
@@ -229,6 +229,9 @@ TEST(TrainConfig, WrongTypeNamesKeyValueAndFile) {
   EXPECT_HAS(load_error("[data]\npath = 3\n"), "data.path must be a string");
   EXPECT_HAS(load_error("[checkpoint]\nasync = \"yes\"\n"), "checkpoint.async must be a boolean");
   EXPECT_HAS(load_error("[checkpoint]\nevery = -1\n"), "checkpoint.every = -1 must be >= 0");
+  EXPECT_HAS(load_error("[monitor]\nevery = -1\n"), "monitor.every = -1 must be >= 0");
+  EXPECT_HAS(load_error("[monitor]\nspike_factor = 0.5\n"), "monitor.spike_factor = 0.5 must be 0 (off) or above 1");
+  EXPECT_HAS(load_error("[mesh]\nshape = [2]\nnames = [\"pp\"]\n[monitor]\nevery = 5\n"), "monitor.every needs pp = 1");
 }
 
 TEST(TrainConfig, MissingFileNamesIt) {
@@ -318,6 +321,10 @@ TrainConfig all_changed() {
   c.checkpoint.keep = 0;
   c.checkpoint.async = false;
   c.checkpoint.resume = false;
+  c.monitor.every = 10;
+  c.monitor.file = "runs/monitor.jsonl";
+  c.monitor.spike_factor = 2.5;
+  c.monitor.replica_check_every = 20;
   return c;
 }
 
@@ -376,6 +383,10 @@ TEST(TrainConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(d.checkpoint.keep, c.checkpoint.keep);
   EXPECT_EQ(d.checkpoint.async, c.checkpoint.async);
   EXPECT_EQ(d.checkpoint.resume, c.checkpoint.resume);
+  EXPECT_EQ(d.monitor.every, c.monitor.every);
+  EXPECT_EQ(d.monitor.file, c.monitor.file);
+  EXPECT_EQ(bits(d.monitor.spike_factor), bits(c.monitor.spike_factor));
+  EXPECT_EQ(d.monitor.replica_check_every, c.monitor.replica_check_every);
 }
 
 // The printed [section] and `key = ` lines are exactly the table's rows, in its order.
@@ -395,7 +406,7 @@ TEST(TrainConfig, PrinterPrintsTheTable) {
   }
   for (const auto& f : hp::train::config_fields()) table.push_back(f.section + "." + f.key);
   EXPECT_EQ(printed, table);
-  EXPECT_EQ(table.size(), 38u);  // 4 mesh, 4 pipeline, 10 model, 14 train, 1 data, 5 checkpoint
+  EXPECT_EQ(table.size(), 42u);  // 4 mesh, 4 pipeline, 10 model, 14 train, 1 data, 5 checkpoint, 4 monitor
   EXPECT_EQ(hp::train::config_sections(),
-            (std::vector<std::string>{"mesh", "pipeline", "model", "train", "data", "checkpoint"}));
+            (std::vector<std::string>{"mesh", "pipeline", "model", "train", "data", "checkpoint", "monitor"}));
 }

@@ -343,6 +343,16 @@ void validate(const TrainConfig& c) {
   HP_CHECK(t.muon_lr > 0 && std::isfinite(t.muon_lr)) << src << ": train.muon_lr = " << t.muon_lr << " must be > 0";
   HP_CHECK(c.checkpoint.every >= 0) << src << ": checkpoint.every = " << c.checkpoint.every << " must be >= 0";
   HP_CHECK(c.checkpoint.keep >= 0) << src << ": checkpoint.keep = " << c.checkpoint.keep << " must be >= 0";
+  const auto& mon = c.monitor;
+  HP_CHECK(mon.every >= 0) << src << ": monitor.every = " << mon.every << " must be >= 0";
+  HP_CHECK(mon.replica_check_every >= 0)
+      << src << ": monitor.replica_check_every = " << mon.replica_check_every << " must be >= 0";
+  // A factor of 1 or less flags about half of all steps.
+  HP_CHECK(mon.spike_factor == 0 || (mon.spike_factor > 1 && std::isfinite(mon.spike_factor)))
+      << src << ": monitor.spike_factor = " << mon.spike_factor << " must be 0 (off) or above 1";
+  // The norms are gathered inside one stage's ranks; stages would need one more exchange.
+  HP_CHECK(mon.every == 0 || dims.pp == 1)
+      << src << ": monitor.every needs pp = 1 (the per-module norms do not cross pipeline stages yet)";
   HP_CHECK(t.seq <= md.max_seq) << src << ": train.seq = " << t.seq
                                 << " exceeds model.max_seq = " << md.max_seq;
 

@@ -22,6 +22,7 @@ using Model = ModelConfig;
 using Loop = LoopConfig;
 using Data = DataConfig;
 using Ckpt = CheckpointConfig;
+using Mon = MonitorConfig;
 
 std::vector<Field> make_fields() {
   return {
@@ -71,6 +72,14 @@ std::vector<Field> make_fields() {
       {"checkpoint", "keep", "checkpoints kept; 0 = all", at<&T::checkpoint, &Ckpt::keep>()},
       {"checkpoint", "async", "write in the background", at<&T::checkpoint, &Ckpt::async>()},
       {"checkpoint", "resume", "start from the latest checkpoint in dir", at<&T::checkpoint, &Ckpt::resume>()},
+
+      {"monitor", "every", "steps between per-module norm and non-finite checks; 0 = off",
+       at<&T::monitor, &Mon::every>()},
+      {"monitor", "file", "JSON lines of norms and spikes; \"\" = none", at<&T::monitor, &Mon::file>()},
+      {"monitor", "spike_factor", "flag a loss or grad norm above this times the recent median; 0 = off",
+       at<&T::monitor, &Mon::spike_factor>()},
+      {"monitor", "replica_check_every", "steps between checksums of replicated parameters; 0 = off",
+       at<&T::monitor, &Mon::replica_check_every>()},
   };
 }
 
