@@ -74,14 +74,14 @@ train::TrainHooks inject_nan(const std::string& module, int rank, int64_t step, 
   return h;
 }
 
-// Before step `step` on rank `rank`, one mantissa bit of the first element of
-// layers.0.attn.q_proj.weight flips: still finite, and too large to be rounded away.
-train::TrainHooks flip_a_bit(int rank, int64_t step) {
+// Before step `step` on rank `rank`, one mantissa bit of the first element of `param`
+// flips: still finite, and too large to be rounded away.
+train::TrainHooks flip_a_bit(int rank, int64_t step, const std::string& param = "layers.0.attn.q_proj.weight") {
   train::TrainHooks h;
   h.before_step = [=](train::Training& t, int64_t s) {
     if (s != step || t.mesh.rank() != rank) return;
     for (auto& [name, p] : t.model->named_parameters())
-      if (name == "layers.0.attn.q_proj.weight") static_cast<uint8_t*>(p->to_local().data_ptr())[2] ^= 0x10;
+      if (name == param) static_cast<uint8_t*>(p->to_local().data_ptr())[2] ^= 0x10;
   };
   return h;
 }
@@ -109,7 +109,16 @@ TEST(Monitor, AFlippedByteInOneReplicaIsCaughtNamingItsRank) {
   c.monitor.replica_check_every = 2;
   std::string e = run(c, flip_a_bit(/*rank=*/2, /*step=*/3));
   EXPECT_NE(e.find("replica mismatch in layers.0.attn.q_proj.weight at step 3: rank 2 differs from the other "
-                   "ranks of dp [0, 1, 2, 3]"),
+                   "copies on ranks [0, 1, 2, 3] (replicated over dp)"),
+            std::string::npos)
+      << e;
+
+  // dp = 2 x tp = 2: the norm's weight is replicated over both dims, so four copies vote.
+  c = config({2, 2}, {"dp", "tp"});
+  c.monitor.replica_check_every = 2;
+  e = run(c, flip_a_bit(/*rank=*/3, /*step=*/3, "layers.1.mlp_norm.weight"));
+  EXPECT_NE(e.find("replica mismatch in layers.1.mlp_norm.weight at step 3: rank 3 differs from the other copies on "
+                   "ranks [0, 1, 2, 3] (replicated over dp, tp)"),
             std::string::npos)
       << e;
 
@@ -117,8 +126,13 @@ TEST(Monitor, AFlippedByteInOneReplicaIsCaughtNamingItsRank) {
   c = config({2}, {"dp"});
   c.monitor.replica_check_every = 2;
   e = run(c, flip_a_bit(/*rank=*/1, /*step=*/3));
-  EXPECT_NE(e.find("at step 3: ranks 0, 1 hold different copies over dp and none has a majority"), std::string::npos)
+  EXPECT_NE(e.find("at step 3: ranks 0, 1 hold different copies (replicated over dp) and none has a majority"),
+            std::string::npos)
       << e;
+
+  // Under fully_shard each dp rank holds its own shard: no copy to compare, nothing found.
+  c.mesh.data_parallel = "fsdp";
+  EXPECT_EQ(run(c, flip_a_bit(/*rank=*/1, /*step=*/3)), "");
 }
 
 TEST(Monitor, NormsOfDataAndTensorParallelRunsEqualTheSingleProcessRun) {

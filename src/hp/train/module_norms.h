@@ -28,8 +28,8 @@ class ModuleNormRecorder {
   // Whether the next forward and backward are recorded; unarmed, the hooks return at once.
   void arm(bool on);
 
-  // After backward, on every rank in the same order (a few small collectives over the
-  // mesh). Throws hp::Error naming `step`, the rank and the module when some rank saw a
+  // After backward, on every rank in the same order (one small all-gather over the mesh).
+  // Throws hp::Error naming `step`, the rank and the module when some rank saw a
   // non-finite output (first in forward order) or, failing that, a non-finite output
   // gradient (first to arrive in backward). Otherwise each module's norms, the same on
   // every rank, in forward order. Disarms.

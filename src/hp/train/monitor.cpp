@@ -51,14 +51,16 @@ void Monitor::end_step(double loss, double grad_norm) {
   if (cfg_.replica_check_every > 0 && (step_ + 1) % cfg_.replica_check_every == 0)
     check_replicas(t_.model->named_parameters(), step_);
   if (!monitored_ || !out_) return;
+  std::vector<MonitorRecord> lines;
   for (const ModuleNorm& n : last_norms_) {
     MonitorRecord r;
     r.step = step_, r.module = n.module, r.act_norm = n.act_norm, r.grad_norm = n.grad_norm;
-    out_->write(r);
+    lines.push_back(r);
   }
   MonitorRecord r;
   r.step = step_, r.loss = loss, r.grad_norm = grad_norm;
-  out_->write(r);
+  lines.push_back(r);
+  out_->write(lines);
 }
 
 }  // namespace hp::train

@@ -77,8 +77,11 @@ MonitorWriter::MonitorWriter(const std::string& path, bool append)
   HP_CHECK(out_.is_open()) << "cannot open the monitor file '" << path << "' for writing";
 }
 
-void MonitorWriter::write(const MonitorRecord& r) {
-  out_ << to_json_line(r) << '\n' << std::flush;
+void MonitorWriter::write(const MonitorRecord& r) { write(std::vector<MonitorRecord>{r}); }
+
+void MonitorWriter::write(const std::vector<MonitorRecord>& records) {
+  for (const MonitorRecord& r : records) out_ << to_json_line(r) << '\n';
+  out_ << std::flush;
   HP_CHECK(out_.good()) << "failed writing the monitor file '" << path_ << "'";
 }
 

@@ -36,6 +36,7 @@ class MonitorWriter {
   // append = false starts the file afresh; a resumed run appends.
   MonitorWriter(const std::string& path, bool append);
   void write(const MonitorRecord& r);
+  void write(const std::vector<MonitorRecord>& records);  // flushed once, after the last
 
  private:
   std::string path_;

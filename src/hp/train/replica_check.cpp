@@ -42,39 +42,61 @@ void check_replicas(const std::vector<std::pair<std::string, DTensor*>>& params,
   for (const auto& [name, p] : params)
     if (std::find(meshes.begin(), meshes.end(), p->device_mesh()) == meshes.end()) meshes.push_back(p->device_mesh());
   for (const DeviceMesh& mesh : meshes) {
-    for (int d = 0; d < mesh.ndim(); ++d) {
-      if (mesh.size(d) == 1) continue;
-      std::vector<size_t> replicated;
-      std::vector<int64_t> sums;
-      for (size_t i = 0; i < params.size(); ++i) {
-        const DTensor& p = *params[i].second;
-        if (p.device_mesh() != mesh || !p.placements()[d].is_replicate()) continue;
-        replicated.push_back(i);
-        sums.push_back(static_cast<int64_t>(checksum_of(p)));  // the bits as they are
+    // Checksums of this mesh's parameters that some dim replicates, every rank's from one
+    // all-gather; every rank then judges every dim alike, so all of them stop together.
+    std::vector<size_t> on_mesh;
+    std::vector<int64_t> sums;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const DTensor& p = *params[i].second;
+      if (p.device_mesh() != mesh) continue;
+      bool replicated = false;
+      for (int d = 0; d < mesh.ndim(); ++d) replicated |= mesh.size(d) > 1 && p.placements()[d].is_replicate();
+      on_mesh.push_back(i);
+      sums.push_back(replicated ? static_cast<int64_t>(checksum_of(p)) : 0);  // the bits as they are
+    }
+    const comm::Group& everyone = mesh.whole_group();
+    if (everyone.size() == 1) continue;
+    const int64_t n = static_cast<int64_t>(sums.size());
+    at::Tensor mine = at::tensor(sums, at::kLong).to(tensor_options(mesh, at::kLong).device());
+    const at::Tensor all = comm::all_gather(mine, everyone).cpu();  // [ranks * n], rank-major
+    const int64_t* v = all.data_ptr<int64_t>();
+    std::vector<std::vector<int64_t>> coords;
+    for (int r = 0; r < everyone.size(); ++r) coords.push_back(mesh.shape().coord_of(everyone.global_rank(r)));
+
+    for (int64_t k = 0; k < n; ++k) {
+      const DTensor& p = *params[on_mesh[k]].second;
+      // Ranks that must hold the same copy: those whose coordinates agree on every dim that
+      // does not replicate the parameter.
+      std::vector<int> kept;
+      std::string dims;
+      for (int d = 0; d < mesh.ndim(); ++d) {
+        if (mesh.size(d) > 1 && p.placements()[d].is_replicate())
+          dims += (dims.empty() ? "" : ", ") + mesh.dim_names()[d];
+        else
+          kept.push_back(d);
       }
-      if (sums.empty()) continue;
-      const comm::Group& group = mesh.group(d);
-      const int64_t n = static_cast<int64_t>(sums.size());
-      at::Tensor mine = at::tensor(sums, at::kLong).to(tensor_options(mesh, at::kLong).device());
-      const at::Tensor all = comm::all_gather(mine, group).cpu();  // [size * n], rank-major
-      const int64_t* v = all.data_ptr<int64_t>();
-      for (int64_t k = 0; k < n; ++k) {
-        std::vector<uint64_t> per_rank;
-        for (int r = 0; r < group.size(); ++r) per_rank.push_back(static_cast<uint64_t>(v[r * n + k]));
-        const std::vector<int> odd = minority_ranks(per_rank);
+      if (dims.empty()) continue;
+      std::map<std::vector<int64_t>, std::vector<int>> replica_sets;
+      for (int r = 0; r < everyone.size(); ++r) {
+        std::vector<int64_t> key;
+        for (int d : kept) key.push_back(coords[r][d]);
+        replica_sets[key].push_back(r);
+      }
+      for (const auto& [key, set] : replica_sets) {
+        std::vector<uint64_t> copies;
+        for (int r : set) copies.push_back(static_cast<uint64_t>(v[r * n + k]));
+        const std::vector<int> odd = minority_ranks(copies);
         if (odd.empty()) continue;
-        std::vector<int> odd_global, all_global;
-        for (int r : odd) odd_global.push_back(group.global_rank(r));
-        for (int r = 0; r < group.size(); ++r) all_global.push_back(group.global_rank(r));
-        const std::string& name = params[replicated[k]].first;
-        const std::string& dim = mesh.dim_names()[d];
-        if (odd.size() == per_rank.size())
-          HP_FAIL() << "replica mismatch in " << name << " at step " << step << ": ranks " << rank_list(all_global)
-                    << " hold different copies over " << dim << " and none has a majority";
-        HP_FAIL() << "replica mismatch in " << name << " at step " << step << ": rank"
-                  << (odd.size() > 1 ? "s " : " ") << rank_list(odd_global) << " differ"
-                  << (odd.size() > 1 ? "" : "s") << " from the other ranks of " << dim << " ["
-                  << rank_list(all_global) << "]";
+        std::vector<int> odd_global, set_global;
+        for (int j : odd) odd_global.push_back(everyone.global_rank(set[j]));
+        for (int r : set) set_global.push_back(everyone.global_rank(r));
+        const std::string& name = params[on_mesh[k]].first;
+        if (odd.size() == set.size())
+          HP_FAIL() << "replica mismatch in " << name << " at step " << step << ": ranks " << rank_list(set_global)
+                    << " hold different copies (replicated over " << dims << ") and none has a majority";
+        HP_FAIL() << "replica mismatch in " << name << " at step " << step << ": rank" << (odd.size() > 1 ? "s " : " ")
+                  << rank_list(odd_global) << " differ" << (odd.size() > 1 ? "" : "s") << " from the other copies on ranks ["
+                  << rank_list(set_global) << "] (replicated over " << dims << ")";
       }
     }
   }

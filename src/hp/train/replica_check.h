@@ -14,9 +14,10 @@
 
 namespace hp::train {
 
-// On every rank in the same order: one all-gather per mesh dim of size > 1. Throws
-// hp::Error naming `step`, the first parameter that differs, the dim and the global ranks
-// whose copy differs from the one most of them hold (every rank's when none has a majority).
+// On every rank in the same order: one all-gather over the mesh. Throws
+// hp::Error naming `step`, the first parameter that differs and the global ranks whose copy
+// differs from the one most of the ranks that must agree hold (all of them when no copy has
+// a majority: two replicas cannot say which one is wrong).
 void check_replicas(const std::vector<std::pair<std::string, DTensor*>>& params, int64_t step);
 
 // The group ranks whose value is not the one held by more than half of them; all of them
