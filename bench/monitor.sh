@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Cost of the precision monitor on the demo run (configs/demo.toml, dp = 2 x tp = 2, 4
-# ranks): the bare model and one watched at every = 10 (norms, non-finite check, replica
-# check, spikes, a file) alternate in blocks of 10 steps inside one job (bench/monitor.cpp).
-# Prints RESULT monitor_overhead: watched over bare step time, from per-step medians.
+# ranks): blocks of 10 steps of one model, alternately bare and watched at every = 10
+# (norms, non-finite check, replica check, spikes, a file), in one job (bench/monitor.cpp).
+# Prints RESULT monitor_overhead: a watched block of 10 steps over a bare one, from medians.
 #   bench/monitor.sh [rounds] [every]
 set -euo pipefail
 cd "$(dirname "$0")/.."
