@@ -124,7 +124,8 @@ int main(int argc, char** argv) {
     }
     const auto wall_a = over_ranks(bare.wall, ReduceOp::Max, *group);
     const auto wall_b = over_ranks(watched.wall, ReduceOp::Max, *group);
-    const auto cpu_a = over_ranks(bare.cpu, ReduceOp::Sum, *group), cpu_b = over_ranks(watched.cpu, ReduceOp::Sum, *group);
+    const auto cpu_a = over_ranks(bare.cpu, ReduceOp::Sum, *group);
+    const auto cpu_b = over_ranks(watched.cpu, ReduceOp::Sum, *group);
     if (world->rank() != 0) return 0;
     std::remove(file.c_str());
     const double wall = report("wall time", wall_a, wall_b, every), cpu = report("CPU time", cpu_a, cpu_b, every);

@@ -135,6 +135,34 @@ TEST(Monitor, AFlippedByteInOneReplicaIsCaughtNamingItsRank) {
   EXPECT_EQ(run(c, flip_a_bit(/*rank=*/1, /*step=*/3)), "");
 }
 
+TEST(Monitor, ReplicasAreCheckedInsidePipelineStages) {
+  auto c = config({2, 2}, {"pp", "dp"});
+  c.train.batch = 8;  // 4 microbatches over 2 dp ranks
+  c.monitor.replica_check_every = 1;
+  EXPECT_EQ(run(c), "");
+  // A flip on stage 1 (ranks 2 and 3) stops stage 0 too; the lowest rank's error is rank 0's.
+  std::vector<std::string> errors(4);
+  train::TrainHooks flip = flip_a_bit(/*rank=*/3, /*step=*/2, "layers.1.mlp.up_proj.weight");
+  try {
+    comm::run_local_ranks(4, [&](int rank) {
+      try {
+        train::run_training(c, flip);
+      } catch (const Error& e) {
+        errors[rank] = e.what();
+        throw;
+      }
+    });
+  } catch (const Error&) {
+  }
+  EXPECT_NE(errors[0].find("replica mismatch at step 2 on another pipeline stage (rank 2 found it)"),
+            std::string::npos)
+      << errors[0];
+  EXPECT_NE(errors[3].find("replica mismatch in layers.1.mlp.up_proj.weight at step 2: ranks 2, 3 hold different "
+                           "copies (replicated over dp)"),
+            std::string::npos)
+      << errors[3];
+}
+
 TEST(Monitor, NormsOfDataAndTensorParallelRunsEqualTheSingleProcessRun) {
   const std::string single = temp("single.jsonl"), dp2 = temp("dp2.jsonl"), dp2tp2 = temp("dp2tp2.jsonl");
   auto c = config({1}, {"dp"});

@@ -63,9 +63,9 @@ void run_diff(const DiffArgs& d) {
   }
   const train::Divergence& v = *c.first;
   const double rel = std::abs(v.a - v.b) / std::max(std::abs(v.a), std::abs(v.b));
-  std::printf("first divergence at step %lld in %s: %s %.9g vs %.9g (relative difference %.3g > rtol %g)\n",
-              static_cast<long long>(v.step), v.module.empty() ? "the step" : v.module.c_str(), v.metric.c_str(), v.a,
-              v.b, rel, d.rtol);
+  const std::string where = v.module.empty() ? "" : " in " + v.module;  // "": the step's own line
+  std::printf("first divergence at step %lld%s: %s %.9g vs %.9g (relative difference %.3g > rtol %g)\n",
+              static_cast<long long>(v.step), where.c_str(), v.metric.c_str(), v.a, v.b, rel, d.rtol);
   throw CLI::RuntimeError(1);  // no message: the exit status says "differ"
 }
 

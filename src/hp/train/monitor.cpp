@@ -1,9 +1,13 @@
 #include "hp/train/monitor.h"
 
+#include <ATen/ATen.h>
+
 #include <cmath>
 #include <cstdio>
 #include <limits>
 
+#include "hp/base/error.h"
+#include "hp/comm/collectives.h"
 #include "hp/train/replica_check.h"
 
 namespace hp::train {
@@ -48,19 +52,34 @@ void Monitor::end_step(double loss, double grad_norm) {
       if (out_) out_->write(r);
     }
   }
-  if (cfg_.replica_check_every > 0 && (step_ + 1) % cfg_.replica_check_every == 0)
-    check_replicas(t_.model->named_parameters(), step_);
-  if (!monitored_ || !out_) return;
-  std::vector<MonitorRecord> lines;
-  for (const ModuleNorm& n : last_norms_) {
+  if (monitored_ && out_) {  // before the replica check, which may stop the run
+    std::vector<MonitorRecord> lines;
+    for (const ModuleNorm& n : last_norms_) {
+      MonitorRecord r;
+      r.step = step_, r.module = n.module, r.act_norm = n.act_norm, r.grad_norm = n.grad_norm;
+      lines.push_back(r);
+    }
     MonitorRecord r;
-    r.step = step_, r.module = n.module, r.act_norm = n.act_norm, r.grad_norm = n.grad_norm;
+    r.step = step_, r.loss = loss, r.grad_norm = grad_norm;
     lines.push_back(r);
+    out_->write(lines);
   }
-  MonitorRecord r;
-  r.step = step_, r.loss = loss, r.grad_norm = grad_norm;
-  lines.push_back(r);
-  out_->write(lines);
+  if (cfg_.replica_check_every > 0 && (step_ + 1) % cfg_.replica_check_every == 0) check_replicas();
+}
+
+void Monitor::check_replicas() {
+  const std::string mismatch = find_replica_mismatch(t_.model->named_parameters(), step_);
+  // Pipeline stages stop together: one left running would wait on the others forever.
+  if (t_.other_stages && t_.other_stages->size() > 1) {
+    constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+    const int64_t mine = mismatch.empty() ? kNone : int64_t(t_.mesh.rank());
+    at::Tensor finder = at::full({}, mine, tensor_options(t_.mesh, at::kLong));
+    comm::all_reduce_(finder, *t_.other_stages, ReduceOp::Min);
+    const int64_t rank = finder.item<int64_t>();
+    HP_CHECK(!mismatch.empty() || rank == kNone)
+        << "replica mismatch at step " << step_ << " on another pipeline stage (rank " << rank << " found it)";
+  }
+  HP_CHECK(mismatch.empty()) << mismatch;
 }
 
 }  // namespace hp::train

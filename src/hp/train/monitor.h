@@ -35,6 +35,8 @@ class Monitor {
   void end_step(double loss, double grad_norm);
 
  private:
+  void check_replicas();  // every rank of every stage, stopping all of them on a mismatch
+
   Training& t_;
   MonitorConfig cfg_;
   bool grad_norm_known_;

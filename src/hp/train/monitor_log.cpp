@@ -13,6 +13,12 @@ namespace {
 
 using Json = nlohmann::ordered_json;  // keys in the order written
 
+struct TextKey {
+  const char* key;
+  std::string MonitorRecord::*member;
+};
+const TextKey kTextKeys[] = {{"module", &MonitorRecord::module}, {"event", &MonitorRecord::event}};
+
 struct NumberKey {
   const char* key;
   double MonitorRecord::*member;
@@ -35,11 +41,11 @@ MonitorRecord parse_line(const std::string& line, const std::string& path, int64
   auto step = j.find("step");
   HP_CHECK(step != j.end() && step->is_number_integer()) << path << " line " << n << ": needs an integer \"step\"";
   r.step = step->get<int64_t>();
-  for (const char* key : {"module", "event"}) {
-    auto it = j.find(key);
+  for (const TextKey& k : kTextKeys) {
+    auto it = j.find(k.key);
     if (it == j.end()) continue;
-    HP_CHECK(it->is_string()) << path << " line " << n << ": \"" << key << "\" must be a string, got " << it->dump();
-    (key[0] == 'm' ? r.module : r.event) = it->get<std::string>();
+    HP_CHECK(it->is_string()) << path << " line " << n << ": \"" << k.key << "\" must be a string, got " << it->dump();
+    r.*k.member = it->get<std::string>();
   }
   for (const NumberKey& k : kNumberKeys) {
     auto it = j.find(k.key);

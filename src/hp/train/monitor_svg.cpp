@@ -1,6 +1,7 @@
 #include "hp/train/monitor_svg.h"
 
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <sstream>
 

@@ -36,14 +36,16 @@ std::vector<int> minority_ranks(const std::vector<uint64_t>& values) {
   return out;
 }
 
-void check_replicas(const std::vector<std::pair<std::string, DTensor*>>& params, int64_t step) {
+std::string find_replica_mismatch(const std::vector<std::pair<std::string, DTensor*>>& params, int64_t step) {
   // Meshes in first-appearance order: the same on every rank.
   std::vector<DeviceMesh> meshes;
   for (const auto& [name, p] : params)
     if (std::find(meshes.begin(), meshes.end(), p->device_mesh()) == meshes.end()) meshes.push_back(p->device_mesh());
   for (const DeviceMesh& mesh : meshes) {
     // Checksums of this mesh's parameters that some dim replicates, every rank's from one
-    // all-gather; every rank then judges every dim alike, so all of them stop together.
+    // all-gather; every rank then judges every set of copies alike, so all stop together.
+    const comm::Group& everyone = mesh.whole_group();
+    if (everyone.size() == 1) continue;
     std::vector<size_t> on_mesh;
     std::vector<int64_t> sums;
     for (size_t i = 0; i < params.size(); ++i) {
@@ -54,8 +56,6 @@ void check_replicas(const std::vector<std::pair<std::string, DTensor*>>& params,
       on_mesh.push_back(i);
       sums.push_back(replicated ? static_cast<int64_t>(checksum_of(p)) : 0);  // the bits as they are
     }
-    const comm::Group& everyone = mesh.whole_group();
-    if (everyone.size() == 1) continue;
     const int64_t n = static_cast<int64_t>(sums.size());
     at::Tensor mine = at::tensor(sums, at::kLong).to(tensor_options(mesh, at::kLong).device());
     const at::Tensor all = comm::all_gather(mine, everyone).cpu();  // [ranks * n], rank-major
@@ -91,15 +91,20 @@ void check_replicas(const std::vector<std::pair<std::string, DTensor*>>& params,
         for (int j : odd) odd_global.push_back(everyone.global_rank(set[j]));
         for (int r : set) set_global.push_back(everyone.global_rank(r));
         const std::string& name = params[on_mesh[k]].first;
+        std::ostringstream o;
+        o << "replica mismatch in " << name << " at step " << step << ": ";
         if (odd.size() == set.size())
-          HP_FAIL() << "replica mismatch in " << name << " at step " << step << ": ranks " << rank_list(set_global)
-                    << " hold different copies (replicated over " << dims << ") and none has a majority";
-        HP_FAIL() << "replica mismatch in " << name << " at step " << step << ": rank" << (odd.size() > 1 ? "s " : " ")
-                  << rank_list(odd_global) << " differ" << (odd.size() > 1 ? "" : "s") << " from the other copies on ranks ["
-                  << rank_list(set_global) << "] (replicated over " << dims << ")";
+          o << "ranks " << rank_list(set_global) << " hold different copies (replicated over " << dims
+            << ") and none has a majority";
+        else
+          o << "rank" << (odd.size() > 1 ? "s " : " ") << rank_list(odd_global) << " differ"
+            << (odd.size() > 1 ? "" : "s") << " from the other copies on ranks [" << rank_list(set_global)
+            << "] (replicated over " << dims << ")";
+        return o.str();
       }
     }
   }
+  return "";
 }
 
 }  // namespace hp::train

@@ -14,11 +14,12 @@
 
 namespace hp::train {
 
-// On every rank in the same order: one all-gather over the mesh. Throws
-// hp::Error naming `step`, the first parameter that differs and the global ranks whose copy
-// differs from the one most of the ranks that must agree hold (all of them when no copy has
-// a majority: two replicas cannot say which one is wrong).
-void check_replicas(const std::vector<std::pair<std::string, DTensor*>>& params, int64_t step);
+// On every rank in the same order: one all-gather over each mesh the parameters live on.
+// The first parameter whose copies differ, with `step` and the global ranks whose copy
+// differs from the one most of the ranks that must agree hold (all of them when no copy
+// has a majority: two replicas cannot say which one is wrong); "" when all agree. Every
+// rank of a mesh returns the same.
+std::string find_replica_mismatch(const std::vector<std::pair<std::string, DTensor*>>& params, int64_t step);
 
 // The group ranks whose value is not the one held by more than half of them; all of them
 // when no value is; none when they all agree.
