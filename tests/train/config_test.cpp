@@ -208,7 +208,7 @@ TEST(TrainConfig, UnknownSectionAndTopLevelKey) {
 
 TEST(TrainConfig, ErrorsListWhatTheTableKnows) {
   EXPECT_HAS(load_error("[optimizer]\nlr = 1.0\n"),
-             "known sections: [mesh], [pipeline], [model], [train], [data], [checkpoint], [low_precision])");
+             "known sections: [mesh], [pipeline], [model], [train], [data], [checkpoint], [low_precision], [monitor])");
   EXPECT_HAS(load_error("[mesh]\nfoo = 1\n"),
              "unknown key mesh.foo (known: data_parallel, names, sequence_parallel, shape)");
   EXPECT_HAS(load_error("[pipeline]\nstages = 2\n"),
@@ -230,6 +230,9 @@ TEST(TrainConfig, WrongTypeNamesKeyValueAndFile) {
   EXPECT_HAS(load_error("[data]\npath = 3\n"), "data.path must be a string");
   EXPECT_HAS(load_error("[checkpoint]\nasync = \"yes\"\n"), "checkpoint.async must be a boolean");
   EXPECT_HAS(load_error("[checkpoint]\nevery = -1\n"), "checkpoint.every = -1 must be >= 0");
+  EXPECT_HAS(load_error("[monitor]\nevery = -1\n"), "monitor.every = -1 must be >= 0");
+  EXPECT_HAS(load_error("[monitor]\nspike_factor = 0.5\n"), "monitor.spike_factor = 0.5 must be 0 (off) or above 1");
+  EXPECT_HAS(load_error("[mesh]\nshape = [2]\nnames = [\"pp\"]\n[monitor]\nevery = 5\n"), "monitor.every needs pp = 1");
 }
 
 TEST(TrainConfig, MissingFileNamesIt) {
@@ -326,6 +329,10 @@ TrainConfig all_changed() {
   c.low_precision.scaling = "tensorwise";
   c.low_precision.delayed = true;
   c.low_precision.history_len = 4;
+  c.monitor.every = 10;
+  c.monitor.file = "runs/monitor.jsonl";
+  c.monitor.spike_factor = 2.5;
+  c.monitor.replica_check_every = 20;
   return c;
 }
 
@@ -387,6 +394,10 @@ TEST(TrainConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(d.low_precision.scaling, c.low_precision.scaling);
   EXPECT_EQ(d.low_precision.delayed, c.low_precision.delayed);
   EXPECT_EQ(d.low_precision.history_len, c.low_precision.history_len);
+  EXPECT_EQ(d.monitor.every, c.monitor.every);
+  EXPECT_EQ(d.monitor.file, c.monitor.file);
+  EXPECT_EQ(bits(d.monitor.spike_factor), bits(c.monitor.spike_factor));
+  EXPECT_EQ(d.monitor.replica_check_every, c.monitor.replica_check_every);
 }
 
 // The printed [section] and `key = ` lines are exactly the table's rows, in its order.
@@ -406,7 +417,7 @@ TEST(TrainConfig, PrinterPrintsTheTable) {
   }
   for (const auto& f : hp::train::config_fields()) table.push_back(f.section + "." + f.key);
   EXPECT_EQ(printed, table);
-  EXPECT_EQ(table.size(), 41u);  // 4 mesh, 4 pipeline, 10 model, 14 train, 1 data, 5 checkpoint, 3 low_precision
-  EXPECT_EQ(hp::train::config_sections(),
-            (std::vector<std::string>{"mesh", "pipeline", "model", "train", "data", "checkpoint", "low_precision"}));
+  EXPECT_EQ(table.size(), 45u);  // 4 mesh, 4 pipeline, 10 model, 14 train, 1 data, 5 checkpoint, 3 low_precision, 4 monitor
+  EXPECT_EQ(hp::train::config_sections(), (std::vector<std::string>{"mesh", "pipeline", "model", "train", "data",
+                                                                    "checkpoint", "low_precision", "monitor"}));
 }

@@ -350,6 +350,16 @@ void validate(const TrainConfig& c) {
   HP_CHECK(!lp.delayed || lp.scaling == "tensorwise")
       << src << ": low_precision.delayed needs low_precision.scaling = \"tensorwise\", not \"" << lp.scaling << "\"";
   positive("low_precision.history_len", lp.history_len);
+  const auto& mon = c.monitor;
+  HP_CHECK(mon.every >= 0) << src << ": monitor.every = " << mon.every << " must be >= 0";
+  HP_CHECK(mon.replica_check_every >= 0)
+      << src << ": monitor.replica_check_every = " << mon.replica_check_every << " must be >= 0";
+  // A factor of 1 or less flags about half of all steps.
+  HP_CHECK(mon.spike_factor == 0 || (mon.spike_factor > 1 && std::isfinite(mon.spike_factor)))
+      << src << ": monitor.spike_factor = " << mon.spike_factor << " must be 0 (off) or above 1";
+  // The norms are gathered inside one stage's ranks; stages would need one more exchange.
+  HP_CHECK(mon.every == 0 || dims.pp == 1)
+      << src << ": monitor.every needs pp = 1 (the per-module norms do not cross pipeline stages yet)";
   HP_CHECK(t.seq <= md.max_seq) << src << ": train.seq = " << t.seq
                                 << " exceeds model.max_seq = " << md.max_seq;
 

@@ -76,6 +76,16 @@ struct PrecisionConfig {
   int64_t history_len = 16;
 };
 
+// The precision monitor (monitor.h): each part is off at 0 and costs nothing then.
+struct MonitorConfig {
+  int64_t every = 0;               // steps between per-module norm and non-finite checks; 0 = off
+  std::string file;                // JSON lines of norms and spikes (`hp monitor plot`, `hp diff`); "" = none
+  double spike_factor = 0;         // flag a loss or grad norm above this times the last 20 steps' median; 0 = off
+  int64_t replica_check_every = 0; // steps between cross-rank checksums of replicated parameters; 0 = off
+
+  bool enabled() const { return every > 0 || spike_factor > 0 || replica_check_every > 0; }
+};
+
 struct TrainConfig {
   MeshConfig mesh;
   PipelineConfig pipeline;
@@ -84,6 +94,7 @@ struct TrainConfig {
   DataConfig data;
   CheckpointConfig checkpoint;
   PrecisionConfig low_precision;
+  MonitorConfig monitor;
   std::string source = "<defaults>";  // file it was read from, for messages
 
   // Size of the mesh dim called `name`, 1 if the mesh has none.

@@ -23,6 +23,7 @@ using Loop = LoopConfig;
 using Data = DataConfig;
 using Ckpt = CheckpointConfig;
 using Precision = PrecisionConfig;
+using Mon = MonitorConfig;
 
 std::vector<Field> make_fields() {
   return {
@@ -77,6 +78,13 @@ std::vector<Field> make_fields() {
        at<&T::low_precision, &Precision::scaling>()},
       {"low_precision", "delayed", "tensorwise scales from an amax history", at<&T::low_precision, &Precision::delayed>()},
       {"low_precision", "history_len", "steps in the amax history", at<&T::low_precision, &Precision::history_len>()},
+      {"monitor", "every", "steps between per-module norm and non-finite checks; 0 = off",
+       at<&T::monitor, &Mon::every>()},
+      {"monitor", "file", "JSON lines of norms and spikes; \"\" = none", at<&T::monitor, &Mon::file>()},
+      {"monitor", "spike_factor", "flag a loss or grad norm above this times the recent median; 0 = off",
+       at<&T::monitor, &Mon::spike_factor>()},
+      {"monitor", "replica_check_every", "steps between checksums of replicated parameters; 0 = off",
+       at<&T::monitor, &Mon::replica_check_every>()},
   };
 }
 

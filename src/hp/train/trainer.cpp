@@ -15,6 +15,7 @@
 #include "hp/parallel.h"
 #include "hp/plan/flops.h"
 #include "hp/train/data.h"
+#include "hp/train/monitor.h"
 #include "hp/train/plan_bridge.h"
 #include "hp/train/train_step.h"
 
@@ -71,6 +72,13 @@ double measure_peak_flops() {
 }  // namespace
 
 TrainResult run_training(const TrainConfig& cfg, const std::function<void(const StepLog&)>& on_log) {
+  TrainHooks hooks;
+  hooks.on_log = on_log;
+  return run_training(cfg, hooks);
+}
+
+TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
+  const auto& on_log = hooks.on_log;
   validate(cfg);
   if (cfg.train.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
   Training t = build_training(cfg);
@@ -100,6 +108,9 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
   std::optional<MetricsWriter> metrics;
   if (!cfg.train.metrics_file.empty() && comm::current_world()->rank() == 0)
     metrics.emplace(cfg.train.metrics_file, /*append=*/result.first_step > 0);
+  if (hooks.on_built) hooks.on_built(t);
+  std::optional<Monitor> monitor;  // nothing at all when [monitor] is off
+  if (cfg.monitor.enabled()) monitor.emplace(t, cfg, /*append=*/result.first_step > 0);
 
   auto since = std::chrono::steady_clock::now();
   int64_t steps_since = 0;
@@ -107,8 +118,11 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
   for (int64_t step = result.first_step; step < cfg.train.steps; ++step) {
     const double lr = optim::warmup_cosine_lr(step, t.base_lr, cfg.train.warmup, cfg.train.steps);
     Batch b = loader.next();
+    if (hooks.before_step) hooks.before_step(t, step);
+    if (monitor) monitor->begin_step(step);
     // The snapshot of an asynchronous save is copied until the step below changes it.
     StepOutput out = train_step(t, cfg, b.inputs, b.targets, lr, [&] {
+      if (monitor) monitor->after_backward();  // stops before a non-finite value reaches the parameters
       if (ckpt) ckpt->wait_for_snapshot();
     });
     const double norm = out.grad_norm;
@@ -116,6 +130,7 @@ TrainResult run_training(const TrainConfig& cfg, const std::function<void(const 
     const double value = out.loss.item<double>();  // the same on every rank
     HP_CHECK(std::isfinite(value)) << "loss became " << value << " at step " << step;
     result.losses.push_back(value);
+    if (monitor) monitor->end_step(value, norm);
     ++steps_since;
     const bool last = step + 1 == cfg.train.steps;
     if (ckpt && (last || (cc.every > 0 && (step + 1) % cc.every == 0))) {
