@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hp/base/error.h"
+#include "hp/train/json_lines.h"
 
 namespace hp::train {
 namespace {
@@ -77,16 +78,7 @@ void MetricsWriter::write(const MetricsRecord& r) {
   HP_CHECK(out_.good()) << "failed writing the metrics file '" << path_ << "'";
 }
 
-std::vector<MetricsRecord> read_metrics(const std::string& path) {
-  std::ifstream in(path);
-  HP_CHECK(in.is_open()) << "cannot open the metrics file '" << path << "'";
-  std::vector<MetricsRecord> records;
-  std::string line;
-  for (int64_t n = 1; std::getline(in, line); ++n)
-    if (line.find_first_not_of(" \t\r") != std::string::npos) records.push_back(parse_line(line, path, n));
-  HP_CHECK(in.eof()) << "failed reading the metrics file '" << path << "'";
-  return records;
-}
+std::vector<MetricsRecord> read_metrics(const std::string& path) { return read_json_lines(path, "metrics file", parse_line); }
 
 std::vector<MetricsRecord> last_record_per_step(const std::vector<MetricsRecord>& records) {
   std::map<int64_t, MetricsRecord> by_step;

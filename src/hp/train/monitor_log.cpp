@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "hp/base/error.h"
+#include "hp/train/json_lines.h"
 
 namespace hp::train {
 namespace {
@@ -91,16 +92,7 @@ void MonitorWriter::write(const std::vector<MonitorRecord>& records) {
   HP_CHECK(out_.good()) << "failed writing the monitor file '" << path_ << "'";
 }
 
-std::vector<MonitorRecord> read_monitor_log(const std::string& path) {
-  std::ifstream in(path);
-  HP_CHECK(in.is_open()) << "cannot open the monitor file '" << path << "'";
-  std::vector<MonitorRecord> records;
-  std::string line;
-  for (int64_t n = 1; std::getline(in, line); ++n)
-    if (line.find_first_not_of(" \t\r") != std::string::npos) records.push_back(parse_line(line, path, n));
-  HP_CHECK(in.eof()) << "failed reading the monitor file '" << path << "'";
-  return records;
-}
+std::vector<MonitorRecord> read_monitor_log(const std::string& path) { return read_json_lines(path, "monitor file", parse_line); }
 
 std::vector<MonitorRecord> latest_norms(const std::vector<MonitorRecord>& records) {
   std::map<int64_t, std::vector<std::string>> order;  // modules of each step, first written first

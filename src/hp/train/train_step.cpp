@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 
-#include <algorithm>
 
 #include "hp/comm/collectives.h"
 #include "hp/optim/adamw.h"
