@@ -5,6 +5,9 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
+#include <mutex>
+
 #include "parallel/llama_run.h"
 #include "comm/scoped_env.h"
 
@@ -81,6 +84,79 @@ TEST(FullyShard, GradientAccumulationEqualsLargeBatch) {
   LlamaRunSpec ref;
   ref.batch = 8;
   hp::testing::expect_runs_match(hp::testing::train_llama(spec), hp::testing::train_llama(ref));
+}
+
+// ZeRO stages 1-3 driven over four micro-steps as the trainer's pipeline drives them
+// (prepare_zero_backward before each), on 2 ranks and on 3 (uneven shards): the same
+// numbers as one step on the whole batch.
+LlamaRunSpec zero_spec(int world, int stage) {
+  LlamaRunSpec spec;
+  spec.mesh_shape = {world};
+  spec.batch = 4 * world, spec.micro_steps = 4;
+  spec.parallelize = [stage](nn::Llama& model, const DeviceMesh& mesh) {
+    FSDPModule root = fully_shard_llama(model, mesh["dp"], zero_stage_options(stage));
+    return std::function<void(bool)>([root, stage](bool last) mutable { prepare_zero_backward(root, stage, last); });
+  };
+  return spec;
+}
+TEST(FullyShard, ZeroStagesWithAccumulationEqualLargeBatch) {
+  for (int world : {2, 3}) {
+    LlamaRunSpec ref;
+    ref.batch = 4 * world;
+    const LlamaRun want = hp::testing::train_llama(ref);
+    for (int stage : {1, 2, 3}) {
+      SCOPED_TRACE("world " + std::to_string(world) + ", ZeRO-" + std::to_string(stage));
+      hp::testing::expect_runs_match(hp::testing::train_llama(zero_spec(world, stage)), want);
+    }
+  }
+}
+
+// What each stage communicates over one step of four micro-steps of the 2-block model (3
+// units: two blocks and the root), counted by the collective log, and whether parameters
+// stay gathered between micro-steps. ZeRO-1: each unit gathered once and reduced once;
+// ZeRO-2: reduced every micro-step; ZeRO-3: the blocks gathered again for backward (the
+// root keeps its parameters from forward to backward) every micro-step.
+TEST(FullyShard, ZeroStagesGatherReduceAndHoldAsDocumented) {
+  struct Want {
+    int stage, gathers, reductions;
+    bool held_between;
+  };
+  for (Want w : {Want{1, 3, 3, true}, Want{2, 3, 12, true}, Want{3, 4 * 5, 12, false}}) {
+    SCOPED_TRACE("ZeRO-" + std::to_string(w.stage));
+    std::mutex mu;
+    std::map<const nn::Module*, FSDPModule> roots;  // each rank's
+    LlamaRunSpec spec = zero_spec(2, w.stage);
+    spec.steps = 1;
+    spec.parallelize = [&, w](nn::Llama& model, const DeviceMesh& mesh) {
+      FSDPModule root = fully_shard_llama(model, mesh["dp"], zero_stage_options(w.stage));
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        roots.emplace(&model, root);
+      }
+      comm::current_world()->collective_log().enable();
+      auto micro = std::make_shared<int>(0);
+      return std::function<void(bool)>([root, w, micro](bool last) mutable {
+        // Before micro-steps 2-4: what the previous backward left gathered.
+        if ((*micro)++ > 0) EXPECT_EQ(root.unsharded_bytes() > 0, w.held_between) << "before micro-step " << *micro;
+        prepare_zero_backward(root, w.stage, last);
+      });
+    };
+    spec.after_backward = [&, w](nn::Llama& model, int64_t) {
+      std::unique_lock<std::mutex> lock(mu);
+      const FSDPModule root = roots.at(&model);
+      lock.unlock();
+      EXPECT_EQ(root.unsharded_bytes(), 0) << "a gather outlives the step's last backward";
+      int gathers = 0, reductions = 0;
+      for (const auto& r : comm::current_world()->collective_log().records()) {
+        gathers += r.op == "all_gather" && r.numel > 16;  // not the loss's
+        reductions += r.op == "reduce_scatter";
+      }
+      EXPECT_EQ(gathers, w.gathers);
+      EXPECT_EQ(reductions, w.reductions);
+      comm::current_world()->collective_log().enable(false);
+    };
+    hp::testing::train_llama(spec);
+  }
 }
 
 // bfloat16 compute, float32 reduction and master weights: every block computes on
