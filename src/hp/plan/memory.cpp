@@ -40,16 +40,16 @@ double layer_activation_bytes_per_token(const ModelDesc& m, bool moe_layer, Reco
 double eager_layer_activation_elements(const ModelDesc& m, int64_t tp) {
   HP_CHECK(!m.is_moe()) << "the eager activation count covers dense layers only, not " << m.name;
   const double t = double(tp), h = m.hidden, q = m.q_dim() / t, kv = m.kv_dim() / t, f = m.ffn / t;
-  const double heads = m.heads / t, s = m.seq_len;
-  const bool grouped = m.kv_heads < m.heads;
+  const double heads = m.heads / t;
   // Each RMSNorm keeps its input, 1/rms and the normalised input (sequence-sharded under
   // sequence parallelism), and its weighted output: the input of the projections, which
   // keep it whole (all-gathered) when tp > 1.
   const double norm = h / t + 1 / t + h / t + h;
-  // q, k, v projections; rotary keeps its inputs; the scaled q, the keys and values
-  // (repeated to every head when grouped) feed the two matmuls; the s x s softmax output;
-  // the heads' output, transposed and copied, feeds o_proj.
-  const double attn = q + kv + q + (grouped ? 2 * q : 2 * kv) + heads * s + q;
+  // q, k, v projections, which rotary keeps as its inputs; rotary's outputs, which
+  // scaled_dot_product_attention keeps (grouped heads are not repeated) with its output
+  // and one log-sum-exp per head (a flash kernel: no s x s probabilities); the heads'
+  // output, transposed and copied, feeds o_proj.
+  const double attn = q + kv + q + kv + q + heads + q;
   // SwiGLU: gate and up projections, silu's output, their product (down_proj's input).
   const double mlp = 4 * f;
   return 2 * norm + attn + mlp;

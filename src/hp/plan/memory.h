@@ -20,8 +20,8 @@ struct Numerics {
   double optimizer_bytes = 12;  // AdamW: fp32 master weights, m and v
   double activation_bytes = 2;
   // false: fused kernels (flash attention, fused norms), counted by
-  // layer_activation_bytes_per_token. true: hp::nn's eager ops, which keep the s x s
-  // attention probabilities and each unfused op's inputs (eager_layer_activation_elements).
+  // layer_activation_bytes_per_token. true: hp::nn's eager ops, which keep each unfused
+  // op's inputs (eager_layer_activation_elements; attention is SDPA's flash kernel).
   bool eager = false;
   bool ddp_buckets = false;     // data parallelism keeps a flat copy of the gradients
 };
