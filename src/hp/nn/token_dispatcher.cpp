@@ -1,0 +1,57 @@
+#include "hp/nn/token_dispatcher.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "hp/base/error.h"
+
+namespace hp::nn {
+
+DispatchedTokens TokenDispatcher::dispatch(const at::Tensor& tokens, const at::Tensor& indices, int64_t num_experts) {
+  HP_CHECK(tokens.dim() == 2 && indices.dim() == 2 && indices.size(0) == tokens.size(0))
+      << "dispatch needs tokens [T, D] and indices [T, top_k], got " << tokens.sizes() << " and " << indices.sizes();
+  num_tokens_ = tokens.size(0);
+  top_k_ = indices.size(1);
+  assignments_ = num_tokens_ * top_k_;
+  at::Tensor flat = indices.reshape({-1}).to(at::kLong).cpu();
+  at::Tensor order = at::argsort(flat, /*stable=*/true);  // by expert, token order within one
+  at::Tensor counts = at::bincount(flat, {}, num_experts);
+  std::vector<int64_t> per_expert(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + num_experts);
+  dropped_ = 0;
+  if (options_.capacity_factor > 0) {
+    // The first `capacity` assignments of each expert, in token order, are kept.
+    const auto capacity = static_cast<int64_t>(
+        std::ceil(options_.capacity_factor * double(assignments_) / double(num_experts)));
+    std::vector<int64_t> keep;
+    keep.reserve(assignments_);
+    const int64_t* o = order.data_ptr<int64_t>();
+    int64_t start = 0;
+    for (int64_t e = 0; e < num_experts; ++e) {
+      const int64_t take = std::min(per_expert[e], capacity);
+      keep.insert(keep.end(), o + start, o + start + take);
+      dropped_ += per_expert[e] - take;
+      start += per_expert[e];
+      per_expert[e] = take;
+    }
+    order = at::tensor(keep, at::kLong);
+  }
+  kept_ = order.to(tokens.device());
+  at::Tensor sorted = tokens.index_select(0, at::floor_divide(kept_, top_k_));
+  return exchange(sorted, per_expert);
+}
+
+at::Tensor TokenDispatcher::combine(const at::Tensor& expert_out) {
+  at::Tensor back = exchange_back(expert_out);  // [kept, D] in sorted order
+  at::Tensor out = at::zeros({assignments_, back.size(1)}, back.options());
+  out = out.index_copy(0, kept_, back);
+  return out.view({num_tokens_, top_k_, back.size(1)});
+}
+
+DispatchedTokens TokenDispatcher::exchange(const at::Tensor& sorted, const std::vector<int64_t>& tokens_per_expert) {
+  return {sorted, tokens_per_expert};
+}
+
+at::Tensor TokenDispatcher::exchange_back(const at::Tensor& expert_out) { return expert_out; }
+
+}  // namespace hp::nn
