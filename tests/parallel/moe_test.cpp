@@ -164,6 +164,7 @@ void expect_matches_single(const Spec& s) { expect_match(train(s), train(single(
 TEST(ExpertParallel, Ep2) { expect_matches_single(on({2}, {"ep"}, 2)); }
 TEST(ExpertParallel, Ep4) { expect_matches_single(on({4}, {"ep"}, 4)); }
 TEST(ExpertParallel, Ep2Tp2) { expect_matches_single(on({2, 2}, {"ep", "tp"}, 2, 2)); }
+TEST(ExpertParallel, Dp2Ep2) { expect_matches_single(on({2, 2}, {"dp", "ep"}, 2)); }
 TEST(ExpertParallel, Dp2Ep2FullyShard) {
   Spec s = on({2, 2}, {"dp", "ep"}, 2);
   s.fsdp = true;
@@ -269,4 +270,34 @@ TEST(ExpertParallel, BadConfigurationsAreRefused) {
     nn::Linear lin(4, 4, mesh);
     EXPECT_THROW(parallelize_module(lin, mesh["ep"], {{"", ExpertParallel()}}), hp::Error);  // not a MoE
   });
+}
+
+// The grouped product against one product per group, on ATen's grouped kernel (float32,
+// aligned rows) and on the fallback (float64, or rows the kernel cannot take), with empty
+// groups; both give every group's weight a gradient.
+TEST(GroupedMm, MatchesOneProductPerGroup) {
+  manual_seed(3);
+  const std::vector<int64_t> counts{3, 0, 5, 1};
+  for (auto [dtype, k] : std::vector<std::pair<at::ScalarType, int64_t>>{{at::kFloat, 8}, {at::kDouble, 8}, {at::kFloat, 6}}) {
+    at::Tensor x = hp::randn({9, k}, dtype).requires_grad_(true);
+    at::Tensor w = hp::randn({4, 12, k}, dtype).requires_grad_(true);  // [G, M, K], used transposed
+    at::Tensor y = nn::grouped_mm(x, w.transpose(1, 2), counts);
+    at::Tensor xr = x.detach().clone().requires_grad_(true), wr = w.detach().clone().requires_grad_(true);
+    std::vector<at::Tensor> pieces;
+    int64_t start = 0;
+    for (size_t g = 0; g < counts.size(); ++g) {
+      pieces.push_back(xr.narrow(0, start, counts[g]).matmul(wr[g].t()));
+      start += counts[g];
+    }
+    at::Tensor want = at::cat(pieces, 0);
+    at::Tensor grad = hp::randn({9, 12}, dtype);
+    y.backward(grad);
+    want.backward(grad);
+    EXPECT_TRUE(at::allclose(y, want, 1e-6, 1e-6)) << dtype << " k " << k;
+    EXPECT_TRUE(at::allclose(x.grad(), xr.grad(), 1e-6, 1e-6)) << dtype << " k " << k;
+    ASSERT_TRUE(w.grad().defined());
+    EXPECT_TRUE(at::allclose(w.grad(), wr.grad(), 1e-6, 1e-6)) << dtype << " k " << k;
+    EXPECT_EQ(w.grad()[1].abs().sum().item<double>(), 0.0);  // the empty group
+  }
+  EXPECT_THROW(nn::grouped_mm(hp::randn({9, 8}), hp::randn({4, 8, 12}), {3, 0, 5}), hp::Error);
 }
