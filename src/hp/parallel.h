@@ -7,5 +7,6 @@
 #include "hp/parallel/fully_shard.h"
 #include "hp/parallel/llama_recipe.h"
 #include "hp/parallel/low_precision.h"
+#include "hp/parallel/moe_recipe.h"
 #include "hp/parallel/tensor_parallel.h"
 #include "hp/parallel/token_dispatcher.h"

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -60,7 +61,7 @@ at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const std::vecto
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   HP_CHECK(total == x.size(0)) << "grouped_mm: counts add up to " << total << ", x has " << x.size(0) << " rows";
-  if (grouped_kernel_takes(x, w)) {
+  if (!x.is_meta() && grouped_kernel_takes(x, w)) {
     std::vector<int32_t> ends;
     int64_t end = 0;
     for (int64_t c : counts) ends.push_back(static_cast<int32_t>(end += c));
@@ -139,17 +140,18 @@ Routing TokenChoiceTopKRouter::route(const DTensor& x) {
   return r;
 }
 
-at::Tensor TokenChoiceTopKRouter::tokens_per_expert() const {
+at::Tensor TokenChoiceTopKRouter::take_tokens_per_expert() {
   at::Tensor counts = pending_counts_.clone();
+  pending_counts_.zero_();
   if (mesh_)
     for (int k : split_dims_) comm::all_reduce_(counts, mesh_->group(k));
   return counts;
 }
 
-void TokenChoiceTopKRouter::update_expert_bias() {
-  at::Tensor counts = tokens_per_expert();
+at::Tensor TokenChoiceTopKRouter::update_expert_bias() {
+  at::Tensor counts = take_tokens_per_expert();
   expert_bias_ += o_.bias_update_rate * at::sign(counts.mean() - counts);
-  pending_counts_.zero_();
+  return counts;
 }
 
 GroupedExperts::GroupedExperts(int64_t dim, int64_t hidden_dim, int64_t num_experts, const DeviceMesh& mesh)
@@ -247,9 +249,16 @@ std::vector<MoE*> moe_layers(Module& model) {
   return out;
 }
 
-void update_expert_bias(Module& model) {
-  for (MoE* moe : moe_layers(model))
-    if (moe->options().load_balance_bias) moe->router().update_expert_bias();
+double update_expert_bias(Module& model) {
+  double worst = 0;
+  for (MoE* moe : moe_layers(model)) {
+    at::Tensor load = moe->options().load_balance_bias ? moe->router().update_expert_bias()
+                                                       : moe->router().take_tokens_per_expert();
+    if (load.is_meta()) continue;  // a dry-run has shapes only
+    const double mean = load.mean().item<double>();
+    if (mean > 0) worst = std::max(worst, load.max().item<double>() / mean);
+  }
+  return worst;
 }
 
 std::optional<DTensor> moe_aux_loss(Module& model) {

@@ -31,11 +31,13 @@ class TokenChoiceTopKRouter : public Module {
   // Auxiliary-loss-free balancing: the bias is added to the scores that select experts
   // (never to the routing weights) and moved by update_expert_bias toward equal loads.
   const at::Tensor& expert_bias() const { return expert_bias_; }
-  // Tokens each expert received since the last update, summed over every rank holding
+  // Tokens each expert received since the last take, summed over every rank holding
   // other tokens (the mesh dims the router's input is split over): the same on all ranks.
-  at::Tensor tokens_per_expert() const;
-  // bias += rate * sign(mean load - load), then the counts restart.
-  void update_expert_bias();
+  // The counts restart.
+  at::Tensor take_tokens_per_expert();
+  // bias += rate * sign(mean load - load) with the loads take_tokens_per_expert returns
+  // (which it returns too).
+  at::Tensor update_expert_bias();
 
  private:
   MoEOptions o_;
@@ -104,8 +106,9 @@ class MoE : public Module {
 
 // Every MoE layer under `model`.
 std::vector<MoE*> moe_layers(Module& model);
-// update_expert_bias on every router under `model` (after the optimizer step).
-void update_expert_bias(Module& model);
+// After the optimizer step: update_expert_bias on the routers that balance by bias, and
+// take the loads of the others. Returns the largest max / mean expert load of the layers.
+double update_expert_bias(Module& model);
 // The sum of the MoE layers' auxiliary losses of the last forward, if any.
 std::optional<DTensor> moe_aux_loss(Module& model);
 

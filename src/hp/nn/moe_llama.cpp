@@ -21,19 +21,20 @@ DTensor MoEBlock::forward(const DTensor& x) {
 
 MoELlama::MoELlama(const MoELlamaConfig& c, const DeviceMesh& mesh) : c_(c) {
   c.validate();
-  HP_CHECK(!c.llama.tied_embeddings) << "MoELlama keeps a separate output head (tied_embeddings is not supported)";
   tok_embeddings_ = register_module("tok_embeddings", std::make_shared<Embedding>(c.llama.vocab, c.llama.dim, mesh));
   for (int64_t i = 0; i < c.llama.layers; ++i)
     layers_.push_back(register_module("layers." + std::to_string(i),
                                       std::make_shared<MoEBlock>(c, i < c.dense_layers, mesh)));
   norm_ = register_module("norm", std::make_shared<RMSNorm>(c.llama.dim, mesh, c.llama.norm_eps));
-  output_ = register_module("output", std::make_shared<Linear>(c.llama.dim, c.llama.vocab, mesh));
+  if (!c.llama.tied_embeddings)
+    output_ = register_module("output", std::make_shared<Linear>(c.llama.dim, c.llama.vocab, mesh));
 }
 
 DTensor MoELlama::forward(const DTensor& ids) {
   DTensor x = (*tok_embeddings_)(ids);
   for (auto& layer : layers_) x = (*layer)(x);
-  return (*output_)((*norm_)(x));
+  x = (*norm_)(x);
+  return output_ ? (*output_)(x) : linear(x, tok_embeddings_->weight());
 }
 
 DTensor MoELlama::loss(const DTensor& ids, const DTensor& targets) {

@@ -36,7 +36,7 @@ class MoELlama : public Module {
   std::shared_ptr<Embedding> tok_embeddings_;
   std::vector<std::shared_ptr<MoEBlock>> layers_;
   std::shared_ptr<RMSNorm> norm_;
-  std::shared_ptr<Linear> output_;
+  std::shared_ptr<Linear> output_;  // absent with tied embeddings
 };
 
 }  // namespace hp::nn

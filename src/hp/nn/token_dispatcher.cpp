@@ -14,6 +14,7 @@ DispatchedTokens TokenDispatcher::dispatch(const at::Tensor& tokens, const at::T
   num_tokens_ = tokens.size(0);
   top_k_ = indices.size(1);
   assignments_ = num_tokens_ * top_k_;
+  if (tokens.is_meta()) return dispatch_even(tokens, num_experts);
   at::Tensor flat = indices.reshape({-1}).to(at::kLong).cpu();
   at::Tensor order = at::argsort(flat, /*stable=*/true);  // by expert, token order within one
   at::Tensor counts = at::bincount(flat, {}, num_experts);
@@ -21,8 +22,7 @@ DispatchedTokens TokenDispatcher::dispatch(const at::Tensor& tokens, const at::T
   dropped_ = 0;
   if (options_.capacity_factor > 0) {
     // The first `capacity` assignments of each expert, in token order, are kept.
-    const auto capacity = static_cast<int64_t>(
-        std::ceil(options_.capacity_factor * double(assignments_) / double(num_experts)));
+    const int64_t capacity = capacity_of(num_experts);
     std::vector<int64_t> keep;
     keep.reserve(assignments_);
     const int64_t* o = order.data_ptr<int64_t>();
@@ -39,6 +39,27 @@ DispatchedTokens TokenDispatcher::dispatch(const at::Tensor& tokens, const at::T
   kept_ = order.to(tokens.device());
   at::Tensor sorted = tokens.index_select(0, at::floor_divide(kept_, top_k_));
   return exchange(sorted, per_expert);
+}
+
+int64_t TokenDispatcher::capacity_of(int64_t num_experts) const {
+  return static_cast<int64_t>(std::ceil(options_.capacity_factor * double(assignments_) / double(num_experts)));
+}
+
+DispatchedTokens TokenDispatcher::dispatch_even(const at::Tensor& tokens, int64_t num_experts) {
+  std::vector<int64_t> per_expert(num_experts, assignments_ / num_experts);
+  for (int64_t e = 0; e < assignments_ % num_experts; ++e) ++per_expert[e];
+  dropped_ = 0;
+  int64_t kept = 0;
+  for (int64_t& n : per_expert) {
+    if (options_.capacity_factor > 0) {
+      const int64_t take = std::min(n, capacity_of(num_experts));
+      dropped_ += n - take;
+      n = take;
+    }
+    kept += n;
+  }
+  kept_ = at::empty({kept}, tokens.options().dtype(at::kLong));
+  return exchange(tokens.index_select(0, at::floor_divide(kept_, top_k_)), per_expert);
 }
 
 at::Tensor TokenDispatcher::combine(const at::Tensor& expert_out) {

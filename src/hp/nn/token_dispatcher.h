@@ -6,7 +6,8 @@
 // an expert), assignments over an expert's capacity are dropped, the tokens are gathered
 // in that order and exchanged. combine: the inverse, giving [T, top_k, D] with zeros for
 // dropped assignments. State of the last dispatch is kept for its combine, so one
-// dispatcher serves one layer.
+// dispatcher serves one layer. On meta tensors (a dry-run) the assignments are taken to
+// be spread evenly over the experts.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -47,6 +48,8 @@ class TokenDispatcher {
   virtual at::Tensor exchange_back(const at::Tensor& expert_out);
 
  private:
+  int64_t capacity_of(int64_t num_experts) const;
+  DispatchedTokens dispatch_even(const at::Tensor& tokens, int64_t num_experts);
   TokenDispatcherOptions options_;
   at::Tensor kept_;  // [kept] positions in the flattened [T * top_k] assignments, sorted by expert
   int64_t num_tokens_ = 0, top_k_ = 0, dropped_ = 0, assignments_ = 0;

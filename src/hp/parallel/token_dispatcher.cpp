@@ -2,12 +2,36 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
+
 #include "hp/base/error.h"
 #include "hp/comm/autograd.h"
 #include "hp/comm/collectives.h"
 #include "hp/layout/shard_spec.h"
 
 namespace hp {
+namespace {
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Rows of `t` out in `send` pieces, in `recv` pieces back; the backward is the inverse
+// exchange. Both directions add their wall time to `seconds`.
+at::Tensor exchange_rows(const at::Tensor& t, const comm::Group& g, const std::vector<int64_t>& send,
+                         const std::vector<int64_t>& recv, const std::shared_ptr<double>& seconds) {
+  const auto t0 = std::chrono::steady_clock::now();
+  at::Tensor out = comm::all_to_all(t.detach(), g, 0, 0, send, recv);
+  *seconds += since(t0);
+  return comm::autograd::attach_backward(out, t, [&g, send, recv, seconds](const at::Tensor& grad) {
+    const auto t1 = std::chrono::steady_clock::now();
+    at::Tensor back = comm::all_to_all(grad, g, 0, 0, recv, send);
+    *seconds += since(t1);
+    return back;
+  }, "TokenAllToAllBackward");
+}
+
+}  // namespace
 
 nn::DispatchedTokens AllToAllTokenDispatcher::exchange(const at::Tensor& sorted,
                                                        const std::vector<int64_t>& tokens_per_expert) {
@@ -23,13 +47,20 @@ nn::DispatchedTokens AllToAllTokenDispatcher::exchange(const at::Tensor& sorted,
     for (int64_t e = theirs.offset; e < theirs.offset + theirs.size; ++e) send_splits_[r] += tokens_per_expert[e];
   }
   at::Tensor counts = at::tensor(tokens_per_expert, at::kLong);
+  const auto t0 = std::chrono::steady_clock::now();
   at::Tensor arrived = comm::all_to_all(counts, group_, 0, 0, count_splits, count_arrivals).view({p, mine.size});
+  *seconds_ += since(t0);
+  if (sorted.is_meta()) {  // a dry-run: every rank routes alike, so each sends what this one does
+    arrived = at::empty({p, mine.size}, at::kLong);
+    for (int s = 0; s < p; ++s)
+      for (int64_t e = 0; e < mine.size; ++e) arrived[s][e] = tokens_per_expert[mine.offset + e];
+  }
   const int64_t* a = arrived.data_ptr<int64_t>();
   recv_splits_.assign(p, 0);
   for (int s = 0; s < p; ++s)
     for (int64_t e = 0; e < mine.size; ++e) recv_splits_[s] += a[s * mine.size + e];
 
-  at::Tensor received = comm::autograd::all_to_all(sorted, group_, 0, 0, send_splits_, recv_splits_);
+  at::Tensor received = exchange_rows(sorted, group_, send_splits_, recv_splits_, seconds_);
   sent_ = sorted.size(0);
   received_ = received.size(0);
 
@@ -51,7 +82,7 @@ nn::DispatchedTokens AllToAllTokenDispatcher::exchange(const at::Tensor& sorted,
 
 at::Tensor AllToAllTokenDispatcher::exchange_back(const at::Tensor& expert_out) {
   at::Tensor by_source = at::zeros_like(expert_out).index_copy(0, by_expert_, expert_out);
-  return comm::autograd::all_to_all(by_source, group_, 0, 0, recv_splits_, send_splits_);
+  return exchange_rows(by_source, group_, recv_splits_, send_splits_, seconds_);
 }
 
 }  // namespace hp

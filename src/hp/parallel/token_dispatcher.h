@@ -5,6 +5,8 @@
 // is the inverse all-to-all. No token is gathered anywhere.
 #pragma once
 
+#include <memory>
+
 #include "hp/comm/group.h"
 #include "hp/nn/token_dispatcher.h"
 
@@ -19,6 +21,10 @@ class AllToAllTokenDispatcher : public nn::TokenDispatcher {
   // Rows this rank sent and received in the last dispatch's token all-to-all.
   int64_t rows_sent() const { return sent_; }
   int64_t rows_received() const { return received_; }
+  // Wall time this rank spent in the dispatcher's all-to-alls (counts and rows, forward
+  // and backward) since construction or the last reset: the exchange's share of a step.
+  double all_to_all_seconds() const { return *seconds_; }
+  void reset_all_to_all_seconds() { *seconds_ = 0; }
 
  protected:
   nn::DispatchedTokens exchange(const at::Tensor& sorted, const std::vector<int64_t>& tokens_per_expert) override;
@@ -29,6 +35,7 @@ class AllToAllTokenDispatcher : public nn::TokenDispatcher {
   std::vector<int64_t> send_splits_, recv_splits_;  // rows per peer rank
   at::Tensor by_expert_;  // received rows reordered from (source, expert) to (expert, source)
   int64_t sent_ = 0, received_ = 0;
+  std::shared_ptr<double> seconds_ = std::make_shared<double>(0);  // shared with backward closures
 };
 
 }  // namespace hp

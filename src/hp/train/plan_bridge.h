@@ -10,13 +10,14 @@
 
 namespace hp::train {
 
-// The config's Llama as the planner describes it, over train.seq tokens.
+// The config's Llama (with its experts under [moe]) as the planner describes it, over train.seq tokens.
 plan::ModelDesc model_desc_of(const TrainConfig& c);
 
 // A config that trains model `m` with the resolved strategy `s`: mesh dims pp, dp, tp (in
 // the planner's rank order, size-1 dims left out), fully_shard or ddp over dp, the
 // schedule, microbatches and chunks per rank, global batch and sequence length. Throws
-// naming what the trainer does not run (MoE, cp, ep, recomputation).
+// naming what the trainer does not run (cp, recomputation). MoE models get [moe] and run
+// without sequence parallelism.
 TrainConfig config_of(const plan::ModelDesc& m, const plan::Strategy& s);
 
 }  // namespace hp::train
