@@ -7,6 +7,22 @@
 #include "hp/base/error.h"
 
 namespace hp::nn {
+namespace {
+
+at::Tensor linked_rows(const at::Tensor& x, int64_t rows) {
+  return (x.sum(0, true) * 0).expand({rows, x.size(1)});
+}
+
+}  // namespace
+
+at::Tensor select_rows(const at::Tensor& x, const at::Tensor& index) {
+  return x.is_meta() ? linked_rows(x, index.size(0)) : x.index_select(0, index);
+}
+
+at::Tensor place_rows(const at::Tensor& src, const at::Tensor& index, int64_t rows) {
+  if (src.is_meta()) return linked_rows(src, rows);
+  return at::zeros({rows, src.size(1)}, src.options()).index_copy(0, index, src);
+}
 
 DispatchedTokens TokenDispatcher::dispatch(const at::Tensor& tokens, const at::Tensor& indices, int64_t num_experts) {
   HP_CHECK(tokens.dim() == 2 && indices.dim() == 2 && indices.size(0) == tokens.size(0))
@@ -37,7 +53,7 @@ DispatchedTokens TokenDispatcher::dispatch(const at::Tensor& tokens, const at::T
     order = at::tensor(keep, at::kLong);
   }
   kept_ = order.to(tokens.device());
-  at::Tensor sorted = tokens.index_select(0, at::floor_divide(kept_, top_k_));
+  at::Tensor sorted = select_rows(tokens, at::floor_divide(kept_, top_k_));
   return exchange(sorted, per_expert);
 }
 
@@ -59,14 +75,12 @@ DispatchedTokens TokenDispatcher::dispatch_even(const at::Tensor& tokens, int64_
     kept += n;
   }
   kept_ = at::empty({kept}, tokens.options().dtype(at::kLong));
-  return exchange(tokens.index_select(0, at::floor_divide(kept_, top_k_)), per_expert);
+  return exchange(select_rows(tokens, kept_), per_expert);
 }
 
 at::Tensor TokenDispatcher::combine(const at::Tensor& expert_out) {
   at::Tensor back = exchange_back(expert_out);  // [kept, D] in sorted order
-  at::Tensor out = at::zeros({assignments_, back.size(1)}, back.options());
-  out = out.index_copy(0, kept_, back);
-  return out.view({num_tokens_, top_k_, back.size(1)});
+  return place_rows(back, kept_, assignments_).reshape({num_tokens_, top_k_, back.size(1)});
 }
 
 DispatchedTokens TokenDispatcher::exchange(const at::Tensor& sorted, const std::vector<int64_t>& tokens_per_expert) {

@@ -26,6 +26,13 @@ struct DispatchedTokens {
   std::vector<int64_t> tokens_per_expert; // one count per expert this rank holds
 };
 
+// x.index_select(0, index). Meta tensors (a dry-run) have no such kernel: there, a tensor
+// of the result's shape that autograd links to x.
+at::Tensor select_rows(const at::Tensor& x, const at::Tensor& index);
+// A [rows, D] tensor of zeros with src's rows at `index` (index_copy); on meta tensors,
+// the shape linked to src.
+at::Tensor place_rows(const at::Tensor& src, const at::Tensor& index, int64_t rows);
+
 class TokenDispatcher {
  public:
   explicit TokenDispatcher(TokenDispatcherOptions options = {}) : options_(options) {}

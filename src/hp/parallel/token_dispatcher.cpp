@@ -77,11 +77,11 @@ nn::DispatchedTokens AllToAllTokenDispatcher::exchange(const at::Tensor& sorted,
       per_expert[e] += a[s * mine.size + e];
     }
   by_expert_ = at::tensor(order, at::kLong).to(sorted.device());
-  return {received.index_select(0, by_expert_), per_expert};
+  return {nn::select_rows(received, by_expert_), per_expert};
 }
 
 at::Tensor AllToAllTokenDispatcher::exchange_back(const at::Tensor& expert_out) {
-  at::Tensor by_source = at::zeros_like(expert_out).index_copy(0, by_expert_, expert_out);
+  at::Tensor by_source = nn::place_rows(expert_out, by_expert_, expert_out.size(0));
   return exchange_rows(by_source, group_, recv_splits_, send_splits_, seconds_);
 }
 

@@ -33,8 +33,9 @@ ParallelDims ParallelDims::from_mesh(const std::vector<int64_t>& shape, const st
     d.order.push_back(names[i]);
     degree(d, names[i]) = shape[i];
   }
-  for (const std::string n : {"pp", "dp"})  // size 1: where they go does not change any rank's place
-    if (std::find(d.order.begin(), d.order.end(), n) == d.order.end()) d.order.push_back(n);
+  // Size 1: where they go does not change any rank's place.
+  if (std::find(d.order.begin(), d.order.end(), "pp") == d.order.end()) d.order.push_back("pp");
+  if (d.order.size() == 1) d.order.push_back("dp");
   return d;
 }
 

@@ -17,10 +17,11 @@ struct ParallelDims {
   int64_t dp = 1;  // data-parallel replicas (ddp, fully_shard or replicate over them)
   int64_t ep = 1;  // expert-parallel ranks: experts sharded over them, each its own rows (as dp)
   int64_t tp = 1;  // tensor-parallel ranks inside a stage
-  // Outermost first: how ranks are numbered. pp and dp are always there (size 1 included:
-  // a stage's mesh needs a dim); tp and ep only when a config names them or a strategy has
-  // them > 1, since every mesh dim, even of size 1, multiplies the layouts the sharding
-  // propagation and redistribution planner search.
+  // Outermost first: how ranks are numbered. pp is always there (size 1 included), dp
+  // too unless the config names another dim (a stage's mesh needs one); tp and ep only
+  // when a config names them or a strategy has them > 1, since every mesh dim, even of
+  // size 1, multiplies the layouts sharding propagation and the redistribution planner
+  // search.
   std::vector<std::string> order{"pp", "dp", "tp"};
 
   // A config's mesh: each name one of pp, dp, ep, tp, at most once, shapes >= 1; throws
