@@ -2,8 +2,9 @@
 // the ranks data parallel; the same global batch and model at every degree), taking turns
 // round by round: tokens/s, the token all-to-alls' share of the step (forward and
 // backward, timed inside the dispatcher), and the bytes dispatch + combine send in one
-// forward (collective log, summed over ranks) against the analytic 2 * T * k * h * 4 per
-// MoE layer (T tokens of the global batch).
+// forward, summed over ranks, against the analytic 2 * T * k * h * 4 per MoE layer (T
+// tokens of the global batch): the dispatchers' rows, and every float all-to-all of the
+// collective log (the layout changes of other ops add a few).
 //   build/bin/hprun --nproc-per-node 4 build/bin/bench_moe [steps] [rounds]
 // Gradients of replicated parameters are summed by the ops at each use (no DDP buckets)
 // at every degree alike.
@@ -24,7 +25,7 @@ namespace {
 
 struct Result {
   std::vector<double> ms, a2a_share;
-  double bytes = 0, analytic = 0;
+  double bytes = 0, token_bytes = 0, analytic = 0;  // every float all-to-all; the dispatchers' rows
 };
 
 double median(std::vector<double> v) {
@@ -89,9 +90,12 @@ int main(int argc, char** argv) {
           double sent = 0;
           for (const auto& rec : log.records())
             if (rec.op == "all_to_all" && rec.dtype == at::kFloat) sent += double(rec.bytes());
-          at::Tensor total = at::tensor({sent}, at::kDouble);
+          double rows = 0;  // dispatch sends rows_sent, combine sends back rows_received
+          for (auto* d : dispatchers) rows += double(d->rows_sent() + d->rows_received());
+          at::Tensor total = at::tensor({sent, rows * double(c.llama.dim) * 4}, at::kDouble);
           comm::all_reduce_(total, mesh.whole_group());
-          r.bytes = total.item<double>();
+          r.bytes = total[0].item<double>();
+          r.token_bytes = total[1].item<double>();
           r.analytic = ep > 1 ? 2.0 * double(tokens * c.moe.top_k * c.llama.dim * 4 * moe_layers) : 0.0;
         }
       }
@@ -102,14 +106,14 @@ int main(int argc, char** argv) {
               (long long)world, rounds, steps, (long long)batch, (long long)seq, (long long)tokens,
               (long long)c.llama.dim, (long long)c.llama.layers, (long long)c.dense_layers,
               (long long)c.moe.num_experts, (long long)c.moe.top_k, (long long)c.moe_hidden_dim);
-  std::printf("%4s %10s %10s %10s %12s %16s %16s\n", "ep", "ms/step", "tokens/s", "vs ep=1", "a2a share",
-              "a2a bytes/fwd", "analytic");
+  std::printf("%4s %10s %10s %10s %12s %16s %16s %16s\n", "ep", "ms/step", "tokens/s", "vs ep=1", "a2a share",
+              "all a2a B/fwd", "token a2a B/fwd", "analytic");
   const double base = median(results[degrees[0]].ms);
   for (int64_t ep : degrees) {
     const Result& r = results[ep];
-    std::printf("%4lld %10.1f %10.0f %9.2fx %11.1f%% %16.0f %16.0f\n", (long long)ep, median(r.ms),
+    std::printf("%4lld %10.1f %10.0f %9.2fx %11.1f%% %16.0f %16.0f %16.0f\n", (long long)ep, median(r.ms),
                 double(tokens) / (median(r.ms) / 1e3), base / median(r.ms), 100 * median(r.a2a_share), r.bytes,
-                r.analytic);
+                r.token_bytes, r.analytic);
   }
   for (int64_t ep : degrees) {
     const Result& r = results[ep];
@@ -117,7 +121,7 @@ int main(int argc, char** argv) {
     std::printf("RESULT moe_speedup_ep%lld %.3f x\n", (long long)ep, base / median(r.ms));
     if (ep > 1) {
       std::printf("RESULT moe_a2a_share_ep%lld %.3f\n", (long long)ep, median(r.a2a_share));
-      std::printf("RESULT moe_a2a_bytes_over_analytic_ep%lld %.4f\n", (long long)ep, r.bytes / r.analytic);
+      std::printf("RESULT moe_token_a2a_bytes_over_analytic_ep%lld %.4f\n", (long long)ep, r.token_bytes / r.analytic);
     }
   }
   return 0;
