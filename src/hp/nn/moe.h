@@ -76,8 +76,8 @@ class GroupedExperts : public Module {
   DTensor *w1_, *w2_, *w3_;
 };
 
-// x [T, D] @ w[g]^T... for tokens grouped by g: rows [off_g, off_g + counts[g]) of x times
-// w[g] ([G, K, M], any strides). at::_grouped_mm where LibTorch's CPU/GPU kernel takes the
+// x [N, K] grouped into G consecutive row blocks of counts[g] rows, block g times w[g]
+// (w [G, K, M], any strides) -> [N, M]. at::_grouped_mm where LibTorch's kernel takes the
 // dtype and alignment, else one product per group over its contiguous rows.
 at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts);
 
