@@ -1,0 +1,39 @@
+// The local kernels behind ContextParallel, one file per mode. Each takes this rank's
+// piece of q [B, Hq, L, D] and k, v [B, Hkv, L, D] (rotary applied, L = this rank's share
+// of the sequence) and returns its piece of the attended values [B, Hq, L, D],
+// differentiably.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <vector>
+
+#include "hp/comm/group.h"
+#include "hp/parallel/context_parallel_layout.h"
+
+namespace hp::cp {
+
+struct AttentionArgs {
+  at::Tensor q, k, v;
+  const comm::Group* group = nullptr;          // the cp dim's group
+  std::vector<std::vector<SequenceRun>> runs;  // per cp rank: the positions it holds
+  std::vector<int64_t> lengths;                // per cp rank: its tokens
+  bool causal = true;
+  double scale = 1.0;
+};
+
+at::Tensor ulysses_attention(const AttentionArgs& a);
+at::Tensor allgather_kv_attention(const AttentionArgs& a);
+at::Tensor ring_attention(const AttentionArgs& a);
+
+// The global positions of `runs`, in order, as an int64 tensor.
+at::Tensor positions_of(const std::vector<SequenceRun>& runs);
+// Every rank's positions, rank 0's first: the order of a gathered sequence.
+at::Tensor positions_of_all(const std::vector<std::vector<SequenceRun>>& runs);
+// A causal mask [Sq, Sk] (true: attend) from global positions, on `like`'s device; none
+// without `causal`.
+std::optional<at::Tensor> causal_mask(const at::Tensor& q_pos, const at::Tensor& k_pos, bool causal,
+                                     const at::Tensor& like);
+
+}  // namespace hp::cp
