@@ -27,6 +27,15 @@ at::Tensor ulysses_attention(const AttentionArgs& a);
 at::Tensor allgather_kv_attention(const AttentionArgs& a);
 at::Tensor ring_attention(const AttentionArgs& a);
 
+// Ring attention's work on this thread since the last reset (forward and backward): what the
+// load-balance bench compares across ranks. CPU time of the calling thread, so that ranks
+// sharing cores are not charged for each other.
+struct RingAttentionStats {
+  double compute_seconds = 0;
+  int64_t score_elements = 0;  // query-key pairs scored
+};
+RingAttentionStats& ring_attention_stats();  // thread-local
+
 // The global positions of `runs`, in order, as an int64 tensor.
 at::Tensor positions_of(const std::vector<SequenceRun>& runs);
 // Every rank's positions, rank 0's first: the order of a gathered sequence.

@@ -17,6 +17,8 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
+#include <time.h>
+
 #include <limits>
 
 #include "hp/comm/collectives.h"
@@ -73,9 +75,17 @@ std::vector<LocalRun> local_runs(const std::vector<SequenceRun>& runs) {
   return out;
 }
 
+double thread_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
 // Calls fn(query run, key run, mask or none) for every pair that attends at all.
 template <typename Fn>
 void for_each_pair(const AttentionArgs& a, int owner, const at::Tensor& like, Fn fn) {
+  RingAttentionStats& stats = ring_attention_stats();
+  const double start = thread_seconds();
   for (const LocalRun& qr : local_runs(a.runs[a.group->rank()]))
     for (const LocalRun& kr : local_runs(a.runs[owner])) {
       const Pair pair = classify(qr.run, kr.run, a.causal);
@@ -83,7 +93,9 @@ void for_each_pair(const AttentionArgs& a, int owner, const at::Tensor& like, Fn
       std::optional<at::Tensor> mask;
       if (pair == Pair::masked) mask = pair_mask(qr.run, kr.run, like);
       fn(qr, kr, mask);
+      stats.score_elements += qr.run.size * kr.run.size;
     }
+  stats.compute_seconds += thread_seconds() - start;
 }
 
 // One hop of a ring: sends `mine` to the next rank, receives the previous rank's into a
@@ -183,6 +195,11 @@ struct RingAttentionBackward : torch::autograd::Node {
 };
 
 }  // namespace
+
+RingAttentionStats& ring_attention_stats() {
+  thread_local RingAttentionStats stats;
+  return stats;
+}
 
 at::Tensor ring_attention(const AttentionArgs& a) {
   RingOutput r;

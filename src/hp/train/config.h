@@ -22,6 +22,11 @@ struct MeshConfig {
   // "fsdp" (fully_shard: parameters, gradients and optimizer states sharded over dp), or
   // "replicate" (each use of a parameter all-reduces its gradient inside autograd).
   std::string data_parallel = "ddp";
+  // Attention over the mesh dim "cp", which shards every sequence: "ulysses", "ring" or
+  // "allgather_kv" (hp/parallel/context_parallel.h); cp_load_balance holds each rank's share
+  // as a head and a tail of the sequence, so that causal attention costs every rank the same.
+  std::string context_parallel = "ring";
+  bool cp_load_balance = true;
 };
 
 // Pipeline parallelism over the mesh dim "pp": the model is cut into chunks of consecutive

@@ -39,7 +39,7 @@ TrainConfig config_of(const plan::ModelDesc& m, const plan::Strategy& s) {
   const ParallelDims dims = ParallelDims::from_strategy(s);
   cfg.mesh.shape = dims.config_shape();
   cfg.mesh.names = dims.config_names();
-  cfg.mesh.sequence_parallel = s.tp > 1;  // as the estimator assumes
+  cfg.mesh.sequence_parallel = s.tp > 1 && s.cp <= 1;  // as the estimator assumes; cp shards the sequence itself
   cfg.mesh.data_parallel = s.fsdp ? "fsdp" : "ddp";
   if (s.pp > 1) {
     cfg.pipeline.schedule = s.schedule;

@@ -16,6 +16,12 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
   t.llama = std::make_shared<nn::Llama>(cfg.model, mesh);
   nn::Llama& model = *t.llama;
   if (dims.tp > 1) parallelize_llama(model, mesh["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
+  if (dims.cp > 1) {
+    ContextParallelOptions cp;
+    cp.mode = cp_mode_from_string(cfg.mesh.context_parallel);
+    cp.load_balance = cfg.mesh.cp_load_balance;
+    parallelize_module(model, mesh["cp"], {{"layers.*.attn", ContextParallel(cp)}});
+  }
   detail::apply_precision(model, cfg);
   // Data parallelism from outside the model, after tensor parallelism.
   if (dims.dp > 1 && cfg.mesh.data_parallel == "ddp")
@@ -39,7 +45,10 @@ void detail::apply_precision(nn::Module& model, const TrainConfig& cfg) {
 std::vector<Placement> batch_placements(const DeviceMesh& stage_mesh, bool sequence_sharded) {
   std::vector<Placement> p;
   for (const auto& name : stage_mesh.dim_names())
-    p.push_back(name == "dp" ? Placement(Shard(0)) : name == "tp" && sequence_sharded ? Placement(Shard(1)) : Placement(Replicate()));
+    p.push_back(name == "dp"                           ? Placement(Shard(0))
+                : name == "cp"                         ? Placement(Shard(1))
+                : name == "tp" && sequence_sharded     ? Placement(Shard(1))
+                                                       : Placement(Replicate()));
   return p;
 }
 
@@ -72,6 +81,7 @@ Training build_training(const TrainConfig& cfg, const std::string& device) {
   // A pipeline's first and last stages take the whole batch and split it into microbatches
   // whose rows then go over dp (mesh_stage); without one each dp rank reads its own rows.
   if (!t.pipeline) t.data_rank = t.stage_mesh.local_rank("dp"), t.data_size = dims.dp;
+  if (dims.cp > 1) t.cp_rank = t.stage_mesh.local_rank("cp"), t.cp_size = dims.cp;
   return t;
 }
 
