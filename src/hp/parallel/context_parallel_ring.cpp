@@ -1,9 +1,9 @@
 // Ring attention. Each rank keeps its queries; the K/V blocks travel around the cp ring
 // (send to rank + 1, receive from rank - 1, the next block in flight while this one is
 // computed), and each block's partial result is merged into the running one by the
-// log-sum-exp rule. Work is planned per pair of runs of positions (a query run, a key run):
-// a key run wholly before the query run is attended in full, one wholly after is skipped,
-// the overlapping one (a run with itself) is masked. With the head-tail layout every rank
+// log-sum-exp rule. Work is planned per pair of tiles of positions (a query tile, a key
+// tile): a key tile wholly before the query tile is attended in full, one wholly after is
+// skipped, the overlapping one (a tile with itself) is masked. With the head-tail layout every rank
 // then does the same work under a causal mask.
 //
 // The backward is our own rather than autograd's through the forward: autograd would keep
@@ -19,6 +19,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <limits>
 
 #include "hp/comm/collectives.h"
@@ -60,7 +61,10 @@ at::Tensor scores(const at::Tensor& q, const at::Tensor& k, const std::optional<
   return s;
 }
 
-// Runs of one rank with their row offsets in its local tensors.
+// Pieces of the runs of one rank, at most kTile positions each, with their row offsets in
+// its local tensors. Tiles bound what a pair computes at once (kTile x kTile scores per
+// head, made and freed in turn), so the transient memory does not grow with the sequence.
+constexpr int64_t kTile = 256;
 struct LocalRun {
   SequenceRun run;
   int64_t row;
@@ -68,10 +72,12 @@ struct LocalRun {
 std::vector<LocalRun> local_runs(const std::vector<SequenceRun>& runs) {
   std::vector<LocalRun> out;
   int64_t row = 0;
-  for (const SequenceRun& r : runs) {
-    out.push_back({r, row});
-    row += r.size;
-  }
+  for (const SequenceRun& r : runs)
+    for (int64_t at = 0; at < r.size; at += kTile) {
+      const int64_t size = std::min(kTile, r.size - at);
+      out.push_back({{r.first + at, size}, row});
+      row += size;
+    }
   return out;
 }
 

@@ -24,11 +24,16 @@ at::Tensor ulysses_attention(const AttentionArgs& a) {
   at::Tensor k = repeat > 1 ? a.k.repeat_interleave(repeat, 1) : a.k;
   at::Tensor v = repeat > 1 ? a.v.repeat_interleave(repeat, 1) : a.v;
 
-  // Sequence pieces of every rank arrive in rank order: the gathered positions' order.
-  auto to_heads = [&](const at::Tensor& t) { return comm::autograd::all_to_all(t, g, 1, 2, {}, a.lengths); };
+  // Sequence pieces of every rank arrive in rank order (the layout's order); put back in the
+  // natural order, the whole sequence takes the fused causal kernel, with no mask and no
+  // score matrix in memory.
+  const at::Tensor order = positions_of_all(a.runs).to(a.q.device());
+  const at::Tensor natural = at::argsort(order);
+  auto to_heads = [&](const at::Tensor& t) {
+    return comm::autograd::all_to_all(t, g, 1, 2, {}, a.lengths).index_select(2, natural);
+  };
   at::Tensor q_h = to_heads(a.q), k_h = to_heads(k), v_h = to_heads(v);
-  at::Tensor pos = positions_of_all(a.runs);
-  at::Tensor out = attention(q_h, k_h, v_h, causal_mask(pos, pos, a.causal, a.q), false, a.scale);
+  at::Tensor out = attention(q_h, k_h, v_h, std::nullopt, a.causal, a.scale).index_select(2, order);
   return comm::autograd::all_to_all(out, g, 2, 1, a.lengths, {});
 }
 
