@@ -81,8 +81,8 @@ double analytic_bytes(CpMode mode, int64_t seq, int64_t cp, const nn::LlamaConfi
     }
     case CpMode::ring:  // forward: cp-1 K/V hops; backward: cp-1 K/V hops and cp dK/dV hops
       return kv_block * double(3 * cp - 2);
-    case CpMode::allgather_kv:  // all-gather of K/V; reduce-scatter of the whole dK/dV
-      return kv_block + kv_block * double(cp);
+    case CpMode::allgather_kv:  // all-gather of K/V, again in backward; reduce-scatter of the whole dK/dV
+      return 2 * kv_block + kv_block * double(cp);
   }
   return 0;
 }

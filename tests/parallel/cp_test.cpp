@@ -136,6 +136,7 @@ TEST(ContextParallelAttention, RingCp4NotCausal) { expect_attention_matches({CpM
 TEST(ContextParallelAttention, RingCp4FewerTokensThanHalves) { expect_attention_matches({CpMode::ring, 4, 5}); }
 TEST(ContextParallelAttention, RingCp2RunsLongerThanATile) { expect_attention_matches({CpMode::ring, 2, 1201, true, 2, 1}); }
 TEST(ContextParallelAttention, UlyssesCp2Long) { expect_attention_matches({CpMode::ulysses, 2, 1201, true, 2, 1}); }
+TEST(ContextParallelAttention, AllgatherKvCp2Long) { expect_attention_matches({CpMode::allgather_kv, 2, 1201, true, 2, 1}); }
 TEST(ContextParallelAttention, AllgatherKvCp4FewerTokensThanHalves) { expect_attention_matches({CpMode::allgather_kv, 4, 5}); }
 
 TEST(ContextParallelLlama, UlyssesCp2) { expect_llama_matches({CpMode::ulysses, 2}); }

@@ -23,11 +23,6 @@ at::Tensor positions_of_all(const std::vector<std::vector<SequenceRun>>& runs) {
   return at::cat(parts);
 }
 
-std::optional<at::Tensor> causal_mask(const at::Tensor& q_pos, const at::Tensor& k_pos, bool causal,
-                                     const at::Tensor& like) {
-  if (!causal) return std::nullopt;
-  return (k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)).to(like.device());
-}
 }  // namespace cp
 
 const char* to_string(CpMode mode) {

@@ -40,9 +40,5 @@ RingAttentionStats& ring_attention_stats();  // thread-local
 at::Tensor positions_of(const std::vector<SequenceRun>& runs);
 // Every rank's positions, rank 0's first: the order of a gathered sequence.
 at::Tensor positions_of_all(const std::vector<std::vector<SequenceRun>>& runs);
-// A causal mask [Sq, Sk] (true: attend) from global positions, on `like`'s device; none
-// without `causal`.
-std::optional<at::Tensor> causal_mask(const at::Tensor& q_pos, const at::Tensor& k_pos, bool causal,
-                                     const at::Tensor& like);
 
 }  // namespace hp::cp
