@@ -199,5 +199,13 @@ TEST(ContextParallelErrors, BadSettingsAreNamed) {
     DTensor q = distribute_tensor(hp::randn({1, 4, 6, 4}), mesh, {Replicate()});
     nn::Rotary rotary(10000.0);
     EXPECT_THROW(context_parallel_attention(nn::AttentionCoreInputs{q, q, q, rotary, true}, 0, {}), hp::Error);
+    // Heads held on a rank (after tensor parallelism) that cp does not divide, at run time.
+    DTensor sharded = distribute_tensor(hp::randn({1, 4, 6, 4}), mesh, {Shard(2)});
+    try {
+      context_parallel_attention(nn::AttentionCoreInputs{sharded, sharded, sharded, rotary, true}, 0, ulysses);
+      ADD_FAILURE() << "4 query heads over 3 ranks were accepted";
+    } catch (const hp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("4 query heads"), std::string::npos) << e.what();
+    }
   });
 }
