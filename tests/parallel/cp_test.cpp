@@ -1,4 +1,5 @@
 // Context parallelism against single-process attention on the same numbers.
+// Hybrid runs Ulysses over an inner mesh dim and the ring over the outer one.
 //
 // Attention alone: the output and the gradients of q, k and v (the loss is a fixed random
 // weighting of the output) of each mode against at::scaled_dot_product_attention with
@@ -31,6 +32,7 @@ struct AttentionCase {
   bool load_balance = true;
   int64_t q_heads = 4, kv_heads = 2;
   bool causal = true;
+  int64_t ulysses = 0;  // hybrid: the inner (Ulysses) dim's size; cp is then the ring's
 };
 
 void expect_close(const at::Tensor& got, const at::Tensor& want, const std::string& what) {
@@ -41,8 +43,13 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, const std::stri
 
 void expect_attention_matches(const AttentionCase& c) {
   const int64_t b = 2, d = 8;
-  comm::run_local_ranks(c.cp, [&](int) {
-    DeviceMesh mesh = init_device_mesh("cpu", {c.cp}, {"cp"});
+  const int64_t world = c.cp * std::max<int64_t>(c.ulysses, 1);
+  comm::run_local_ranks(static_cast<int>(world), [&](int) {
+    DeviceMesh mesh = c.ulysses ? init_device_mesh("cpu", {c.cp, c.ulysses}, {"cp", "cp_uly"})
+                                : init_device_mesh("cpu", {c.cp}, {"cp"});
+    const std::vector<Placement> seq(mesh.ndim(), Shard(2));
+    std::vector<int64_t> sizes{c.cp};
+    if (c.ulysses) sizes.push_back(c.ulysses);
     manual_seed(99);
     const at::Tensor q = hp::randn({b, c.q_heads, c.seq, d}), k = hp::randn({b, c.kv_heads, c.seq, d});
     const at::Tensor v = hp::randn({b, c.kv_heads, c.seq, d}), w = hp::randn({b, c.q_heads, c.seq, d});
@@ -54,10 +61,9 @@ void expect_attention_matches(const AttentionCase& c) {
                                                       0.0, c.causal, std::nullopt, /*enable_gqa=*/true);
     (ref * w).sum().backward();
 
-    const at::Tensor order = at::tensor(sequence_order(c.seq, c.cp, c.load_balance), at::kLong);
-    auto mine = [&](const at::Tensor& full) {
-      return distribute_tensor(full.index_select(2, order), mesh, {Shard(2)});
-    };
+    const at::Tensor order =
+        at::tensor(sequence_order(nested_sequence_lengths(c.seq, sizes), c.load_balance), at::kLong);
+    auto mine = [&](const at::Tensor& full) { return distribute_tensor(full.index_select(2, order), mesh, seq); };
     auto leaf = [&](const at::Tensor& full) {
       DTensor piece = mine(full);
       return DTensor(piece.to_local().detach().requires_grad_(), mesh, piece.spec());
@@ -66,6 +72,7 @@ void expect_attention_matches(const AttentionCase& c) {
     nn::Rotary rotary(10000.0);
     ContextParallelOptions o;
     o.mode = c.mode, o.load_balance = c.load_balance;
+    if (c.ulysses) o.ulysses_dim = "cp_uly";
     DTensor out = context_parallel_attention(nn::AttentionCoreInputs{dq, dk, dv, rotary, c.causal}, 0, o);
     (out.to_local() * mine(w).to_local()).sum().backward();
 
@@ -95,29 +102,34 @@ struct LlamaCase {
   int64_t cp, dp = 1, tp = 1;
   bool fsdp = false;
   bool load_balance = true;
+  int64_t ulysses = 1;  // hybrid: the inner (Ulysses) dim's size; cp is then the ring's
 };
 
 void expect_llama_matches(const LlamaCase& c) {
   hp::testing::LlamaRunSpec spec;
   // Only the dims in use: the redistribution planner searches every dim of the mesh.
   spec.mesh_shape.clear(), spec.mesh_names.clear();
-  for (auto [size, name] : {std::make_pair(c.dp, "dp"), std::make_pair(c.cp, "cp"), std::make_pair(c.tp, "tp")})
+  for (auto [size, name] : {std::make_pair(c.dp, "dp"), std::make_pair(c.cp, "cp"), std::make_pair(c.ulysses, "cp_uly"),
+                            std::make_pair(c.tp, "tp")})
     if (size > 1 || std::string(name) == "cp") spec.mesh_shape.push_back(size), spec.mesh_names.push_back(name);
+  std::vector<std::string> cp_dims{"cp"};
+  if (c.ulysses > 1) cp_dims.push_back("cp_uly");
   spec.seq = kSeq;
   spec.configure = cp_llama;
   ContextParallelOptions o;
   o.mode = c.mode, o.load_balance = c.load_balance;
+  if (c.ulysses > 1) o.ulysses_dim = "cp_uly";
   spec.parallelize = [c, o](nn::Llama& model, const DeviceMesh& mesh) {
     if (c.tp > 1) parallelize_llama(model, mesh["tp"]);
     parallelize_module(model, mesh["cp"], {{"layers.*.attn", ContextParallel(o)}});
     if (c.fsdp) fully_shard_llama(model, mesh["dp"]);
     return std::function<void(bool)>();
   };
-  spec.shard_batch = [o](const at::Tensor& ids, const at::Tensor& targets, const DeviceMesh& mesh) {
+  spec.shard_batch = [o, cp_dims](const at::Tensor& ids, const at::Tensor& targets, const DeviceMesh& mesh) {
     std::vector<Placement> rows(mesh.ndim(), Replicate());
     if (mesh.dim_names()[0] == "dp") rows[0] = Shard(0);
-    return std::make_pair(shard_sequence(ids, mesh, rows, "cp", o.load_balance),
-                          shard_sequence(targets, mesh, rows, "cp", o.load_balance));
+    return std::make_pair(shard_sequence(ids, mesh, rows, cp_dims, o.load_balance),
+                          shard_sequence(targets, mesh, rows, cp_dims, o.load_balance));
   };
   hp::testing::expect_runs_match(hp::testing::train_llama(spec), reference());
 }
@@ -139,6 +151,9 @@ TEST(ContextParallelAttention, UlyssesCp2Long) { expect_attention_matches({CpMod
 TEST(ContextParallelAttention, AllgatherKvCp2Long) { expect_attention_matches({CpMode::allgather_kv, 2, 1201, true, 2, 1}); }
 TEST(ContextParallelAttention, AllgatherKvCp4FewerTokensThanHalves) { expect_attention_matches({CpMode::allgather_kv, 4, 5}); }
 
+TEST(ContextParallelAttention, HybridRing2Ulysses2) { expect_attention_matches({CpMode::hybrid, 2, 13, true, 4, 2, true, 2}); }
+TEST(ContextParallelAttention, HybridRing2Ulysses3KvHeadsRepeated) { expect_attention_matches({CpMode::hybrid, 2, 17, true, 6, 2, true, 3}); }
+
 TEST(ContextParallelLlama, UlyssesCp2) { expect_llama_matches({CpMode::ulysses, 2}); }
 TEST(ContextParallelLlama, UlyssesCp3) { expect_llama_matches({CpMode::ulysses, 3}); }
 TEST(ContextParallelLlama, UlyssesCp4) { expect_llama_matches({CpMode::ulysses, 4}); }
@@ -152,6 +167,8 @@ TEST(ContextParallelLlama, RingCp3Contiguous) { expect_llama_matches({CpMode::ri
 TEST(ContextParallelLlama, UlyssesCp2Tp2) { expect_llama_matches({CpMode::ulysses, 2, 1, 2}); }
 TEST(ContextParallelLlama, RingCp2Tp2) { expect_llama_matches({CpMode::ring, 2, 1, 2}); }
 TEST(ContextParallelLlama, RingCp2Dp2) { expect_llama_matches({CpMode::ring, 2, 2}); }
+TEST(ContextParallelLlama, HybridRing2Ulysses2) { expect_llama_matches({CpMode::hybrid, 2, 1, 1, false, true, 2}); }
+TEST(ContextParallelLlama, HybridRing3Ulysses2) { expect_llama_matches({CpMode::hybrid, 3, 1, 1, false, true, 2}); }
 TEST(ContextParallelLlama, UlyssesCp2Fsdp2) { expect_llama_matches({CpMode::ulysses, 2, 2, 1, true}); }
 
 // ---- layout and errors ----
@@ -161,6 +178,8 @@ TEST(ContextParallelLayout, HeadTailRunsCoverTheSequenceAndBalanceCausalWork) {
   EXPECT_EQ(sequence_positions(8, 2, 0, true), (std::vector<int64_t>{0, 1, 6, 7}));
   EXPECT_EQ(sequence_positions(8, 2, 1, true), (std::vector<int64_t>{2, 3, 4, 5}));
   EXPECT_EQ(sequence_positions(8, 2, 1, false), (std::vector<int64_t>{4, 5, 6, 7}));
+  // Over two mesh dims: torch.chunk of torch.chunk (10 over 2 x 2 is 3, 2, 3, 2, not 3, 3, 3, 1).
+  EXPECT_EQ(nested_sequence_lengths(10, {2, 2}), (std::vector<int64_t>{3, 2, 3, 2}));
   for (int64_t seq : {5, 11, 4096})
     for (int cp : {2, 3, 4}) {
       std::vector<int64_t> order = sequence_order(seq, cp, true);

@@ -25,13 +25,17 @@ enum class CpMode {
   ulysses,       // all-to-all sequence-sharded -> head-sharded, whole-sequence attention, and back
   ring,          // K/V blocks passed around the ring; partial results merged by log-sum-exp
   allgather_kv,  // K/V all-gathered, local queries only
+  hybrid,        // Ulysses over an inner mesh dim (inside a host), ring over the outer one
 };
 const char* to_string(CpMode mode);
-CpMode cp_mode_from_string(const std::string& name);  // "ulysses", "ring", "allgather_kv"
+CpMode cp_mode_from_string(const std::string& name);  // "ulysses", "ring", "allgather_kv", "hybrid"
 
 struct ContextParallelOptions {
   CpMode mode = CpMode::ring;
   bool load_balance = true;  // head-tail layout; shard_sequence must be given the same
+  // hybrid: the mesh dim of the Ulysses all-to-all (inside a host); the style's own mesh
+  // dim runs the ring. The sequence is sharded over both, the ring dim outer (first).
+  std::string ulysses_dim;
 };
 
 // The style for an nn::Attention module (the mesh passed to parallelize_module is the cp
@@ -49,6 +53,9 @@ DTensor context_parallel_attention(const nn::AttentionCoreInputs& in, int cp_dim
 // mesh dims taking `placements` (whose entry for cp_dim is ignored).
 DTensor shard_sequence(const at::Tensor& full, const DeviceMesh& mesh, std::vector<Placement> placements,
                        const std::string& cp_dim, bool load_balance = true);
+// Over several mesh dims (hybrid: the ring dim, then the Ulysses dim), in mesh order.
+DTensor shard_sequence(const at::Tensor& full, const DeviceMesh& mesh, std::vector<Placement> placements,
+                       const std::vector<std::string>& cp_dims, bool load_balance = true);
 // The inverse: the whole [B, S, ...] tensor in the natural order, on every rank.
 at::Tensor unshard_sequence(const DTensor& x, bool load_balance = true);
 

@@ -26,6 +26,12 @@ struct AttentionArgs {
 at::Tensor ulysses_attention(const AttentionArgs& a);
 at::Tensor allgather_kv_attention(const AttentionArgs& a);
 at::Tensor ring_attention(const AttentionArgs& a);
+// `a`: group = the ring's (outer) group; runs and lengths per rank of both dims, the ring
+// dim major. Ulysses over `inner`, then the ring over the outer group.
+at::Tensor hybrid_attention(const AttentionArgs& a, const comm::Group& inner);
+// The K/V heads made to split evenly over `cp` ranks, each query head's own K/V head
+// landing with it: repeated the fewest times that does it (1: as they are).
+int64_t kv_head_repeats(int64_t q_heads, int64_t kv_heads, int64_t cp);
 
 // Ring attention's work on this thread since the last reset (forward and backward): what the
 // load-balance bench compares across ranks. CPU time of the calling thread, so that ranks

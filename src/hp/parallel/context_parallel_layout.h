@@ -32,4 +32,12 @@ std::vector<int64_t> sequence_order(int64_t seq, int cp, bool load_balance);
 // Tokens per cp rank (torch.chunk sizes).
 std::vector<int64_t> sequence_lengths(int64_t seq, int cp);
 
+// The same for any tokens per rank: a sequence sharded over two mesh dims (hybrid), whose
+// shares are torch.chunk pieces of torch.chunk pieces.
+std::vector<SequenceRun> sequence_runs(const std::vector<int64_t>& lengths, int rank, bool load_balance);
+std::vector<int64_t> sequence_order(const std::vector<int64_t>& lengths, bool load_balance);
+// Tokens per rank of `seq` split over mesh dims of `sizes` (outer first), ranks numbered
+// with the outer dim major.
+std::vector<int64_t> nested_sequence_lengths(int64_t seq, const std::vector<int64_t>& sizes);
+
 }  // namespace hp

@@ -18,9 +18,7 @@ at::Tensor ulysses_attention(const AttentionArgs& a) {
   // K/V heads go out as they are when cp divides them. Otherwise each is repeated the fewest
   // times that lets every rank receive the K/V heads of its own query heads (query head h
   // reads K/V head h / (hq / hkv), as at::scaled_dot_product_attention's enable_gqa).
-  const int64_t group = hq / hkv;
-  int64_t repeat = 1;
-  while ((hkv * repeat) % cp != 0 || group % repeat != 0) ++repeat;  // ends at `group`: hq % cp == 0
+  const int64_t repeat = kv_head_repeats(hq, hkv, cp);
   at::Tensor k = repeat > 1 ? a.k.repeat_interleave(repeat, 1) : a.k;
   at::Tensor v = repeat > 1 ? a.v.repeat_interleave(repeat, 1) : a.v;
 
@@ -35,6 +33,13 @@ at::Tensor ulysses_attention(const AttentionArgs& a) {
   at::Tensor q_h = to_heads(a.q), k_h = to_heads(k), v_h = to_heads(v);
   at::Tensor out = attention(q_h, k_h, v_h, std::nullopt, a.causal, a.scale).index_select(2, order);
   return comm::autograd::all_to_all(out, g, 2, 1, a.lengths, {});
+}
+
+int64_t kv_head_repeats(int64_t q_heads, int64_t kv_heads, int64_t cp) {
+  const int64_t group = q_heads / kv_heads;
+  int64_t repeat = 1;
+  while ((kv_heads * repeat) % cp != 0 || group % repeat != 0) ++repeat;  // ends at `group` when cp divides q_heads
+  return repeat;
 }
 
 }  // namespace hp::cp
