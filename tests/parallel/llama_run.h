@@ -40,6 +40,10 @@ struct LlamaRunSpec {
     return std::make_unique<optim::AdamW>(m.parameters(), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
   };
   std::function<void(nn::Llama&, int64_t step)> after_backward;  // inspects the model
+  std::function<void(nn::LlamaConfig&)> configure;               // changes tiny_llama()
+  // Lays out a batch's ids and targets [B, S] (default: rows split over the dp* dims).
+  std::function<std::pair<DTensor, DTensor>(const at::Tensor& ids, const at::Tensor& targets, const DeviceMesh&)>
+      shard_batch;
 };
 
 // Every rank must see the same run, bitwise (losses, and the full gradients and
@@ -66,6 +70,7 @@ inline LlamaRun train_llama(const LlamaRunSpec& spec) {
     manual_seed(1234);
     nn::LlamaConfig c = tiny_llama();
     c.tied_embeddings = spec.tied;
+    if (spec.configure) spec.configure(c);
     nn::Llama model(c, mesh);
     std::function<void(bool)> set_sync;
     if (spec.parallelize) set_sync = spec.parallelize(model, mesh);
@@ -82,8 +87,11 @@ inline LlamaRun train_llama(const LlamaRunSpec& spec) {
       for (int micro = 0; micro < spec.micro_steps; ++micro) {
         if (set_sync) set_sync(micro + 1 == spec.micro_steps);
         at::Tensor part = tokens.narrow(0, micro * rows_per_micro, rows_per_micro);
-        DTensor ids = distribute_tensor(part.narrow(1, 0, spec.seq).contiguous(), mesh, rows);
-        DTensor targets = distribute_tensor(part.narrow(1, 1, spec.seq).contiguous(), mesh, rows);
+        const at::Tensor part_ids = part.narrow(1, 0, spec.seq).contiguous();
+        const at::Tensor part_targets = part.narrow(1, 1, spec.seq).contiguous();
+        auto [ids, targets] = spec.shard_batch ? spec.shard_batch(part_ids, part_targets, mesh)
+                                               : std::make_pair(distribute_tensor(part_ids, mesh, rows),
+                                                                distribute_tensor(part_targets, mesh, rows));
         DTensor loss = model.loss(ids, targets);
         (loss.to_local() / double(spec.micro_steps)).backward();
         loss_sum += loss.full_tensor().item<double>() / double(spec.micro_steps);

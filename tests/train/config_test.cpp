@@ -210,7 +210,7 @@ TEST(TrainConfig, ErrorsListWhatTheTableKnows) {
   EXPECT_HAS(load_error("[optimizer]\nlr = 1.0\n"),
              "known sections: [mesh], [pipeline], [model], [moe], [train], [data], [checkpoint], [low_precision], [monitor])");
   EXPECT_HAS(load_error("[mesh]\nfoo = 1\n"),
-             "unknown key mesh.foo (known: data_parallel, names, sequence_parallel, shape)");
+             "unknown key mesh.foo (known: context_parallel, cp_load_balance, data_parallel, names, sequence_parallel, shape)");
   EXPECT_HAS(load_error("[pipeline]\nstages = 2\n"),
              "unknown key pipeline.stages (known: microbatches, schedule, split, virtual_stages)");
 }
@@ -300,6 +300,8 @@ TrainConfig all_changed() {
   c.mesh.names = {"dp", "tp"};
   c.mesh.sequence_parallel = true;
   c.mesh.data_parallel = "fsdp";
+  c.mesh.context_parallel = "ulysses";
+  c.mesh.cp_load_balance = false;
   c.pipeline.schedule = "gpipe";  // not checked against the mesh without a pp dim
   c.pipeline.microbatches = 3;
   c.pipeline.virtual_stages = 2;
@@ -379,6 +381,8 @@ TEST(TrainConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(d.mesh.names, c.mesh.names);
   EXPECT_EQ(d.mesh.sequence_parallel, c.mesh.sequence_parallel);
   EXPECT_EQ(d.mesh.data_parallel, c.mesh.data_parallel);
+  EXPECT_EQ(d.mesh.context_parallel, c.mesh.context_parallel);
+  EXPECT_EQ(d.mesh.cp_load_balance, c.mesh.cp_load_balance);
   EXPECT_EQ(d.pipeline.schedule, c.pipeline.schedule);
   EXPECT_EQ(d.pipeline.microbatches, c.pipeline.microbatches);
   EXPECT_EQ(d.pipeline.virtual_stages, c.pipeline.virtual_stages);
@@ -453,8 +457,8 @@ TEST(TrainConfig, PrinterPrintsTheTable) {
   }
   for (const auto& f : hp::train::config_fields()) table.push_back(f.section + "." + f.key);
   EXPECT_EQ(printed, table);
-  // 4 mesh, 4 pipeline, 10 model, 14 moe, 14 train, 1 data, 5 checkpoint, 3 low_precision, 4 monitor
-  EXPECT_EQ(table.size(), 59u);
+  // 6 mesh, 4 pipeline, 10 model, 14 moe, 14 train, 1 data, 5 checkpoint, 3 low_precision, 4 monitor
+  EXPECT_EQ(table.size(), 61u);
   EXPECT_EQ(hp::train::config_sections(), (std::vector<std::string>{"mesh", "pipeline", "model", "moe", "train", "data",
                                                                     "checkpoint", "low_precision", "monitor"}));
 }

@@ -146,7 +146,11 @@ TEST(DryRun, ClearErrors) {
   EXPECT_NE(message([&] { train::dry_run(c, -1); }).find("outside"), std::string::npos);
   train::TrainConfig cp = c;
   cp.mesh.names = {"cp", "tp"};
-  EXPECT_NE(message([&] { train::dry_run(cp, 0); }).find("mesh dim 'cp'"), std::string::npos);
+  cp.mesh.sequence_parallel = false;  // cp shards the sequence itself
+  EXPECT_NE(message([&] { train::dry_run(cp, 0); }).find("context parallelism"), std::string::npos);
+  train::TrainConfig ep = c;
+  ep.mesh.names = {"ep", "tp"};
+  EXPECT_NE(message([&] { train::dry_run(ep, 0); }).find("mesh dim 'ep'"), std::string::npos);
   train::TrainConfig odd = config({3}, {"dp"}, "ddp");  // batch 4 over 3 dp ranks
   EXPECT_NE(message([&] { train::dry_run(odd, 0); }).find("divisible"), std::string::npos);
 }

@@ -49,7 +49,10 @@ std::vector<std::vector<int>> flattenable_groups(const MeshShape& mesh) {
         dims.push_back(m);
         members *= mesh.dim_size(m);
       }
-    if (dims.size() >= 2 && members <= kMaxFlattenedMembers) out.push_back(std::move(dims));
+    // A size-1 dim adds nothing to a flattened group: the group without it moves the same data.
+    bool trivial = false;
+    for (int m : dims) trivial = trivial || mesh.dim_size(m) == 1;
+    if (dims.size() >= 2 && members <= kMaxFlattenedMembers && !trivial) out.push_back(std::move(dims));
   }
   return out;
 }
@@ -72,6 +75,18 @@ class LayoutSearch {
         if (p.is_partial() && std::find(candidates_.begin(), candidates_.end(), p) == candidates_.end())
           candidates_.push_back(p);
     if (step_set == StepSet::All) groups_ = flattenable_groups(from.mesh());
+    // A size-1 mesh dim moves no data whatever its placement, but each placement it could
+    // take multiplies the states to search: it only steps to Replicate (which unblocks the
+    // dims around it) or to what a target wants there.
+    const int n = from.mesh().ndim();
+    trivial_candidates_.resize(n);
+    for (int m = 0; m < n; ++m) {
+      if (from.mesh().dim_size(m) != 1) continue;
+      auto& c = trivial_candidates_[m];
+      c.push_back(Replicate());
+      for (const auto& t : targets)
+        if (std::find(c.begin(), c.end(), t.placement(m)) == c.end()) c.push_back(t.placement(m));
+    }
     run(targets);
   }
 
@@ -106,7 +121,7 @@ class LayoutSearch {
       if (open.empty()) return;
       const ShardSpec cur = states_[u];
       for (int m = 0; m < cur.mesh().ndim(); ++m)
-        for (const auto& p : candidates_)
+        for (const auto& p : cur.mesh().dim_size(m) == 1 ? trivial_candidates_[m] : candidates_)
           if (auto s = single_step(cur, m, p, cost_)) relax(u, d, std::move(*s), queue);
       for (const auto& g : groups_)
         for (auto& s : flattened_steps(cur, g, cost_, wanted)) relax(u, d, std::move(s), queue);
@@ -136,6 +151,7 @@ class LayoutSearch {
 
   const MeshCost& cost_;
   std::vector<Placement> candidates_;
+  std::vector<std::vector<Placement>> trivial_candidates_;  // per mesh dim of size 1
   std::vector<std::vector<int>> groups_;
   std::vector<ShardSpec> states_;
   std::unordered_map<ShardSpec, int> index_;

@@ -44,6 +44,19 @@ DTensor Rotary::operator()(const DTensor& x) {
   });
 }
 
+at::Tensor Rotary::apply(const at::Tensor& x, const at::Tensor& positions) {
+  HP_CHECK(positions.dim() == 1 && positions.size(0) == x.size(2))
+      << "rotary: " << positions.numel() << " positions for " << x.size(2) << " tokens";
+  const int64_t half = x.size(-1) / 2;
+  const int64_t end = positions.numel() ? positions.max().item<int64_t>() + 1 : 0;
+  auto [cos, sin] = tables(0, end, x.size(-1), x);
+  at::Tensor at_pos = positions.to(x.device());
+  cos = cos.index_select(0, at_pos);
+  sin = sin.index_select(0, at_pos);
+  at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
+}
+
 DTensor apply_rotary(const DTensor& x, double theta) { return Rotary(theta)(x); }
 
 Attention::Attention(const LlamaConfig& c, const DeviceMesh& mesh)
@@ -57,9 +70,9 @@ Attention::Attention(const LlamaConfig& c, const DeviceMesh& mesh)
 DTensor Attention::forward(const DTensor& x) {
   const int64_t b = x.size(0), s = x.size(1), hd = c_.head_dim();
   auto heads = [&](Linear& proj, int64_t n) { return transpose(view(proj(x), {b, s, n, hd}), 1, 2); };
-  DTensor q = rotary_(heads(*q_proj_, c_.heads));
-  DTensor k = rotary_(heads(*k_proj_, c_.kv_heads));
-  DTensor out = scaled_dot_product_attention(q, k, heads(*v_proj_, c_.kv_heads), c_.causal);  // [B, H, S, Dh]
+  DTensor q = heads(*q_proj_, c_.heads), k = heads(*k_proj_, c_.kv_heads), v = heads(*v_proj_, c_.kv_heads);
+  DTensor out = core_ ? core_(AttentionCoreInputs{q, k, v, rotary_, c_.causal})
+                      : scaled_dot_product_attention(rotary_(q), rotary_(k), v, c_.causal);  // [B, H, S, Dh]
   return (*o_proj_)(view(transpose(out, 1, 2), {b, s, c_.heads * hd}));
 }
 
@@ -105,9 +118,9 @@ DTensor Llama::forward_embeddings(const DTensor& h) {
 }
 
 DTensor Llama::loss(const DTensor& ids, const DTensor& targets) {
-  DTensor logits = (*this)(ids);  // through the hooks: a wrapper on the root sees the whole step
-  const int64_t n = logits.size(0) * logits.size(1);
-  return cross_entropy(view(logits, {n, c_.vocab}), view(targets, {n}));
+  // Through the hooks: a wrapper on the root sees the whole step. [B, S, V] rows, so that a
+  // sequence sharded by context parallelism stays sharded into the loss.
+  return cross_entropy((*this)(ids), targets);
 }
 
 }  // namespace hp::nn

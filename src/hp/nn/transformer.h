@@ -2,6 +2,7 @@
 // a SwiGLU MLP, pre-norm blocks. Written once, with no parallelism in it.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "hp/nn/layers.h"
@@ -16,6 +17,9 @@ class Rotary {
  public:
   explicit Rotary(double theta) : theta_(theta) {}
   DTensor operator()(const DTensor& x);
+  // A local x [B, H, S, Dh] whose S tokens sit at the global `positions` [S] (int64), in any
+  // order: a sequence held in a load-balanced order (context parallelism).
+  at::Tensor apply(const at::Tensor& x, const at::Tensor& positions);
 
  private:
   // cos and sin [end - first, Dh / 2] in `like`'s dtype and device.
@@ -24,15 +28,32 @@ class Rotary {
   at::Tensor cos_, sin_;  // [n, Dh / 2]
 };
 
+// What the attention core receives: q [B, Hq, S, Dh] and k, v [B, Hkv, S, Dh], before
+// rotary, and the rotary to apply.
+struct AttentionCoreInputs {
+  const DTensor& q;
+  const DTensor& k;
+  const DTensor& v;
+  Rotary& rotary;
+  bool causal;
+};
+// The attention core: rotary, then softmax attention, giving [B, Hq, S, Dh]. A parallel
+// style may replace it from outside (context parallelism); the model holds none.
+using AttentionCore = std::function<DTensor(const AttentionCoreInputs&)>;
+
 class Attention : public Module {
  public:
   Attention(const LlamaConfig& c, const DeviceMesh& mesh);
   DTensor forward(const DTensor& x) override;  // [B, S, D] -> [B, S, D]
+  // Replaces the attention core; an empty one restores the built-in.
+  void set_core(AttentionCore core) { core_ = std::move(core); }
+  const LlamaConfig& config() const { return c_; }
 
  private:
   LlamaConfig c_;
   std::shared_ptr<Linear> q_proj_, k_proj_, v_proj_, o_proj_;
   Rotary rotary_;
+  AttentionCore core_;
 };
 
 class MLP : public Module {

@@ -282,9 +282,11 @@ DTensor layer_norm(const DTensor& x, const DTensor& weight, const DTensor& bias,
 }
 
 DTensor cross_entropy(const DTensor& logits_in, const DTensor& targets_in) {
-  HP_CHECK(logits_in.dim() == 2 && targets_in.dim() == 1 && logits_in.size(0) == targets_in.size(0))
-      << "cross_entropy expects logits [N, V] and targets [N], got " << to_string_list(logits_in.sizes())
-      << " and " << to_string_list(targets_in.sizes());
+  const int64_t vocab_dim = logits_in.dim() - 1;
+  bool shapes_ok = logits_in.dim() >= 2 && targets_in.dim() == vocab_dim;
+  for (int64_t d = 0; shapes_ok && d < vocab_dim; ++d) shapes_ok = logits_in.size(d) == targets_in.size(d);
+  HP_CHECK(shapes_ok) << "cross_entropy expects logits [..., V] and targets [...] of the same leading shape, got "
+                      << to_string_list(logits_in.sizes()) << " and " << to_string_list(targets_in.sizes());
   const DeviceMesh& mesh = logits_in.device_mesh();
   HP_CHECK(targets_in.device_mesh() == mesh) << "cross_entropy: logits on " << mesh.to_string()
                                              << " but targets on " << targets_in.device_mesh().to_string();
@@ -293,9 +295,9 @@ DTensor cross_entropy(const DTensor& logits_in, const DTensor& targets_in) {
   std::vector<int> vocab_dims, row_dims;
   for (int k = 0; k < mesh.ndim(); ++k) {
     const Placement& p = logits_in.placements()[k];
-    if (p.is_shard(1)) {
+    if (p.is_shard(static_cast<int>(vocab_dim))) {
       lp.push_back(p), tp.push_back(Replicate()), vocab_dims.push_back(k);
-    } else if (p.is_shard(0)) {
+    } else if (p.is_shard()) {
       lp.push_back(p), tp.push_back(p), row_dims.push_back(k);
     } else {
       lp.push_back(Replicate()), tp.push_back(Replicate());
@@ -306,25 +308,27 @@ DTensor cross_entropy(const DTensor& logits_in, const DTensor& targets_in) {
   const std::vector<int64_t> coord = mesh.coordinate();
   const at::Tensor& z = logits.to_local();
   const at::Tensor& t = targets.to_local();
-  const int64_t first = logits.spec().global_offset(coord)[1];
-  const int64_t cols = z.size(1);
+  const int64_t first = logits.spec().global_offset(coord)[vocab_dim];
+  const int64_t cols = z.size(-1);
 
   // Stable log-sum-exp across vocabulary shards: the max needs no gradient.
   // An empty vocabulary piece (uneven shards) holds no candidate: the lowest value.
-  at::Tensor m = cols > 0 ? std::get<0>(z.detach().max(1, /*keepdim=*/true))
-                          : at::full({z.size(0), 1}, -std::numeric_limits<double>::infinity(), z.options());
+  at::Tensor m = cols > 0 ? std::get<0>(z.detach().max(-1, /*keepdim=*/true))
+                          : at::full(t.unsqueeze(-1).sizes(), -std::numeric_limits<double>::infinity(), z.options());
   for (int k : vocab_dims) m = comm::all_reduce(m, mesh.group(k), ReduceOp::Max);
-  at::Tensor sum_exp = (z - m).exp().sum(1);
+  at::Tensor sum_exp = (z - m).exp().sum(-1);
   at::Tensor here = both(t >= first, t < first + cols);
-  at::Tensor target_logit = z.gather(1, ((t - first) * here).unsqueeze(1)).squeeze(1) * here.to(z.scalar_type());
+  at::Tensor target_logit = z.gather(-1, ((t - first) * here).unsqueeze(-1)).squeeze(-1) * here.to(z.scalar_type());
   for (int k : vocab_dims) {
     // Partial sums over the shards; the gradient of each term is the whole gradient.
     sum_exp = comm::autograd::all_reduce_sum(sum_exp, mesh.group(k));
     target_logit = comm::autograd::all_reduce_sum(target_logit, mesh.group(k));
   }
-  at::Tensor total = (sum_exp.log() + m.squeeze(1) - target_logit).sum();
+  at::Tensor total = (sum_exp.log() + m.squeeze(-1) - target_logit).sum();
   for (int k : row_dims) total = comm::autograd::all_reduce_sum(total, mesh.group(k));
-  at::Tensor loss = total / static_cast<double>(logits.size(0));
+  int64_t rows = 1;
+  for (int64_t d = 0; d < vocab_dim; ++d) rows *= logits.size(d);
+  at::Tensor loss = total / static_cast<double>(rows);
   return DTensor(loss, mesh, make_spec({}, loss.scalar_type(), mesh, std::vector<Placement>(mesh.ndim(), Replicate())));
 }
 

@@ -66,9 +66,11 @@ DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const D
 DTensor rms_norm(const DTensor& x, const DTensor& weight, double eps = 1e-6);
 DTensor layer_norm(const DTensor& x, const DTensor& weight, const DTensor& bias, double eps = 1e-5);
 
-// Mean cross-entropy of logits [N, V] against integer targets [N]. Logits sharded over the
-// vocabulary (Shard(1)) stay sharded: a max, a sum of exponentials and the target logit
-// are reduced across the shards instead of gathering the logits (loss parallel).
+// Mean cross-entropy of logits [..., V] against integer targets [...] (all rows: [N, V] and
+// [N], or [B, S, V] and [B, S]). Rows sharded on any dim stay sharded (a sequence sharded by
+// context parallelism), their sums reduced. Logits sharded over the vocabulary (last dim)
+// stay sharded: a max, a sum of exponentials and the target logit are reduced across the
+// shards instead of gathering the logits (loss parallel).
 DTensor cross_entropy(const DTensor& logits, const DTensor& targets);
 
 }  // namespace hp

@@ -395,6 +395,21 @@ void validate(const TrainConfig& c) {
   HP_CHECK(!m.sequence_parallel || t.seq % tp == 0)
       << src << ": with mesh.sequence_parallel, train.seq = " << t.seq
       << " must be divisible by the tp mesh dim (" << tp << ")";
+  const int64_t cp = dims.cp;
+  HP_CHECK(m.context_parallel == "ulysses" || m.context_parallel == "ring" || m.context_parallel == "allgather_kv")
+      << src << ": mesh.context_parallel = \"" << m.context_parallel
+      << "\" must be \"ulysses\", \"ring\" or \"allgather_kv\"";
+  HP_CHECK(cp == 1 || dims.pp == 1) << src << ": the cp mesh dim (" << cp
+                                    << ") with pipeline stages (pp = " << dims.pp << ") is not supported yet";
+  HP_CHECK(cp == 1 || !m.sequence_parallel)
+      << src << ": mesh.sequence_parallel with a cp mesh dim (" << cp
+      << ") would shard the sequence twice; the cp dim already shards it";
+  HP_CHECK(cp == 1 || m.context_parallel != "ulysses" || (md.heads / tp) % cp == 0)
+      << src << ": mesh.context_parallel = \"ulysses\" splits the " << md.heads / tp << " heads of each tp rank"
+      << " (model.heads = " << md.heads << " over tp = " << tp << ") over the cp mesh dim (" << cp
+      << "), which does not divide them; use \"ring\" or \"allgather_kv\", or another cp";
+  HP_CHECK(t.seq >= cp) << src << ": train.seq = " << t.seq << " gives some of the " << cp
+                        << " cp ranks no token; use a longer sequence or a smaller cp";
   validate_pipeline(c);
 }
 

@@ -29,10 +29,14 @@ using MoE = MoEConfig;
 std::vector<Field> make_fields() {
   return {
       {"mesh", "shape", "devices per mesh dim; product = world size", at<&T::mesh, &Mesh::shape>()},
-      {"mesh", "names", "a name per dim: dp, tp, pp or ep", at<&T::mesh, &Mesh::names>()},
+      {"mesh", "names", "a name per dim: dp, tp, cp, ep or pp", at<&T::mesh, &Mesh::names>()},
       {"mesh", "sequence_parallel", "shard norms and activations along seq inside tp",
        at<&T::mesh, &Mesh::sequence_parallel>()},
       {"mesh", "data_parallel", "ddp, replicate, zero1, zero2 or fsdp", at<&T::mesh, &Mesh::data_parallel>()},
+      {"mesh", "context_parallel", "attention over cp: ulysses, ring or allgather_kv",
+       at<&T::mesh, &Mesh::context_parallel>()},
+      {"mesh", "cp_load_balance", "each cp rank holds a head and a tail of every sequence",
+       at<&T::mesh, &Mesh::cp_load_balance>()},
 
       {"pipeline", "schedule", "gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv or dualpipev",
        at<&T::pipeline, &Pipe::schedule>()},

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "hp/base/error.h"
+#include "hp/parallel/context_parallel_layout.h"
 
 namespace hp::train {
 
@@ -56,7 +57,20 @@ Batch DataLoader::batch(int64_t step) const {
     int64_t start = window_start(step, dp_rank_ * rows + r);
     std::memcpy(dst + r * (seq_ + 1), src + start, (seq_ + 1) * sizeof(int64_t));
   }
-  return Batch{buf.narrow(1, 0, seq_).contiguous(), buf.narrow(1, 1, seq_).contiguous(), step};
+  at::Tensor inputs = buf.narrow(1, 0, seq_), targets = buf.narrow(1, 1, seq_);
+  if (positions_.defined()) inputs = inputs.index_select(1, positions_), targets = targets.index_select(1, positions_);
+  return Batch{inputs.contiguous(), targets.contiguous(), step};
+}
+
+void DataLoader::shard_sequence(int64_t cp_rank, int64_t cp_size, bool load_balance) {
+  HP_CHECK(cp_size >= 1 && cp_rank >= 0 && cp_rank < cp_size)
+      << "DataLoader: cp rank " << cp_rank << " is not in [0, cp size " << cp_size << ")";
+  HP_CHECK(seq_ >= cp_size) << "DataLoader: seq = " << seq_ << " leaves some of the " << cp_size
+                            << " cp ranks without a token";
+  positions_ = cp_size == 1 ? at::Tensor()
+                            : at::tensor(sequence_positions(seq_, static_cast<int>(cp_size), static_cast<int>(cp_rank),
+                                                            load_balance),
+                                         at::kLong);
 }
 
 Batch DataLoader::next() { return batch(step_++); }

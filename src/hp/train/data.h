@@ -32,6 +32,11 @@ class DataLoader {
   DataLoader(std::vector<int64_t> tokens, int64_t seq, int64_t global_batch, int64_t dp_rank = 0,
              int64_t dp_size = 1, uint64_t seed = 0);
 
+  // From now on each sequence of a batch is this cp rank's share of it (of cp_size), in the
+  // order of hp/parallel/context_parallel_layout.h (head and tail with load_balance), the
+  // targets taken at the same positions as the inputs.
+  void shard_sequence(int64_t cp_rank, int64_t cp_size, bool load_balance = true);
+
   // This rank's slice of the current step's global batch; advances one step.
   Batch next();
   // This rank's slice of step `step`'s batch; does not move the position.
@@ -53,6 +58,7 @@ class DataLoader {
   int64_t seq_, global_batch_, dp_rank_, dp_size_;
   uint64_t seed_;
   int64_t step_ = 0;
+  at::Tensor positions_;  // this cp rank's positions of each sequence; undefined: all
 };
 
 }  // namespace hp::train

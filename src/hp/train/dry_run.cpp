@@ -20,6 +20,8 @@ DryRunResult dry_run(const TrainConfig& cfg, int rank, int64_t steps) {
                                       << to_string_list(cfg.mesh.shape) << " of " << world << " ranks (0.."
                                       << world - 1 << ")";
   HP_CHECK(steps >= 1) << "dry-run: needs at least one step, got " << steps;
+  HP_CHECK(cfg.dims().cp == 1) << "dry-run: context parallelism (the cp mesh dim, " << cfg.dims().cp
+                               << ") does not run on meta tensors yet; the planner's estimate covers it";
   const auto start = std::chrono::steady_clock::now();
 
   track_meta_memory();

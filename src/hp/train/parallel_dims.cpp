@@ -8,10 +8,10 @@
 namespace hp::train {
 namespace {
 
-const std::vector<std::string> kDims = {"pp", "dp", "ep", "tp"};
+const std::vector<std::string> kDims = {"pp", "dp", "ep", "cp", "tp"};
 
 int64_t& degree(ParallelDims& d, const std::string& name) {
-  return name == "pp" ? d.pp : name == "dp" ? d.dp : name == "ep" ? d.ep : d.tp;
+  return name == "pp" ? d.pp : name == "dp" ? d.dp : name == "ep" ? d.ep : name == "cp" ? d.cp : d.tp;
 }
 
 }  // namespace
@@ -26,7 +26,7 @@ ParallelDims ParallelDims::from_mesh(const std::vector<int64_t>& shape, const st
   for (size_t i = 0; i < names.size(); ++i) {
     HP_CHECK(std::find(kDims.begin(), kDims.end(), names[i]) != kDims.end())
         << source << ": mesh dim '" << names[i] << "' in " << to_string_list(names)
-        << " is not run by the trainer (known: pp, dp, ep, tp)";
+        << " is not run by the trainer (known: pp, dp, ep, cp, tp)";
     HP_CHECK(std::find(d.order.begin(), d.order.end(), names[i]) == d.order.end())
         << source << ": mesh.names " << to_string_list(names) << " must be distinct and non-empty";
     HP_CHECK(shape[i] >= 1) << source << ": mesh.shape[" << i << "] = " << shape[i] << " must be >= 1";
@@ -40,18 +40,20 @@ ParallelDims ParallelDims::from_mesh(const std::vector<int64_t>& shape, const st
 }
 
 ParallelDims ParallelDims::from_strategy(const plan::Strategy& s) {
-  HP_CHECK(s.cp <= 1) << "strategy " << plan::to_string(s) << ": the trainer runs dp, ep, tp, pp and fsdp; found cp="
-                      << s.cp;
-  ParallelDims d;  // the planner numbers ranks pp, dp, ep, (cp,) tp from outermost
-  d.pp = s.pp, d.dp = std::max<int64_t>(s.dp, 1), d.ep = std::max<int64_t>(s.ep, 1), d.tp = s.tp;
-  if (d.ep > 1) d.order = {"pp", "dp", "ep", "tp"};
+  ParallelDims d;  // the planner numbers ranks pp, dp, ep, cp, tp from outermost
+  d.pp = s.pp, d.dp = std::max<int64_t>(s.dp, 1), d.ep = std::max<int64_t>(s.ep, 1),
+  d.cp = std::max<int64_t>(s.cp, 1), d.tp = s.tp;
+  d.order = {"pp", "dp"};
+  if (d.ep > 1) d.order.push_back("ep");
+  if (d.cp > 1) d.order.push_back("cp");
+  d.order.push_back("tp");
   return d;
 }
 
 int64_t ParallelDims::size(const std::string& name) const {
   HP_CHECK(std::find(kDims.begin(), kDims.end(), name) != kDims.end())
-      << "ParallelDims: no dim '" << name << "' (known: pp, dp, ep, tp)";
-  return name == "pp" ? pp : name == "dp" ? dp : name == "ep" ? ep : tp;
+      << "ParallelDims: no dim '" << name << "' (known: pp, dp, ep, cp, tp)";
+  return name == "pp" ? pp : name == "dp" ? dp : name == "ep" ? ep : name == "cp" ? cp : tp;
 }
 
 std::vector<int64_t> ParallelDims::mesh_shape() const {

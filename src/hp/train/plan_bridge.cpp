@@ -58,8 +58,8 @@ void apply_strategy(TrainConfig& cfg, const plan::Strategy& s) {
   const ParallelDims dims = ParallelDims::from_strategy(s);
   cfg.mesh.shape = dims.config_shape();
   cfg.mesh.names = dims.config_names();
-  // As the estimator assumes; MoE models run without.
-  cfg.mesh.sequence_parallel = s.tp > 1 && !cfg.moe.enabled();
+  // As the estimator assumes; MoE models run without, and cp shards the sequence itself.
+  cfg.mesh.sequence_parallel = s.tp > 1 && s.cp <= 1 && !cfg.moe.enabled();
   static const char* const stages[] = {"ddp", "zero1", "zero2", "fsdp"};
   cfg.mesh.data_parallel = stages[s.zero];
   cfg.pipeline = PipelineConfig{};

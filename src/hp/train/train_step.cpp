@@ -35,6 +35,12 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
   t.llama = std::make_shared<nn::Llama>(cfg.model, mesh);
   nn::Llama& model = *t.llama;
   if (dims.tp > 1) parallelize_llama(model, mesh["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
+  if (dims.cp > 1) {
+    ContextParallelOptions cp;
+    cp.mode = cp_mode_from_string(cfg.mesh.context_parallel);
+    cp.load_balance = cfg.mesh.cp_load_balance;
+    parallelize_module(model, mesh["cp"], {{"layers.*.attn", ContextParallel(cp)}});
+  }
   detail::apply_precision(model, cfg);
   // Data parallelism from outside the model, after tensor parallelism.
   if (dims.dp > 1 && cfg.mesh.data_parallel == "ddp")
@@ -58,7 +64,10 @@ void detail::apply_precision(nn::Module& model, const TrainConfig& cfg) {
 std::vector<Placement> batch_placements(const DeviceMesh& stage_mesh, bool sequence_sharded) {
   std::vector<Placement> p;
   for (const auto& name : stage_mesh.dim_names())
-    p.push_back(name == "dp" || name == "ep" ? Placement(Shard(0)) : name == "tp" && sequence_sharded ? Placement(Shard(1)) : Placement(Replicate()));
+    p.push_back(name == "dp" || name == "ep"           ? Placement(Shard(0))
+                : name == "cp"                         ? Placement(Shard(1))
+                : name == "tp" && sequence_sharded     ? Placement(Shard(1))
+                                                       : Placement(Replicate()));
   return p;
 }
 
@@ -96,6 +105,7 @@ Training build_training(const TrainConfig& cfg, const std::string& device) {
     for (const auto& name : t.stage_mesh.dim_names())
       if (name == "dp" || name == "ep") t.data_rank = t.data_rank * dims.size(name) + t.stage_mesh.local_rank(name);
   }
+  if (dims.cp > 1) t.cp_rank = t.stage_mesh.local_rank("cp"), t.cp_size = dims.cp;
   return t;
 }
 

@@ -32,6 +32,7 @@ struct Training {
   std::vector<Placement> rows;  // the batch's layout on `stage_mesh`: rows over dp and ep, the same on every other dim
   std::vector<int64_t> global;  // [batch, seq] of the whole step
   int64_t data_rank = 0, data_size = 1;  // which rows of the global batch this rank reads (DataLoader)
+  int64_t cp_rank = 0, cp_size = 1;      // which share of every sequence it reads (DataLoader::shard_sequence)
   double base_lr = 0;
 };
 
@@ -52,8 +53,9 @@ struct StepOutput {
 StepOutput train_step(Training& t, const TrainConfig& cfg, const at::Tensor& inputs, const at::Tensor& targets,
                       double lr, const std::function<void()>& before_update = {});
 
-// How a batch lies on a stage mesh: rows over dp and ep, the rest replicated; activations between
-// blocks with sequence parallelism also have their sequence over tp.
+// How a batch lies on a stage mesh: rows over dp and ep, sequence over cp, the rest
+// replicated; activations between blocks with sequence parallelism also have their
+// sequence over tp.
 std::vector<Placement> batch_placements(const DeviceMesh& stage_mesh, bool sequence_sharded = false);
 
 namespace detail {
