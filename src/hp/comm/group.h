@@ -22,6 +22,7 @@ class Heap;
 
 namespace hp::comm {
 
+class Engine;
 class Group;
 // Makes (or finds) the group of some global ranks: World::group.
 using GroupMaker = std::function<std::shared_ptr<Group>(const std::vector<int>& ranks)>;
@@ -61,6 +62,12 @@ class Group {
   void set_log(std::shared_ptr<CollectiveLog> log) { log_ = std::move(log); }
   void record(const char* op, const at::Tensor& t) const;
 
+  // The progress engine that runs this rank's asynchronous shared-memory and hierarchical
+  // collectives (hp/comm/engine.h), shared by every group of its World; null for a group
+  // made outside a World, whose collectives then all run on the calling thread.
+  void set_engine(std::shared_ptr<Engine> engine) { engine_ = std::move(engine); }
+  Engine* engine() const { return engine_.get(); }
+
   // The group's symmetric heap (hp/comm/symm), created on first use: a collective call,
   // so every member must reach it at the same point of its sequence of collectives.
   std::shared_ptr<symm::Heap> symm_heap() const;
@@ -90,6 +97,7 @@ class Group {
   bool on_one_host_;
   bool fake_;
   std::shared_ptr<CollectiveLog> log_;
+  std::shared_ptr<Engine> engine_;
   mutable std::mutex heap_mu_;
   mutable std::shared_ptr<symm::Heap> heap_;
   mutable std::mutex pool_mu_;
