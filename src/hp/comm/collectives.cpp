@@ -99,17 +99,24 @@ at::Tensor output_buffer(const Group& g, Transport tr, int64_t numel, const at::
 // synchronous ones here once the engine has drained. `result` finishes on the waiter.
 Pending run_in_order(const char* op, Transport tr, const Group& g, bool async, std::function<void()> body,
                      std::function<at::Tensor()> result) {
-  const std::string w = what(op, g) + " (" + to_string(tr) + ")";
+  // Named only where needed: the group's description costs more than a small collective.
+  auto w = [&] { return what(op, g) + " (" + to_string(tr) + ")"; };
   Engine* e = g.engine();
   if (async && e && !Engine::on_progress_thread() && async_engine_enabled()) {
-    if (tr == Transport::Hierarchical) hier::detail::count_call();  // counted where it was issued
-    return Pending(e->submit(std::move(body), w), std::move(result), w, g.timeout());
+    if (tr == Transport::Hierarchical) {
+      hier::detail::count_call();  // counted where it was issued
+      // Its host sub-groups are made here, in program order: making a group is a
+      // rendezvous under the World's lock, which the progress thread must not take.
+      g.host_levels();
+    }
+    std::string name = w();
+    return Pending(e->submit(std::move(body), name), std::move(result), name, g.timeout());
   }
   if (e) e->drain();
   try {
     body();
   } catch (const std::exception& ex) {
-    HP_FAIL() << w << " failed: " << ex.what();
+    HP_FAIL() << w() << " failed: " << ex.what();
   }
   return Pending::done(result());
 }

@@ -3,7 +3,8 @@
 // the ranks of equal local index, in pieces so that the cross-host phase of one piece
 // overlaps the in-host phases of the next. hp::comm's collectives call them when the
 // topology's cost model (hp/topology/hierarchical.h) prefers them; HP_HIER_COLLECTIVES=0
-// turns them off, =1 uses them wherever they apply. They run synchronously.
+// turns them off, =1 uses them wherever they apply. They run to completion on the thread
+// that calls them; hp::comm runs its asynchronous calls of them on the progress engine.
 //
 // Results are deterministic for a fixed layout and size: in-host folds go in local rank
 // order, the cross-host reduction in Gloo's fixed order (all-reduce) or host order

@@ -1,0 +1,70 @@
+// The cost of moving the shared-memory collectives onto the progress engine, in one run:
+//   build/bin/hprun --nproc-per-node N build/bin/bench_engine [max KiB]
+// sync: all_reduce_ as users call it (transport choice, drain of the engine, the call);
+// bare: the same shared-memory all-reduce called directly on the group's heap, with no
+// dispatch at all (a lower bound for any version of the dispatch, today's or an older
+// one); async: all_reduce_async + wait (a hand-off to the progress thread and back).
+// Candidates alternate batch by batch; each is the slowest rank's median. Ratios are
+// bare's time over sync's (and over async's): 1.0 means no cost.
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "hp/comm.h"
+#include "hp/comm/symm/collectives.h"
+#include "hp/comm/symm/symm.h"
+#include "slowest_rank.h"
+
+using namespace hp;
+using namespace hp::comm;
+
+namespace {
+
+std::vector<double> median_seconds(const Group& g, int iters, int calls, const std::vector<std::function<void()>>& ops) {
+  for (int i = 0; i < 3; ++i)
+    for (const auto& op : ops) op();
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i)
+    for (const auto& op : ops) {
+      symm::barrier(g);
+      symm::barrier(g);
+      auto s = std::chrono::steady_clock::now();
+      for (int c = 0; c < calls; ++c) op();
+      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count() / calls);
+    }
+  return slowest_rank_medians(g, t, iters, ops.size());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  auto world = init_distributed();
+  auto g = world->world_group();
+  HP_CHECK(symm::shm_collectives_enabled(*g)) << "bench_engine needs a group on one host (shared memory)";
+  const int64_t max_kib = argc > 1 ? std::atoll(argv[1]) : 4096;
+  if (g->rank() == 0)
+    std::printf("# %d ranks, float32 all-reduce (sum); median us per call, slowest rank\n%-8s %10s %10s %10s %10s %10s\n",
+                g->size(), "size", "bare_us", "sync_us", "async_us", "bare/sync", "bare/async");
+  std::vector<double> worst;
+  for (int64_t kib = 1; kib <= max_kib; kib *= 4) {
+    const int64_t numel = kib * 256;
+    at::Tensor x = at::rand({numel});
+    const int iters = kib >= 1024 ? 15 : 31, calls = kib >= 1024 ? 2 : 16;
+    auto s = median_seconds(*g, iters, calls,
+                            {[&] { symm::all_reduce(*g->symm_heap(), x, ReduceOp::Sum); },
+                             [&] { all_reduce_(x, *g, ReduceOp::Sum); },
+                             [&] { all_reduce_async(x, *g, ReduceOp::Sum).wait(); }});
+    if (g->rank() != 0) continue;
+    std::printf("%5lld KiB %10.1f %10.1f %10.1f %9.3fx %9.3fx\n", (long long)kib, s[0] * 1e6, s[1] * 1e6, s[2] * 1e6,
+                s[0] / s[1], s[0] / s[2]);
+    std::printf("RESULT engine_sync_over_bare_%lldKiB %.3f\n", (long long)kib, s[0] / s[1]);
+    std::printf("RESULT engine_async_over_bare_%lldKiB %.3f\n", (long long)kib, s[0] / s[2]);
+    std::fflush(stdout);
+  }
+  return 0;
+}
