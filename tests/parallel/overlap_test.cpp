@@ -27,6 +27,8 @@ struct Config {
   std::vector<std::string> names;
 };
 
+void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
+
 LlamaRunSpec spec_of(const Config& c) {
   LlamaRunSpec spec;
   spec.mesh_shape = c.shape;
