@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
     at::Tensor x = at::rand({numel});
     const int iters = kib >= 1024 ? 15 : 31, calls = kib >= 1024 ? 2 : 16;
     auto s = median_seconds(*g, iters, calls,
-                            {[&] { symm::all_reduce(*g->symm_heap(), x, ReduceOp::Sum); },
+                            {[&] { symm::all_reduce(*symm::group_heap(*g), x, ReduceOp::Sum); },
                              [&] { all_reduce_(x, *g, ReduceOp::Sum); },
                              [&] { all_reduce_async(x, *g, ReduceOp::Sum).wait(); }});
     if (g->rank() != 0) continue;

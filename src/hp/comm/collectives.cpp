@@ -107,7 +107,7 @@ Pending run_in_order(const char* op, Transport tr, const Group& g, bool async, s
       hier::detail::count_call();  // counted where it was issued
       // Its host sub-groups are made here, in program order: making a group is a
       // rendezvous under the World's lock, which the progress thread must not take.
-      g.host_levels();
+      hier::host_levels(g);
     }
     std::string name = w();
     return Pending(e->submit(std::move(body), name), std::move(result), name, g.timeout());
@@ -191,7 +191,7 @@ Pending all_reduce_impl(at::Tensor t, const Group& g, ReduceOp op, bool async) {
         "all_reduce", tr, g, async,
         [gp, x, op, tr] {
           if (tr == Transport::Hierarchical) hier::all_reduce(*gp, x, op);
-          else symm::all_reduce(*gp->symm_heap(), x, op);
+          else symm::all_reduce(*symm::group_heap(*gp), x, op);
         },
         [t, x]() mutable {
           if (!x.is_same(t)) t.copy_(x);
@@ -240,7 +240,7 @@ Pending all_to_all_single_unlogged(at::Tensor out, const at::Tensor& in, const G
     const Group* gp = &g;
     return run_in_order(
         "all_to_all", tr, g, async,
-        [gp, src, out, send, recv] { symm::all_to_all(*gp->symm_heap(), src.data_ptr(), send, out.data_ptr(), recv); },
+        [gp, src, out, send, recv] { symm::all_to_all(*symm::group_heap(*gp), src.data_ptr(), send, out.data_ptr(), recv); },
         [out] { return out; });
   }
   at::Tensor out_w = wire(out), in_w = wire(src);
@@ -280,7 +280,7 @@ Pending all_gather_impl(const at::Tensor& t, const Group& g, int64_t dim, std::v
         "all_gather", tr, g, async,
         [gp, rows, bytes, out, tr] {
           if (tr == Transport::Hierarchical) hier::all_gather(*gp, rows.data_ptr(), bytes, out.data_ptr());
-          else symm::all_gather(*gp->symm_heap(), rows.data_ptr(), bytes, out.data_ptr());
+          else symm::all_gather(*symm::group_heap(*gp), rows.data_ptr(), bytes, out.data_ptr());
         },
         [out, dim] { return dim == 0 ? out : out.movedim(0, dim).contiguous(); });
   }
@@ -324,7 +324,7 @@ Pending reduce_scatter_impl(const at::Tensor& t, const Group& g, int64_t dim, Re
         "reduce_scatter", tr, g, async,
         [gp, rows, counts, out, op, tr] {
           if (tr == Transport::Hierarchical) hier::reduce_scatter(*gp, rows, counts, out, op);
-          else symm::reduce_scatter(*gp->symm_heap(), rows, out, counts, op);
+          else symm::reduce_scatter(*symm::group_heap(*gp), rows, out, counts, op);
         },
         [out, dim] { return dim == 0 ? out : out.movedim(0, dim).contiguous(); });
   }
@@ -427,7 +427,7 @@ Pending broadcast_impl(at::Tensor t, const Group& g, int src, bool async) {
   if (tr == Transport::SharedMemory) {
     const Group* gp = &g;
     return run_in_order(
-        "broadcast", tr, g, async, [gp, buf, src] { symm::broadcast(*gp->symm_heap(), buf.data_ptr(), buf.nbytes(), src); },
+        "broadcast", tr, g, async, [gp, buf, src] { symm::broadcast(*symm::group_heap(*gp), buf.data_ptr(), buf.nbytes(), src); },
         finish);
   }
   at::Tensor w = wire(buf);

@@ -15,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -53,6 +54,20 @@ class ScopedMode {
  private:
   std::optional<Mode> previous_;
 };
+
+// How a group that spans hosts splits: this rank's host (`inner`, shared memory) and the
+// ranks of the same local index on every host (`outer`).
+struct HostLevels {
+  int hosts = 0;
+  int per_host = 0;
+  int host = 0;   // this rank's host block: group ranks [host * per_host, (host + 1) * per_host)
+  int local = 0;  // this rank's index inside it
+  std::shared_ptr<Group> inner, outer;
+};
+// g's split, made on first use and kept with the group: a collective call (it creates the
+// inner group, then the outer one, on every member in the same order). Throws unless the
+// ranks form equal consecutive blocks on 2 or more hosts (hp/topology/hierarchical.h).
+const HostLevels& host_levels(const Group& g);
 
 // How many collectives this thread has run hierarchically: tests and probes check that
 // the path was taken.

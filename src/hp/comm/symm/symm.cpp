@@ -22,7 +22,7 @@ std::shared_ptr<Heap> heap_of(const at::Tensor& t, const char* op) {
 std::shared_ptr<Heap> local_heap_of(const comm::Group& g, const char* op) {
   HP_CHECK(g.on_one_host()) << op << " on " << g.describe() << ": the group spans hosts; symmetric memory "
                             << "needs every rank on one host";
-  return g.symm_heap();
+  return group_heap(g);
 }
 
 // For the calls that synchronise with peers through the heap: after this rank's
