@@ -5,8 +5,9 @@
 // algorithm in the same reduction order). Each configuration is one line: world size,
 // ranks per emulated host (0: one host, shared memory; 2: hierarchical across hosts),
 // dtype. Also: an asynchronous call returns before its peers have joined it (progress is
-// off the calling thread), handles waited out of order, a late peer named through the
-// handle, and shutdown with collectives in flight.
+// off the calling thread), synchronous calls run after the pending ones, handles waited
+// out of order, a late peer named through the handle, and shutdown with collectives in
+// flight.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -134,6 +135,34 @@ TEST(AsyncProgress, ReturnsBeforePeersJoin) {
             all_reduce_(y, g);
           }
           EXPECT_TRUE(at::equal(y, expected)) << "per_host " << per_host;
+        },
+        std::chrono::seconds(10), per_host);
+  }
+}
+
+// A synchronous call right after asynchronous ones, none waited yet, on the same group
+// and on a sub-group (which a hierarchical call of the world uses too): it runs after
+// them, so every rank pairs the same calls.
+TEST(AsyncProgress, SynchronousCallsRunAfterPendingOnes) {
+  for (int per_host : {0, 2}) {
+    run_local_ranks(
+        4,
+        [&](int rank) {
+          std::optional<hier::ScopedMode> on;
+          if (per_host) on.emplace(hier::Mode::On);
+          const Group& g = *current_world()->world_group();
+          const Group& host = *current_world()->group(rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3});
+          at::Tensor x = rank_input(rank, {30000}, at::kFloat), y = rank_input(rank, {3000}, at::kFloat, 1);
+          at::Tensor x_ref = all_reduce(x, g), y_ref = all_reduce(y, host), z_ref = all_reduce(x, g, ReduceOp::Max);
+          at::Tensor xa = x.clone(), za = x.clone();
+          Pending p = all_reduce_async(xa, g);
+          at::Tensor ys = all_reduce(y, host);  // sync on a sub-group while the world's is queued
+          Pending q = all_reduce_async(za, g, ReduceOp::Max);
+          at::Tensor xs = all_reduce(x, g);  // sync on the same group
+          EXPECT_TRUE(at::equal(q.wait(), z_ref));
+          EXPECT_TRUE(at::equal(p.wait(), x_ref));
+          EXPECT_TRUE(at::equal(ys, y_ref));
+          EXPECT_TRUE(at::equal(xs, x_ref));
         },
         std::chrono::seconds(10), per_host);
   }
