@@ -97,8 +97,9 @@ at::Tensor output_buffer(const Group& g, Transport tr, int64_t numel, const at::
 // Runs `body`, a shared-memory or hierarchical collective, after every collective this
 // rank issued before it: asynchronous ones on the progress engine (returning at once),
 // synchronous ones here once the engine has drained. `result` finishes on the waiter.
-Pending run_in_order(const char* op, Transport tr, const Group& g, bool async, std::function<void()> body,
-                     std::function<at::Tensor()> result) {
+// Templates, not std::function: the synchronous path allocates nothing for them.
+template <typename Body, typename Result>
+Pending run_in_order(const char* op, Transport tr, const Group& g, bool async, Body&& body, Result&& result) {
   // Named only where needed: the group's description costs more than a small collective.
   auto w = [&] { return what(op, g) + " (" + to_string(tr) + ")"; };
   Engine* e = g.engine();
@@ -110,7 +111,8 @@ Pending run_in_order(const char* op, Transport tr, const Group& g, bool async, s
       hier::host_levels(g);
     }
     std::string name = w();
-    return Pending(e->submit(std::move(body), name), std::move(result), name, g.timeout());
+    return Pending(e->submit(std::function<void()>(std::forward<Body>(body)), name),
+                   std::function<at::Tensor()>(std::forward<Result>(result)), name, g.timeout());
   }
   if (e) e->drain();
   try {

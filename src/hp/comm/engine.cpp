@@ -87,12 +87,11 @@ std::shared_ptr<Job> Engine::submit(std::function<void()> body, std::string what
   return job;
 }
 
-bool Engine::busy() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return unfinished_ > 0;
-}
+bool Engine::busy() const { return unfinished_.load() > 0; }
 
 void Engine::drain() {
+  // The synchronous collectives' path when nothing is in flight: no lock.
+  if (unfinished_.load() == 0 && !failed_.load()) return;
   if (t_progress_thread) return;
   std::unique_lock<std::mutex> lock(mu_);
   idle_cv_.wait(lock, [this] { return unfinished_ == 0; });
@@ -134,7 +133,10 @@ void Engine::loop() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       // A failure leaves this rank's shared-memory state out of step: the rest fail fast.
-      if (first_failure_.empty() && job->error_) first_failure_ = job->what() + ": " + message_of(job->error_);
+      if (first_failure_.empty() && job->error_) {
+        first_failure_ = job->what() + ": " + message_of(job->error_);
+        failed_ = true;
+      }
       else if (!job->done())
         job->fail(std::make_exception_ptr(
             Error(job->what() + " not run: an earlier asynchronous collective on this rank failed: " + first_failure_)));

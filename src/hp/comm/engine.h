@@ -19,6 +19,7 @@
 #pragma once
 
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -85,7 +86,8 @@ class Engine {
   mutable std::mutex mu_;
   std::condition_variable work_cv_, idle_cv_;
   std::deque<std::shared_ptr<Job>> queue_;
-  int unfinished_ = 0;  // queued or running
+  std::atomic<int> unfinished_{0};  // queued or running: read without the lock by drain's fast path
+  std::atomic<bool> failed_{false};
   bool stopping_ = false;
   std::string first_failure_;  // empty: none
   std::thread thread_;
