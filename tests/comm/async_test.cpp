@@ -36,6 +36,10 @@ struct Config {
   at::ScalarType dtype;
 };
 
+void PrintTo(const Config& c, std::ostream* os) {
+  *os << "world " << c.world << ", " << c.per_host << " per host, " << c10::toString(c.dtype);
+}
+
 std::string config_name(const testing::TestParamInfo<Config>& info) {
   const Config& c = info.param;
   return "w" + std::to_string(c.world) + (c.per_host ? "_hosts_of_" + std::to_string(c.per_host) : "") + "_" +
