@@ -160,9 +160,27 @@ int main(int argc, char** argv) {
     std::printf("RESULT ddp_step_overlapped_vs_on_caller %.3f\n", ratio("ddp adamw", "ddp adamw on-caller"));
   if (ratio("fsdp adamw", "fsdp adamw on-caller") > 0)
     std::printf("RESULT fsdp_step_overlapped_vs_on_caller %.3f\n", ratio("fsdp adamw", "fsdp adamw on-caller"));
+  if (ratio("fsdp muon", "fsdp adamw") > 0) {
+    // The bound at equal flop rates: Newton-Schulz's 5 x (4 n^2 m + 2 n^3) flops per matrix
+    // (n x m its wide form), shared evenly by the ranks, against the 6 flops per parameter
+    // and token of each rank's forward and backward.
+    manual_seed(7);
+    nn::Llama model(c, mesh);
+    double ns = 0, params = 0;
+    for (auto& [name, p] : model.named_parameters()) {
+      params += double(p->spec().numel());
+      if (name.rfind("layers.", 0) != 0 || p->dim() != 2) continue;
+      const double n = double(std::min(p->size(0), p->size(1))), m = double(std::max(p->size(0), p->size(1)));
+      ns += 5 * (4 * n * n * m + 2 * n * n * n);
+    }
+    const double tokens = double(batch / world) * seq * micro;
+    const double bound = 1 + ns / double(world) / (6 * params * tokens);
+    std::printf("muon: %.2fx adamw's step time (fully_shard); bound at equal flop rates %.3fx (%.0f tokens per rank per step)\n",
+                ratio("fsdp muon", "fsdp adamw"), bound, tokens);
+    std::printf("RESULT muon_over_adamw %.3f\n", ratio("fsdp muon", "fsdp adamw"));
+    std::printf("RESULT muon_flop_bound %.3f\n", bound);
+  }
   if (ratio("fsdp adamw", "fsdp adamw no-prefetch") > 0)
-    std::printf("RESULT fsdp_prefetch_vs_none %.3f\n", ratio("fsdp adamw", "fsdp adamw no-prefetch"));
-  if (ratio("fsdp muon", "fsdp adamw") > 0)
-    std::printf("muon: %.2fx adamw's step time (fully_shard)\n", ratio("fsdp muon", "fsdp adamw"));
+    std::printf("RESULT fsdp_prefetch_ratio %.3f\n", ratio("fsdp adamw", "fsdp adamw no-prefetch"));
   return 0;
 }

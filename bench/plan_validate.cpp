@@ -3,8 +3,9 @@
 //   hprun --nproc-per-node N bench_plan_validate calibrate > CLUSTER.toml
 //     measures this machine's N ranks as a cluster description for the estimator.
 //   hprun --nproc-per-node N bench_plan_validate run STRATEGY CLUSTER.toml [CONFIG] [STEPS]
-//     trains CONFIG's model (default configs/bench_3m.toml) with STRATEGY ("dp=2,tp=2,fsdp=1";
-//     tp uses sequence parallelism, dp our DDP unless fsdp=1), then rank 0 prints one JSON
+//     trains CONFIG's model (default configs/bench_3m.toml) with STRATEGY ("dp=2,tp=2,zero=3";
+//     tp uses sequence parallelism, dp our DDP or fully_shard at the ZeRO stage; pp with
+//     2·pp microbatches unless mb says), then rank 0 prints one JSON
 //     line: the measured peak of CPU tensor memory (the worst rank) and median step time,
 //     and the estimator's memory and step time for the same strategy on CLUSTER.
 //   bench_plan_validate summary FILE
@@ -105,14 +106,11 @@ int run(const std::string& strategy_text, const std::string& cluster_path, const
   plan::ModelDesc model = train::model_desc_of(cfg);
   plan::Strategy s = plan::parse_strategy(strategy_text);
   s.global_batch = cfg.train.batch;
-  s.microbatches = 1;
+  // The trainer accumulates over microbatches only in a pipeline (2 per stage by default).
+  if (s.pp == 1) s.microbatches = 1;
+  if (s.microbatches == 0) s.microbatches = 2 * s.pp;
   s = plan::resolve_strategy(s, model, world.size());
-  HP_CHECK(s.pp == 1 && s.cp == 1 && s.ep == 1 && s.recompute == plan::Recompute::None)
-      << "bench_plan_validate: the trainer runs dp, tp and fsdp only, not " << plan::to_string(s);
-  cfg.mesh.shape = {s.dp, s.tp};
-  cfg.mesh.names = {"dp", "tp"};
-  cfg.mesh.sequence_parallel = s.tp > 1;  // as the estimator assumes
-  cfg.mesh.data_parallel = s.fsdp ? "fsdp" : "ddp";
+  train::apply_strategy(cfg, s);
   cfg.train.steps = steps;
   cfg.train.log_every = 1;
   cfg.checkpoint = {};
@@ -147,7 +145,7 @@ int run(const std::string& strategy_text, const std::string& cluster_path, const
           {"optimizer", mem.optimizer / (1 << 20)},
           {"activations", mem.activations / (1 << 20)},
           {"logits", mem.logits / (1 << 20)},
-          {"buffers", mem.fsdp_buffers / (1 << 20)}}},
+          {"buffers", mem.zero_buffers / (1 << 20)}}},
         {"measured_ms", step.item<double>()},
         {"estimated_ms", e.time.total * 1e3},
         {"cluster",

@@ -19,8 +19,9 @@ for n in 1 2 4; do
 done
 echo "measured clusters:"; grep -h -E "tflops|bandwidth|latency" "$tmp"/cluster4.toml | sed 's/^/  4 ranks: /'
 
-strategies4=("dp=4" "dp=4,fsdp=1" "dp=2,tp=2" "dp=2,tp=2,fsdp=1" "tp=4")
-strategies2=("dp=2" "dp=2,fsdp=1" "tp=2")
+strategies4=("dp=4" "dp=4,zero=1" "dp=4,zero=3" "dp=2,tp=2" "dp=2,tp=2,zero=3" "tp=4"
+             "pp=2,dp=2" "pp=2,dp=2,zero=1" "pp=2,dp=2,zero=2" "pp=2,dp=2,zero=3")
+strategies2=("dp=2" "dp=2,zero=3" "tp=2")
 for ((r = 0; r < rounds; ++r)); do
   for s in "${strategies4[@]}"; do
     "$bin/hprun" --nproc-per-node 4 "$bin/bench_plan_validate" run "$s" "$tmp/cluster4.toml" configs/bench_3m.toml "$steps" | strip >> "$tmp/results.jsonl"

@@ -7,3 +7,4 @@
 #include "hp/parallel/llama_recipe.h"
 #include "hp/parallel/low_precision.h"
 #include "hp/parallel/tensor_parallel.h"
+#include "hp/parallel/zero_stage.h"

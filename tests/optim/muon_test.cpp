@@ -8,6 +8,7 @@
 #include "hp/comm/local_ranks.h"
 #include "hp/nn/transformer.h"
 #include "hp/optim/chained.h"
+#include "hp/tensor/random.h"
 
 using namespace hp;
 
@@ -48,12 +49,88 @@ TEST(Muon, OwnersBalanceTheWork) {
     for (size_t i = 0; i < params.size(); ++i) {
       const auto& s = params[i]->sizes();
       const double cost = double(s[0]) * double(s[1]) * double(std::min(s[0], s[1]));
+      ASSERT_GE(muon.owner(i), 0) << "28 matrices balance whole on 4 ranks: nothing to split";
       load[muon.owner(i)] += cost;
       total += cost;
     }
     // 28 matrices of 4 kinds on 4 ranks: greedy balancing leaves every rank near a quarter.
     for (double l : load) EXPECT_NEAR(l, total / 4, total * 0.05);
   });
+}
+
+// The block-split iteration on 3 ranks, each holding a block of columns of the wide form
+// (uneven, one rank's block empty for the narrowest), equals the whole iteration.
+TEST(Muon, NewtonSchulzOnBlocksEqualsTheWholeIteration) {
+  const std::vector<std::vector<int64_t>> shapes{{12, 40}, {8, 9}, {6, 2}};
+  std::vector<at::Tensor> full, want;
+  at::manual_seed(3);
+  for (const auto& s : shapes) {
+    full.push_back(at::randn(s, at::kFloat));
+    want.push_back(optim::newton_schulz(full.back(), 5));
+  }
+  comm::run_local_ranks(3, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {3}, {"dp"});
+    std::vector<at::Tensor> blocks;
+    std::vector<int64_t> starts;
+    for (const at::Tensor& f : full) {
+      const int64_t cols = f.size(1), width = cols / 3 + (rank < cols % 3 ? 1 : 0);
+      const int64_t start = rank * (cols / 3) + std::min<int64_t>(rank, cols % 3);
+      starts.push_back(start);
+      blocks.push_back(f.narrow(1, start, width));
+    }
+    std::vector<at::Tensor> got = optim::newton_schulz_blocks(blocks, 5, mesh.group(0));
+    for (size_t i = 0; i < full.size(); ++i) {
+      at::Tensor expect = want[i].narrow(1, starts[i], got[i].size(1));
+      EXPECT_TRUE(at::allclose(got[i], expect, 1e-5, 1e-6))
+          << "matrix " << i << " on rank " << rank << ": max diff " << (got[i] - expect).abs().max().item<double>();
+    }
+  });
+}
+
+// Balanced splitting on 4 ranks, matrices sharded by rows: a wide 8 x 4096 matrix costs
+// each rank a quarter of its Gram work when split (4.6x less than whole, the 8^3 square
+// being small), two 32 x 32 ones would cost each rank half their whole cost (the square
+// is repeated on every rank): the wide one is split, the square ones stay whole. After two
+// steps every rank's parameters equal the single-process Muon's, for each split choice.
+TEST(Muon, LargeMatricesAreSplitOverTheRanks) {
+  const std::vector<std::vector<int64_t>> shapes{{8, 4096}, {32, 32}, {32, 32}};
+  auto train = [&](int ranks, optim::MuonSplit how, std::vector<int>* owners) {
+    std::vector<at::Tensor> out(shapes.size());
+    comm::run_local_ranks(ranks, [&](int rank) {
+      DeviceMesh mesh = init_device_mesh("cpu", {ranks}, {"dp"});
+      manual_seed(11);
+      std::vector<DTensor> w;
+      for (const auto& s : shapes) w.push_back(randn(s, mesh, {Shard(0)}));
+      std::vector<DTensor*> params;
+      for (DTensor& x : w) params.push_back(&x);
+      optim::MuonOptions o;
+      o.split = how;
+      optim::Muon muon(params, o);
+      for (int step = 0; step < 2; ++step) {
+        for (size_t i = 0; i < w.size(); ++i)
+          w[i].to_local().mutable_grad() = randn(shapes[i], mesh, {Shard(0)}).to_local();
+        muon.step();
+      }
+      for (size_t i = 0; i < w.size(); ++i) {
+        at::Tensor full = w[i].full_tensor();  // every rank takes part
+        if (rank != 0) continue;
+        out[i] = full;
+        if (owners) owners->push_back(muon.owner(i));
+      }
+    });
+    return out;
+  };
+  const std::vector<at::Tensor> want = train(1, optim::MuonSplit::None, nullptr);
+  for (auto [how, expected] : {std::pair<optim::MuonSplit, std::vector<int>>{optim::MuonSplit::Balanced, {-1, 0, 1}},
+                               {optim::MuonSplit::None, {0, 1, 2}},
+                               {optim::MuonSplit::All, {-1, -1, -1}}}) {
+    std::vector<int> owners;
+    const std::vector<at::Tensor> got = train(4, how, &owners);
+    EXPECT_EQ(owners, expected) << "split choice " << int(how);
+    for (size_t i = 0; i < want.size(); ++i)
+      EXPECT_TRUE(at::allclose(got[i], want[i], 1e-5, 1e-6))
+          << "matrix " << i << ", split choice " << int(how) << ": max diff " << (got[i] - want[i]).abs().max().item<double>();
+  }
 }
 
 TEST(Muon, GroupsAndShapesAreChecked) {

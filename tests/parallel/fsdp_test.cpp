@@ -5,6 +5,9 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
+#include <mutex>
+
 #include "parallel/llama_run.h"
 #include "comm/scoped_env.h"
 
@@ -81,6 +84,79 @@ TEST(FullyShard, GradientAccumulationEqualsLargeBatch) {
   LlamaRunSpec ref;
   ref.batch = 8;
   hp::testing::expect_runs_match(hp::testing::train_llama(spec), hp::testing::train_llama(ref));
+}
+
+// ZeRO stages 1-3 driven over four micro-steps as the trainer's pipeline drives them
+// (prepare_zero_backward before each), on 2 ranks and on 3 (uneven shards): the same
+// numbers as one step on the whole batch.
+LlamaRunSpec zero_spec(int world, int stage) {
+  LlamaRunSpec spec;
+  spec.mesh_shape = {world};
+  spec.batch = 4 * world, spec.micro_steps = 4;
+  spec.parallelize = [stage](nn::Llama& model, const DeviceMesh& mesh) {
+    FSDPModule root = fully_shard_llama(model, mesh["dp"], zero_stage_options(stage));
+    return std::function<void(bool)>([root, stage](bool last) mutable { prepare_zero_backward(root, stage, last); });
+  };
+  return spec;
+}
+TEST(FullyShard, ZeroStagesWithAccumulationEqualLargeBatch) {
+  for (int world : {2, 3}) {
+    LlamaRunSpec ref;
+    ref.batch = 4 * world;
+    const LlamaRun want = hp::testing::train_llama(ref);
+    for (int stage : {1, 2, 3}) {
+      SCOPED_TRACE("world " + std::to_string(world) + ", ZeRO-" + std::to_string(stage));
+      hp::testing::expect_runs_match(hp::testing::train_llama(zero_spec(world, stage)), want);
+    }
+  }
+}
+
+// What each stage communicates over one step of four micro-steps of the 2-block model (3
+// units: two blocks and the root), counted by the collective log, and whether parameters
+// stay gathered between micro-steps. ZeRO-1: each unit gathered once and reduced once;
+// ZeRO-2: reduced every micro-step; ZeRO-3: the blocks gathered again for backward (the
+// root keeps its parameters from forward to backward) every micro-step.
+TEST(FullyShard, ZeroStagesGatherReduceAndHoldAsDocumented) {
+  struct Want {
+    int stage, gathers, reductions;
+    bool held_between;
+  };
+  for (Want w : {Want{1, 3, 3, true}, Want{2, 3, 12, true}, Want{3, 4 * 5, 12, false}}) {
+    SCOPED_TRACE("ZeRO-" + std::to_string(w.stage));
+    std::mutex mu;
+    std::map<const nn::Module*, FSDPModule> roots;  // each rank's
+    LlamaRunSpec spec = zero_spec(2, w.stage);
+    spec.steps = 1;
+    spec.parallelize = [&, w](nn::Llama& model, const DeviceMesh& mesh) {
+      FSDPModule root = fully_shard_llama(model, mesh["dp"], zero_stage_options(w.stage));
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        roots.emplace(&model, root);
+      }
+      comm::current_world()->collective_log().enable();
+      auto micro = std::make_shared<int>(0);
+      return std::function<void(bool)>([root, w, micro](bool last) mutable {
+        // Before micro-steps 2-4: what the previous backward left gathered.
+        if ((*micro)++ > 0) EXPECT_EQ(root.unsharded_bytes() > 0, w.held_between) << "before micro-step " << *micro;
+        prepare_zero_backward(root, w.stage, last);
+      });
+    };
+    spec.after_backward = [&, w](nn::Llama& model, int64_t) {
+      std::unique_lock<std::mutex> lock(mu);
+      const FSDPModule root = roots.at(&model);
+      lock.unlock();
+      EXPECT_EQ(root.unsharded_bytes(), 0) << "a gather outlives the step's last backward";
+      int gathers = 0, reductions = 0;
+      for (const auto& r : comm::current_world()->collective_log().records()) {
+        gathers += r.op == "all_gather" && r.numel > 16;  // not the loss's
+        reductions += r.op == "reduce_scatter";
+      }
+      EXPECT_EQ(gathers, w.gathers);
+      EXPECT_EQ(reductions, w.reductions);
+      comm::current_world()->collective_log().enable(false);
+    };
+    hp::testing::train_llama(spec);
+  }
 }
 
 // bfloat16 compute, float32 reduction and master weights: every block computes on
@@ -249,6 +325,33 @@ TEST(FullyShard, FsdpTimesTensorParallelMuon) {
   LlamaRunSpec spec = fsdp_spec({2, 2}, {"dp", "tp"});
   spec.optimizer = muon_adamw;
   hp::testing::expect_runs_match(hp::testing::train_llama(spec), muon_reference());
+}
+
+// Every matrix orthogonalised by all ranks together, each on a block of its long side
+// (MuonSplit::All): the same numbers as the single-process Muon, on 4 ranks, on 3 (the
+// blocks and the shards both uneven, 8-row matrices leave one block narrow) and with TP.
+std::unique_ptr<optim::Optimizer> split_muon_adamw(nn::Llama& model) {
+  optim::MuonOptions muon;
+  muon.lr = 0.02, muon.split = optim::MuonSplit::All;
+  return std::make_unique<optim::ChainedOptimizer>(
+      optim::get_hyper_optimizer(model, muon, optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1}));
+}
+TEST(FullyShard, MuonWithSplitMatrices) {
+  for (auto [shape, names] : {std::pair<std::vector<int64_t>, std::vector<std::string>>{{4}, {"dp"}},
+                              {{3}, {"dp"}},
+                              {{2, 2}, {"dp", "tp"}}}) {
+    SCOPED_TRACE(to_string_list(names));
+    LlamaRunSpec spec = fsdp_spec(shape, names);
+    spec.optimizer = split_muon_adamw;
+    if (shape[0] == 3) {
+      spec.batch = 3;
+      LlamaRunSpec ref;
+      ref.batch = 3, ref.optimizer = muon_adamw;
+      hp::testing::expect_runs_match(hp::testing::train_llama(spec), hp::testing::train_llama(ref));
+    } else {
+      hp::testing::expect_runs_match(hp::testing::train_llama(spec), muon_reference());
+    }
+  }
 }
 
 // The seed's recipe: explicit placements with shard_module on the (dp, tp) mesh, then

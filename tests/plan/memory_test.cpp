@@ -34,7 +34,7 @@ TEST(Memory, StageMemoryByHand) {
   // 2 sequences * 128 tokens, 2 layers * 4112 B/token, / tp 2, times 2 microbatches in flight (1F1B, p=2).
   EXPECT_DOUBLE_EQ(m0.activations, 2 * (256 * 2 * 4112 / 2.0));
   EXPECT_DOUBLE_EQ(m0.logits, 0);
-  EXPECT_DOUBLE_EQ(m0.fsdp_buffers, 0);
+  EXPECT_DOUBLE_EQ(m0.zero_buffers, 0);
 
   // Last stage: one microbatch in flight, head 256*128/2 + final norm 128, logits 6 B per entry.
   MemoryBreakdown m1 = stage_memory(m, s, stages[1], 1, inflight[1]);
@@ -53,7 +53,34 @@ TEST(Memory, FsdpShardsStatesAndAddsUnitBuffers) {
   EXPECT_DOUBLE_EQ(b.params * 4, a.params);
   EXPECT_DOUBLE_EQ(b.optimizer * 4, a.optimizer);
   // Largest unit is a layer (196864 params): two gathered bf16 copies and one fp32 gradient.
-  EXPECT_DOUBLE_EQ(b.fsdp_buffers, 196864.0 * (2 * 2 + 4));
+  EXPECT_DOUBLE_EQ(b.zero_buffers, 196864.0 * (2 * 2 + 4));
+}
+
+// ZeRO-1 and -2 keep every parameter gathered through a step of 8 microbatches: the bf16
+// copy of the whole model plus the reducing unit's gradient and send buffer (2 x 196864 x
+// 4 bytes). ZeRO-1 accumulates the whole fp32 gradient unsharded as well.
+TEST(Memory, ZeroStagesTradeMemoryForGathers) {
+  ModelDesc m = model_preset("tiny");
+  auto st = split_stages(m, 1, 1, "1f1b");
+  MemoryBreakdown plain = stage_memory(m, resolve_strategy(parse_strategy("dp=4,mb=8"), m, 4), st[0], 0, 1);
+  std::vector<MemoryBreakdown> z;
+  for (int stage = 1; stage <= 3; ++stage)
+    z.push_back(stage_memory(m, resolve_strategy(parse_strategy("dp=4,mb=8,zero=" + std::to_string(stage)), m, 4),
+                             st[0], 0, 1));
+  const double whole = plain.params / 2;  // bf16 parameters
+  for (const MemoryBreakdown& b : z) {
+    EXPECT_DOUBLE_EQ(b.optimizer * 4, plain.optimizer);
+    EXPECT_DOUBLE_EQ(b.params * 4, plain.params);
+  }
+  EXPECT_DOUBLE_EQ(z[0].zero_buffers, whole * 2 + 2 * 196864.0 * 4);
+  EXPECT_DOUBLE_EQ(z[1].zero_buffers, z[0].zero_buffers);
+  EXPECT_DOUBLE_EQ(z[0].grads, plain.grads + plain.grads / 4);
+  EXPECT_DOUBLE_EQ(z[1].grads, plain.grads / 4);
+  EXPECT_GT(z[0].total(), z[1].total());
+  EXPECT_GT(z[1].total(), z[2].total());
+  // One microbatch: ZeRO-1 reduces at once, as ZeRO-2.
+  MemoryBreakdown one = stage_memory(m, resolve_strategy(parse_strategy("dp=4,mb=1,zero=1"), m, 4), st[0], 0, 1);
+  EXPECT_DOUBLE_EQ(one.grads, z[1].grads);
 }
 
 TEST(Memory, ExpertsSplitOverEp) {
@@ -72,10 +99,12 @@ TEST(Memory, ExpertsSplitOverEp) {
 TEST(Memory, EagerActivationsByHand) {
   ModelDesc m{.name = "bench_3m", .layers = 4, .hidden = 256, .heads = 8, .kv_heads = 4, .ffn = 688, .vocab = 256,
               .seq_len = 256};
-  EXPECT_DOUBLE_EQ(eager_layer_activation_elements(m, 1), 1538 + 3456 + 2752);
+  // Norms 2 x (256 + 1 + 256 + 256); attention 4 x 256 + 2 x 128 + 8 heads' log-sum-exp;
+  // SwiGLU 4 x 688.
+  EXPECT_DOUBLE_EQ(eager_layer_activation_elements(m, 1), 1538 + 1288 + 2752);
   // t = 2 with sequence parallelism: each norm h/2 + 1/2 + h/2 + the gathered h = 512.5;
-  // attention 128 + 64 + 128 + 256 + 4 * 256 + 128 = 1728; SwiGLU 4 * 344 = 1376.
-  EXPECT_DOUBLE_EQ(eager_layer_activation_elements(m, 2), 1025 + 1728 + 1376);
+  // attention 4 x 128 + 2 x 64 + 4 = 644; SwiGLU 4 x 344 = 1376.
+  EXPECT_DOUBLE_EQ(eager_layer_activation_elements(m, 2), 1025 + 644 + 1376);
   m.experts = 8, m.top_k = 2, m.moe_ffn = 64;
   EXPECT_THROW(eager_layer_activation_elements(m, 1), hp::Error);
 }

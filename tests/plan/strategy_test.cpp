@@ -37,7 +37,8 @@ TEST(Strategy, ParsesEveryKey) {
   EXPECT_EQ(s.tp, 8);
   EXPECT_EQ(s.pp, 6);
   EXPECT_EQ(s.microbatches, 16);
-  EXPECT_TRUE(s.fsdp);
+  EXPECT_TRUE(s.fsdp());
+  EXPECT_EQ(s.zero, 3);
   EXPECT_EQ(s.recompute, Recompute::Full);
   EXPECT_EQ(s.schedule, "1f1b");
   Strategy i = parse_strategy("pp=4,schedule=interleaved-1f1b,mbs=2,gbs=64,recompute=selective");
@@ -56,6 +57,8 @@ TEST(Strategy, ParseErrorsNameTheKeyOrValue) {
   EXPECT_TRUE(mentions(parse_error("tp"), "expected key=value"));
   EXPECT_TRUE(mentions(parse_error("tp=2,tp=4"), "given twice"));
   EXPECT_TRUE(mentions(parse_error("fsdp=maybe"), "fsdp=maybe"));
+  EXPECT_TRUE(mentions(parse_error("zero=4"), "zero=4"));
+  EXPECT_TRUE(mentions(parse_error("zero=1,fsdp=1"), "not both"));
   EXPECT_TRUE(mentions(parse_error("recompute=some"), "recompute=some"));
   EXPECT_TRUE(mentions(parse_error("schedule=magic"), "zbv"));
 }

@@ -2,7 +2,7 @@
 // configuration (the single process, or the same dp/tp mesh without pp): the loss of every step and every parameter after 5 AdamW steps,
 // float32, relative 1e-5 with an absolute floor of 1e-6. Each layout is one line: schedule
 // kinds at pp = 2, 3 and 4 (uneven splits included), tensor parallelism, ddp, fully_shard
-// and replicate inside stages; then checkpoints that resume across a pp change.
+// (ZeRO-1, -2 and -3) and replicate inside stages; then checkpoints that resume across a pp change.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -143,7 +143,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{{2, 2}, {"pp", "dp"}, "dualpipev", "replicate"},
                       Layout{{2, 2}, {"pp", "dp"}, "zbv", "ddp"}, Layout{{2, 2}, {"dp", "pp"}, "zb-h1", "ddp"},
                       Layout{{2, 2}, {"pp", "tp"}, "1f1b", "ddp", 0, true},
-                      Layout{{2, 2}, {"dp", "pp"}, "interleaved-1f1b", "fsdp"}));
+                      Layout{{2, 2}, {"dp", "pp"}, "interleaved-1f1b", "fsdp"},
+                      Layout{{2, 2}, {"pp", "dp"}, "1f1b", "zero1"},
+                      Layout{{2, 2}, {"pp", "dp"}, "interleaved-1f1b", "zero2"}));
 
 TEST(PipelineTrainingResume, ACheckpointFromPp2ResumesAtPp1AndPp4) {
   // Step 3 of a pp = 2 run, resumed at pp = 1 and at pp = 4 (tensors reshard as they load,

@@ -74,13 +74,13 @@ void add_plan_commands(CLI::App& app) {
   auto* dry = app.add_subcommand("dryrun", "estimate memory, communication and step time of one strategy");
   dry->add_option("--model", args->model, "model preset or TOML file")->required();
   dry->add_option("--topology", args->topology, "topology preset or TOML file (with --real: default cluster-16k)");
-  dry->add_option("--strategy", args->strategy, "e.g. \"dp=8,tp=8,pp=6,mb=16,fsdp=1,recompute=full,schedule=1f1b\"")
+  dry->add_option("--strategy", args->strategy, "e.g. \"dp=8,tp=8,pp=6,mb=16,zero=3,recompute=full,schedule=1f1b\"")
       ->required();
   dry->add_option("--devices", args->devices, "devices to use (default: all of the topology)");
   dry->add_flag("--json", args->json, "print JSON");
   dry->add_flag("--real", args->real,
                 "run the trainer's real steps as one rank, on a fake process group and meta tensors "
-                "(dp, tp, pp and fsdp; world = --devices)");
+                "(dp, tp, pp and zero; world = --devices)");
   dry->add_option("--rank", args->rank, "with --real: the rank to run")->capture_default_str();
   dry->add_option("--steps", args->steps, "with --real: training steps to run")->capture_default_str();
   dry->add_option("--emit-config", args->emit_config, "write a training config for the strategy (hp train --config)");
@@ -107,7 +107,7 @@ void add_plan_commands(CLI::App& app) {
     std::cout << (args->json ? plan::dryrun_json(e, m, c) : plan::format_dryrun(e, m, c));
   });
 
-  auto* pl = app.add_subcommand("plan", "search dp/tp/pp/cp/ep, fsdp, schedule and recompute for the fastest fit");
+  auto* pl = app.add_subcommand("plan", "search dp/tp/pp/cp/ep, ZeRO stage, schedule and recompute for the fastest fit");
   pl->add_option("--model", args->model, "model preset or TOML file")->required();
   pl->add_option("--topology", args->topology, "topology preset or TOML file")->required();
   pl->add_option("--devices", args->devices, "devices to use (default: all of the topology)");

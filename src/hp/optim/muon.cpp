@@ -3,8 +3,10 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
+#include <queue>
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
@@ -13,75 +15,127 @@
 namespace hp::optim {
 namespace {
 
-// Rank `coord`'s piece of a parameter: where it sits in the matrix, and whether this rank
-// is the one that sends it (pieces replicated over mesh dims are sent once).
-struct Piece {
-  std::vector<int64_t> offset, shape;
-  int64_t numel = 0;
-  bool sender = true;
+// A rectangle of a matrix: where it starts and its extent, per dim.
+struct Box {
+  std::array<int64_t, 2> offset{0, 0}, shape{0, 0};
+  int64_t numel() const { return shape[0] * shape[1]; }
 };
 
-at::Tensor block(const at::Tensor& full, const Piece& p) {
-  at::Tensor b = full;
-  for (size_t d = 0; d < p.shape.size(); ++d) b = b.narrow(static_cast<int64_t>(d), p.offset[d], p.shape[d]);
-  return b;
+Box intersect(const Box& a, const Box& b) {
+  Box r;
+  for (int d = 0; d < 2; ++d) {
+    r.offset[d] = std::max(a.offset[d], b.offset[d]);
+    r.shape[d] = std::max<int64_t>(0, std::min(a.offset[d] + a.shape[d], b.offset[d] + b.shape[d]) - r.offset[d]);
+  }
+  return r;
+}
+
+// The part `box` of `t`, a tensor that holds the part `held` of the matrix.
+at::Tensor part(const at::Tensor& t, const Box& held, const Box& box) {
+  return t.narrow(0, box.offset[0] - held.offset[0], box.shape[0]).narrow(1, box.offset[1] - held.offset[1], box.shape[1]);
+}
+
+// Flops of one Newton-Schulz iteration on an n x m matrix in its wide form (n <= m): the
+// Gram matrix x x^T, its square and the product with x. Split over `ranks`, the square
+// is computed by every rank, the rest shared.
+double ns_cost(const std::vector<int64_t>& s, int ranks = 1) {
+  const double n = double(std::min(s[0], s[1])), m = double(std::max(s[0], s[1]));
+  return 4 * n * n * m / ranks + 2 * n * n * n;
 }
 
 }  // namespace
 
-// The parameters on one mesh, each with its owner and every rank's piece, and the split
-// sizes of the two all-to-alls (to the owners, back from them), fixed by the layouts.
+// The parameters on one mesh and who orthogonalises what: a matrix goes whole to an owner
+// (the costliest first, each to the least loaded rank), or in blocks of its long side to
+// every rank (MuonOptions::split). Two all-to-alls per step move
+// the data: each piece of each momentum update to the ranks whose work region it meets,
+// each result back to the ranks that hold it. Split sizes are fixed by the layouts.
 struct Muon::Exchange {
   DeviceMesh mesh;
   const comm::Group* group;
   std::vector<size_t> params;
-  std::vector<int> owner;
-  std::vector<std::vector<Piece>> pieces;  // [entry][group rank]
+  std::vector<int> owner;                 // per entry; -1: split over every rank
   std::vector<std::vector<int64_t>> shapes;  // global, per entry
-  std::vector<int64_t> to_owner_send, to_owner_recv, back_send, back_recv;
+  std::vector<std::vector<Box>> piece;    // [entry][group rank]: what the rank holds
+  std::vector<std::vector<char>> sender;  // [entry][group rank]: replicated pieces are sent once
+  std::vector<std::vector<Box>> work;     // [entry][group rank]: what the rank orthogonalises
+  std::vector<int64_t> to_work_send, to_work_recv, back_send, back_recv;
 
-  Exchange(const DeviceMesh& m, const std::vector<DTensor*>& all, std::vector<size_t> idx)
+  Exchange(const DeviceMesh& m, const std::vector<DTensor*>& all, std::vector<size_t> idx, MuonSplit split)
       : mesh(m), group(&m.whole_group()), params(std::move(idx)) {
     const int n = group->size(), me = group->rank();
-    // Owners: the costliest matrices first, each to the least loaded rank.
-    std::vector<size_t> order(params.size());
+    const size_t E = params.size();
+    for (size_t e = 0; e < E; ++e) shapes.push_back(all[params[e]]->spec().shape());
+    std::vector<size_t> order(E);
     std::iota(order.begin(), order.end(), 0);
-    auto cost = [&](size_t e) {
-      const auto& s = all[params[e]]->sizes();
-      return double(s[0]) * double(s[1]) * double(std::min(s[0], s[1]));
-    };
-    std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return cost(x) > cost(y); });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t x, size_t y) { return ns_cost(shapes[x]) > ns_cost(shapes[y]); });
+    const size_t splits = n == 1 ? 0 : split == MuonSplit::All ? E : split == MuonSplit::None ? 0 : balanced_splits(order, n);
     std::vector<double> load(n, 0);
-    owner.assign(params.size(), 0);
-    for (size_t e : order) {
+    owner.assign(E, -1);
+    for (size_t k = splits; k < E; ++k) {
+      const size_t e = order[k];
       owner[e] = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-      load[owner[e]] += cost(e);
+      load[owner[e]] += ns_cost(shapes[e]);
     }
-    for (size_t e = 0; e < params.size(); ++e) {
+    for (size_t e = 0; e < E; ++e) {
       const ShardSpec& spec = all[params[e]]->spec();
-      shapes.push_back(spec.shape());
-      std::vector<Piece> per_rank(n);
+      const Box whole{{0, 0}, {shapes[e][0], shapes[e][1]}};
+      piece.emplace_back(n), sender.emplace_back(n, 1), work.emplace_back(n);
       for (int r = 0; r < n; ++r) {
         std::vector<int64_t> coord = mesh.shape().coord_of(group->global_rank(r));
-        Piece& p = per_rank[r];
-        p.offset = spec.global_offset(coord);
-        p.shape = spec.local_shape(coord);
-        p.numel = p.shape[0] * p.shape[1];
-        for (int k = 0; k < mesh.ndim(); ++k) p.sender = p.sender && (spec.placement(k).is_shard() || coord[k] == 0);
+        const std::vector<int64_t> offset = spec.global_offset(coord), shape = spec.local_shape(coord);
+        piece[e][r] = Box{{offset[0], offset[1]}, {shape[0], shape[1]}};
+        for (int k = 0; k < mesh.ndim(); ++k)
+          sender[e][r] = sender[e][r] && (spec.placement(k).is_shard() || coord[k] == 0);
       }
-      pieces.push_back(std::move(per_rank));
-    }
-    to_owner_send.assign(n, 0), to_owner_recv.assign(n, 0), back_send.assign(n, 0), back_recv.assign(n, 0);
-    for (size_t e = 0; e < params.size(); ++e) {
-      const int o = owner[e];
-      if (pieces[e][me].sender) to_owner_send[o] += pieces[e][me].numel;
-      back_recv[o] += pieces[e][me].numel;
-      if (o != me) continue;
+      if (owner[e] >= 0) {
+        work[e][owner[e]] = whole;
+        continue;
+      }
+      // Blocks of the long side, as even as they go: the Gram matrices of the short side
+      // are summed over the ranks, everything else stays local.
+      const int d = shapes[e][0] > shapes[e][1] ? 0 : 1;
+      const int64_t len = shapes[e][d];
+      int64_t at_ = 0;
       for (int r = 0; r < n; ++r) {
-        if (pieces[e][r].sender) to_owner_recv[r] += pieces[e][r].numel;
-        back_send[r] += pieces[e][r].numel;
+        Box b = whole;
+        b.offset[d] = at_;
+        b.shape[d] = len / n + (r < len % n ? 1 : 0);
+        at_ += b.shape[d];
+        work[e][r] = b;
       }
     }
+    to_work_send.assign(n, 0), to_work_recv.assign(n, 0), back_send.assign(n, 0), back_recv.assign(n, 0);
+    for (size_t e = 0; e < E; ++e)
+      for (int r = 0; r < n; ++r) {
+        if (sender[e][me]) to_work_send[r] += intersect(piece[e][me], work[e][r]).numel();
+        if (sender[e][r]) to_work_recv[r] += intersect(piece[e][r], work[e][me]).numel();
+        back_send[r] += intersect(work[e][me], piece[e][r]).numel();
+        back_recv[r] += intersect(work[e][r], piece[e][me]).numel();
+      }
+  }
+
+  // How many of the costliest matrices (`order`, costliest first) to split so that the
+  // busiest rank works least: the split ones' cost shared by all, the rest placed greedily
+  // on the least loaded rank. Ties go to fewer splits, which communicate less.
+  size_t balanced_splits(const std::vector<size_t>& order, int n) const {
+    size_t best = 0;
+    double best_span = 0, shared = 0;
+    for (size_t k = 0; k <= order.size(); ++k) {
+      if (k > 0) shared += ns_cost(shapes[order[k - 1]], n);
+      std::priority_queue<double, std::vector<double>, std::greater<double>> load;
+      for (int r = 0; r < n; ++r) load.push(0);
+      double span = 0;
+      for (size_t i = k; i < order.size(); ++i) {
+        const double l = load.top() + ns_cost(shapes[order[i]]);
+        load.pop();
+        load.push(l);
+        span = std::max(span, l);
+      }
+      if (k == 0 || shared + span < best_span * (1 - 1e-9)) best = k, best_span = shared + span;
+    }
+    return best;
   }
 
   static at::Tensor all_to_all(const at::Tensor& send, const std::vector<int64_t>& send_splits,
@@ -95,48 +149,62 @@ struct Muon::Exchange {
   // Local updates in, local orthogonalised updates out.
   std::vector<at::Tensor> orthogonalise(const std::vector<at::Tensor>& local, int ns_steps) {
     const int n = group->size(), me = group->rank();
-    // To the owners: destination-major, entries in order.
-    std::vector<at::Tensor> out_pieces;
+    const size_t E = params.size();
+    const auto options = local[0].options();
+    // To the work regions: destination-major, entries in order.
+    std::vector<at::Tensor> out;
     for (int d = 0; d < n; ++d)
-      for (size_t e = 0; e < params.size(); ++e)
-        if (owner[e] == d && pieces[e][me].sender) out_pieces.push_back(local[e].reshape({-1}));
-    at::Tensor send = out_pieces.empty() ? at::empty({0}, local[0].options()) : at::cat(out_pieces);
-    at::Tensor got = all_to_all(send, to_owner_send, to_owner_recv, *group);
-
-    // Each owned matrix assembled from its pieces, orthogonalised once.
-    std::vector<at::Tensor> full(params.size());
-    for (size_t e = 0; e < params.size(); ++e)
-      if (owner[e] == me) full[e] = at::empty(shapes[e], local[e].options());
+      for (size_t e = 0; e < E; ++e) {
+        const Box b = intersect(piece[e][me], work[e][d]);
+        if (sender[e][me] && b.numel()) out.push_back(part(local[e], piece[e][me], b).reshape({-1}));
+      }
+    at::Tensor got = all_to_all(out.empty() ? at::empty({0}, options) : at::cat(out), to_work_send, to_work_recv, *group);
+    std::vector<at::Tensor> region(E);
+    for (size_t e = 0; e < E; ++e) region[e] = at::empty({work[e][me].shape[0], work[e][me].shape[1]}, options);
     int64_t at_ = 0;
     for (int r = 0; r < n; ++r)
-      for (size_t e = 0; e < params.size(); ++e) {
-        if (owner[e] != me || !pieces[e][r].sender) continue;
-        const Piece& p = pieces[e][r];
-        block(full[e], p).copy_(got.narrow(0, at_, p.numel).view(p.shape));
-        at_ += p.numel;
+      for (size_t e = 0; e < E; ++e) {
+        const Box b = intersect(piece[e][r], work[e][me]);
+        if (!sender[e][r] || !b.numel()) continue;
+        part(region[e], work[e][me], b).copy_(got.narrow(0, at_, b.numel()).view({b.shape[0], b.shape[1]}));
+        at_ += b.numel();
       }
-    std::vector<at::Tensor> back_pieces;
-    std::vector<at::Tensor> ortho(params.size());
-    for (size_t e = 0; e < params.size(); ++e) {
-      if (owner[e] != me) continue;
-      const auto& s = shapes[e];
-      ortho[e] = newton_schulz(full[e], ns_steps).to(local[e].scalar_type()) *
-                 std::sqrt(std::max(1.0, double(s[0]) / double(s[1])));
-    }
-    for (int d = 0; d < n; ++d)
-      for (size_t e = 0; e < params.size(); ++e)
-        if (owner[e] == me) back_pieces.push_back(block(ortho[e], pieces[e][d]).reshape({-1}));
-    send = back_pieces.empty() ? at::empty({0}, local[0].options()) : at::cat(back_pieces);
-    got = all_to_all(send, back_send, back_recv, *group);
 
-    std::vector<at::Tensor> result(params.size());
+    // Whole matrices on their owners; split ones together, in blocks of their wide form.
+    std::vector<at::Tensor> ortho(E), blocks;
+    std::vector<size_t> split;
+    for (size_t e = 0; e < E; ++e) {
+      const bool tall = shapes[e][0] > shapes[e][1];
+      if (owner[e] == me) ortho[e] = newton_schulz(region[e], ns_steps);
+      if (owner[e] >= 0) continue;
+      split.push_back(e);
+      blocks.push_back(tall ? region[e].t() : region[e]);
+    }
+    if (!split.empty()) {
+      std::vector<at::Tensor> done = newton_schulz_blocks(std::move(blocks), ns_steps, *group);
+      for (size_t i = 0; i < split.size(); ++i)
+        ortho[split[i]] = shapes[split[i]][0] > shapes[split[i]][1] ? done[i].t() : done[i];
+    }
+    for (size_t e = 0; e < E; ++e)
+      if (ortho[e].defined())
+        ortho[e] = ortho[e].to(local[e].scalar_type()) * std::sqrt(std::max(1.0, double(shapes[e][0]) / double(shapes[e][1])));
+
+    out.clear();
+    for (int d = 0; d < n; ++d)
+      for (size_t e = 0; e < E; ++e) {
+        const Box b = intersect(work[e][me], piece[e][d]);
+        if (b.numel()) out.push_back(part(ortho[e], work[e][me], b).reshape({-1}));
+      }
+    got = all_to_all(out.empty() ? at::empty({0}, options) : at::cat(out), back_send, back_recv, *group);
+    std::vector<at::Tensor> result(E);
+    for (size_t e = 0; e < E; ++e) result[e] = at::empty({piece[e][me].shape[0], piece[e][me].shape[1]}, options);
     at_ = 0;
     for (int o = 0; o < n; ++o)
-      for (size_t e = 0; e < params.size(); ++e) {
-        if (owner[e] != o) continue;
-        const Piece& p = pieces[e][me];
-        result[e] = got.narrow(0, at_, p.numel).view(p.shape);
-        at_ += p.numel;
+      for (size_t e = 0; e < E; ++e) {
+        const Box b = intersect(work[e][o], piece[e][me]);
+        if (!b.numel()) continue;
+        part(result[e], piece[e][me], b).copy_(got.narrow(0, at_, b.numel()).view({b.shape[0], b.shape[1]}));
+        at_ += b.numel();
       }
     return result;
   }
@@ -156,7 +224,8 @@ Muon::Muon(std::vector<DTensor*> params, MuonOptions options) : params_(std::mov
     by_mesh[key].push_back(i);
     meshes.emplace(key, p->device_mesh());
   }
-  for (auto& [key, idx] : by_mesh) exchanges_.push_back(std::make_unique<Exchange>(meshes.at(key), params_, idx));
+  for (auto& [key, idx] : by_mesh)
+    exchanges_.push_back(std::make_unique<Exchange>(meshes.at(key), params_, idx, options_.split));
 }
 
 Muon::~Muon() = default;

@@ -1,12 +1,15 @@
 // Muon: momentum, then the update of each 2-D weight orthogonalised by a Newton-Schulz
 // iteration (the nearest semi-orthogonal matrix), scaled by sqrt(max(1, rows / cols)).
 //
-// On sharded weights each matrix's orthogonalisation runs once, on an owner rank: owners
-// are assigned greedily by cost (rows * cols * min(rows, cols)) so that the work is
-// balanced, and two all-to-alls per step move the data: every piece of each momentum
-// update to its owner, every piece of each result back to the ranks that hold it. A
-// replicated piece is sent by one rank only. Everything else (momentum, weight decay, the
-// step) is elementwise on the local shards.
+// On sharded weights each matrix's orthogonalisation runs once in the job. Most go whole to
+// an owner rank, assigned greedily by cost (the iteration's flops) so that the work is
+// balanced. When whole matrices cannot balance it (fewer large matrices than ranks, or
+// one that outweighs the rest), the largest are orthogonalised by all ranks together, each
+// on a block of its long side (the short side's Gram matrices summed by one all-reduce per
+// iteration): MuonOptions::split says which. Two all-to-alls per step move the
+// data: every piece of each momentum update to the ranks that work on it, every piece of
+// each result back to the ranks that hold it. A replicated piece is sent by one rank
+// only. Everything else (momentum, weight decay, the step) is elementwise on local shards.
 #pragma once
 
 #include <map>
@@ -18,12 +21,20 @@
 
 namespace hp::optim {
 
+// Which matrices all ranks of a mesh orthogonalise together, each on a block.
+enum class MuonSplit {
+  Balanced,  // the largest, as many as shorten the busiest rank's work (ties: fewer)
+  None,      // every matrix whole on one owner
+  All,       // every matrix in blocks
+};
+
 struct MuonOptions {
   double lr = 0.02;
   double momentum = 0.95;
   bool nesterov = true;
   int ns_steps = 5;
   double weight_decay = 0;
+  MuonSplit split = MuonSplit::Balanced;
 };
 
 class Muon : public Optimizer {
@@ -39,7 +50,8 @@ class Muon : public Optimizer {
   int64_t steps() const override { return step_; }
   void set_steps(int64_t steps) override { step_ = steps; }
   std::vector<StateEntry> state() override;  // "momentum" per parameter
-  // The rank of the parameter's mesh (group rank) that orthogonalises it.
+  // The rank of the parameter's mesh (group rank) that orthogonalises it; -1 when every
+  // rank of the mesh works on a block of it.
   int owner(size_t param_index) const;
 
  private:

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "hp/base/error.h"
+#include "hp/comm/collectives.h"
 
 namespace hp::optim {
 namespace {
@@ -30,6 +31,32 @@ at::Tensor newton_schulz(const at::Tensor& g, int steps) {
     x = at::addmm(x, poly, x, /*beta=*/kA, /*alpha=*/1);
   }
   return tall ? x.t().contiguous() : x;
+}
+
+std::vector<at::Tensor> newton_schulz_blocks(std::vector<at::Tensor> blocks, int steps, const comm::Group& g) {
+  if (blocks.empty()) return blocks;
+  std::vector<at::Tensor> squares;
+  for (at::Tensor& x : blocks) {
+    HP_CHECK(x.dim() == 2) << "newton_schulz_blocks: a block of a matrix is needed, got shape " << x.sizes();
+    x = x.to(at::kFloat).contiguous();
+    squares.push_back(x.square().sum());
+  }
+  at::Tensor norms = comm::all_reduce_(at::stack(squares), g).sqrt_();
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = blocks[i] / (norms[i] + 1e-7);
+  for (int step = 0; step < steps; ++step) {
+    std::vector<at::Tensor> grams;
+    for (const at::Tensor& x : blocks) grams.push_back(at::mm(x, x.t()).reshape({-1}));
+    at::Tensor summed = comm::all_reduce_(at::cat(grams), g);
+    int64_t at_ = 0;
+    for (at::Tensor& x : blocks) {
+      const int64_t rows = x.size(0);
+      at::Tensor s = summed.narrow(0, at_, rows * rows).view({rows, rows});
+      at_ += rows * rows;
+      at::Tensor poly = at::addmm(s, s, s, /*beta=*/kB, /*alpha=*/kC);
+      x = at::addmm(x, poly, x, /*beta=*/kA, /*alpha=*/1);
+    }
+  }
+  return blocks;
 }
 
 }  // namespace hp::optim

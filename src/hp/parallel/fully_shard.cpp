@@ -179,7 +179,8 @@ void FSDPRun::finish_reduce() {
 
 void FSDPRun::finish_backward() {
   finish_reduce();
-  for (FSDPUnit* u : forward_order) u->reshard();
+  for (FSDPUnit* u : forward_order)
+    if (u->options_.reshard_after_backward) u->reshard();
   callback_queued = false;
 }
 
@@ -297,7 +298,7 @@ void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
     run_->reduce = std::move(pending);
     run_->reducing = this;
   }
-  reshard();
+  if (options_.reshard_after_backward) reshard();
 }
 
 void FSDPUnit::finish_reduce(const at::Tensor& reduced) {
@@ -311,6 +312,9 @@ void FSDPModule::set_requires_gradient_sync(bool on) {
 }
 void FSDPModule::set_reshard_after_forward(bool on) {
   unit_->for_each([on](parallel::FSDPUnit& u) { u.options_.reshard_after_forward = on; });
+}
+void FSDPModule::set_reshard_after_backward(bool on) {
+  unit_->for_each([on](parallel::FSDPUnit& u) { u.options_.reshard_after_backward = on; });
 }
 void FSDPModule::set_prefetch(bool on) {
   unit_->for_each([on](parallel::FSDPUnit& u) { u.options_.prefetch = on; });

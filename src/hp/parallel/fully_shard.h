@@ -32,6 +32,10 @@ struct MixedPrecisionPolicy {
 
 struct FullyShardOptions {
   bool reshard_after_forward = true;  // free gathered parameters after forward, gather again for backward
+  // Off: gathered parameters outlive backward too, so the next microbatch of the step reuses
+  // them (ZeRO-1/2); turn it on again before the step's last backward, since the optimizer
+  // updates the shards and a gather left standing would be stale.
+  bool reshard_after_backward = true;
   bool prefetch = true;               // gather the next unit while this one computes
   MixedPrecisionPolicy mp_policy;
 };
@@ -48,6 +52,7 @@ class FSDPModule {
   // micro-steps of gradient accumulation); the next backward with it on reduces them all.
   void set_requires_gradient_sync(bool on);
   void set_reshard_after_forward(bool on);
+  void set_reshard_after_backward(bool on);
   void set_prefetch(bool on);
   // Bytes of gathered (unsharded) parameters this unit and those inside it hold now.
   int64_t unsharded_bytes() const;

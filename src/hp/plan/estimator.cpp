@@ -12,9 +12,9 @@ namespace {
 
 // What one pipeline rank costs per microbatch and per step.
 struct StageTime {
-  double compute = 0, recompute = 0, tp = 0, cp = 0, ep = 0, fsdp = 0;  // per microbatch
+  double compute = 0, recompute = 0, tp = 0, cp = 0, ep = 0, zero = 0;  // per microbatch
   double dp = 0;                                                        // per step, exposed
-  double per_microbatch() const { return compute + tp + cp + ep + fsdp; }
+  double per_microbatch() const { return compute + tp + cp + ep + zero; }
 };
 
 PipelineShape pipeline_shape(const Strategy& s) {
@@ -150,19 +150,29 @@ Estimate Estimator::estimate(const Strategy& s) {
     r.cp = st.layers() * cp_layer_exposed;
     r.ep = st.moe_layers * ep_layer;
     const StageParams p = stage_params(m, s, st);
-    if (s.fsdp) {
+    // Data-parallel collectives of one stage: all-gathers of parameters, reduce-scatters or
+    // all-reduces of gradients, dense and expert, each over its own group.
+    auto data = [&](Collective op, bool grads) {
+      const double bytes = grads ? nm.grad_bytes : nm.param_bytes;
       double c = 0;
       if (groups.size(GroupKind::DenseGrad) > 1 && p.dense > 0)
-        c += 2 * groups.cost(GroupKind::DenseGrad, Collective::AllGather, p.dense * nm.param_bytes).seconds +
-             groups.cost(GroupKind::DenseGrad, Collective::ReduceScatter, p.dense * nm.grad_bytes).seconds;
+        c += groups.cost(GroupKind::DenseGrad, op, p.dense * bytes).seconds;
       if (groups.size(GroupKind::ExpertGrad) > 1 && p.expert > 0)
-        c += 2 * groups.cost(GroupKind::ExpertGrad, Collective::AllGather, p.expert * nm.param_bytes).seconds +
-             groups.cost(GroupKind::ExpertGrad, Collective::ReduceScatter, p.expert * nm.grad_bytes).seconds;
-      r.fsdp = overlap ? std::max(0.0, c - r.compute) : c;
+        c += groups.cost(GroupKind::ExpertGrad, op, p.expert * bytes).seconds;
+      return c;
+    };
+    auto exposed = [&](double c, double behind) { return overlap ? std::max(0.0, c - behind) : c; };
+    const double forward = r.compute / 3, backward = r.compute * 2 / 3;
+    if (s.zero == 3) {  // gathered for every forward and backward, reduced every microbatch
+      r.zero = exposed(2 * data(Collective::AllGather, false) + data(Collective::ReduceScatter, true), r.compute);
+    } else if (s.zero == 2) {  // gathered once behind the first forward, reduced every microbatch
+      r.dp = exposed(data(Collective::AllGather, false), forward);
+      r.zero = exposed(data(Collective::ReduceScatter, true), backward);
+    } else if (s.zero == 1) {  // gathered once, reduced once behind the last backward
+      r.dp = exposed(data(Collective::AllGather, false), forward) +
+             exposed(data(Collective::ReduceScatter, true), backward);
     } else {
-      double c = groups.cost(GroupKind::DenseGrad, Collective::AllReduce, p.dense * nm.grad_bytes).seconds +
-                 groups.cost(GroupKind::ExpertGrad, Collective::AllReduce, p.expert * nm.grad_bytes).seconds;
-      r.dp = overlap ? std::max(0.0, c - r.compute * 2.0 / 3.0) : c;  // hidden behind the last backward
+      r.dp = exposed(data(Collective::AllReduce, true), backward);  // behind the last backward
     }
     return r;
   };
@@ -198,7 +208,7 @@ Estimate Estimator::estimate(const Strategy& s) {
   tb.tp = mb * st.tp;
   tb.cp = mb * st.cp;
   tb.ep = mb * st.ep;
-  tb.fsdp = mb * st.fsdp;
+  tb.zero = mb * st.zero;
   tb.bubble = pipeline - busy;
   tb.pp = 2 * double(s.pp - 1) * pp_send;  // fill and drain; steady-state sends overlap compute
   tb.dp = dp_exposed;
@@ -224,15 +234,19 @@ Estimate Estimator::estimate(const Strategy& s) {
   add_item(items, "pp send/recv", Collective::SendRecv, GroupKind::PP, groups, pp_bytes, sends,
            sends > 0 ? tb.pp / (sends * std::max(pp_send, 1e-30)) : 0, levels);
   const size_t first_data_item = items.size();
-  if (s.fsdp) {
-    add_item(items, "fsdp all_gather params", Collective::AllGather, GroupKind::DenseGrad, groups,
-             p.dense * nm.param_bytes, 2 * mb, 0, levels);
-    add_item(items, "fsdp reduce_scatter grads", Collective::ReduceScatter, GroupKind::DenseGrad, groups,
-             p.dense * nm.grad_bytes, mb, 0, levels);
-    add_item(items, "fsdp all_gather experts", Collective::AllGather, GroupKind::ExpertGrad, groups,
-             p.expert * nm.param_bytes, 2 * mb, 0, levels);
-    add_item(items, "fsdp reduce_scatter expert grads", Collective::ReduceScatter, GroupKind::ExpertGrad, groups,
-             p.expert * nm.grad_bytes, mb, 0, levels);
+  // Per step: ZeRO-3 gathers twice and reduces once per microbatch, ZeRO-2 gathers once and
+  // reduces per microbatch, ZeRO-1 does each once, DDP all-reduces once.
+  const double gathers = s.zero == 3 ? 2 * mb : s.zero > 0 ? 1 : 0;
+  const double reductions = s.zero >= 2 ? mb : 1;
+  if (s.zero > 0) {
+    add_item(items, "zero all_gather params", Collective::AllGather, GroupKind::DenseGrad, groups,
+             p.dense * nm.param_bytes, gathers, 0, levels);
+    add_item(items, "zero reduce_scatter grads", Collective::ReduceScatter, GroupKind::DenseGrad, groups,
+             p.dense * nm.grad_bytes, reductions, 0, levels);
+    add_item(items, "zero all_gather experts", Collective::AllGather, GroupKind::ExpertGrad, groups,
+             p.expert * nm.param_bytes, gathers, 0, levels);
+    add_item(items, "zero reduce_scatter expert grads", Collective::ReduceScatter, GroupKind::ExpertGrad, groups,
+             p.expert * nm.grad_bytes, reductions, 0, levels);
   } else {
     add_item(items, "dp grad all_reduce", Collective::AllReduce, GroupKind::DenseGrad, groups, p.dense * nm.grad_bytes,
              1, 0, levels);
@@ -242,7 +256,7 @@ Estimate Estimator::estimate(const Strategy& s) {
   // Share this rank's exposed data-parallel time over its items by their length.
   double data_seconds = 0;
   for (size_t i = first_data_item; i < items.size(); ++i) data_seconds += items[i].seconds;
-  const double data_exposed = s.fsdp ? mb * st.fsdp : st.dp;
+  const double data_exposed = mb * st.zero + st.dp;
   for (size_t i = first_data_item; i < items.size(); ++i)
     items[i].exposed = data_seconds > 0 ? items[i].seconds * data_exposed / data_seconds : 0;
   e.comm_bytes_per_level.assign(levels, 0.0);

@@ -13,9 +13,12 @@
 //   tp all-gather/reduce-scatter, ep all-to-all     exposed
 //   cp ring (all-gather of k,v; reduce-scatter dkv)  hidden behind attention compute
 //   pp send/recv                                     exposed on the fill and drain path only
-//   dp gradient all-reduce                           hidden behind the last backward
-//   fsdp all-gather / reduce-scatter                 hidden behind each microbatch's compute
-// (dp, fsdp and cp fully exposed when EstimatorOptions::overlap_communication is false).
+//   dp gradient all-reduce (ZeRO-0)                  hidden behind the last backward
+//   ZeRO-1/2 parameter all-gather, once per step     hidden behind the first forward
+//   ZeRO-1 gradient reduce-scatter, once per step    hidden behind the last backward
+//   ZeRO-2 reduce-scatter, every microbatch          hidden behind each backward
+//   ZeRO-3 all-gathers and reduce-scatter            hidden behind each microbatch's compute
+// (dp, zero and cp fully exposed when EstimatorOptions::overlap_communication is false).
 #pragma once
 
 #include <map>
@@ -60,7 +63,7 @@ struct CommItem {
 struct TimeBreakdown {
   double compute = 0;    // incl. recompute
   double recompute = 0;  // share of compute
-  double tp = 0, cp = 0, ep = 0, pp = 0, dp = 0, fsdp = 0;  // exposed communication
+  double tp = 0, cp = 0, ep = 0, pp = 0, dp = 0, zero = 0;  // exposed communication; zero: ZeRO-2/3's per microbatch
   double bubble = 0;
   double total = 0;
 };

@@ -40,16 +40,16 @@ double layer_activation_bytes_per_token(const ModelDesc& m, bool moe_layer, Reco
 double eager_layer_activation_elements(const ModelDesc& m, int64_t tp) {
   HP_CHECK(!m.is_moe()) << "the eager activation count covers dense layers only, not " << m.name;
   const double t = double(tp), h = m.hidden, q = m.q_dim() / t, kv = m.kv_dim() / t, f = m.ffn / t;
-  const double heads = m.heads / t, s = m.seq_len;
-  const bool grouped = m.kv_heads < m.heads;
+  const double heads = m.heads / t;
   // Each RMSNorm keeps its input, 1/rms and the normalised input (sequence-sharded under
   // sequence parallelism), and its weighted output: the input of the projections, which
   // keep it whole (all-gathered) when tp > 1.
   const double norm = h / t + 1 / t + h / t + h;
-  // q, k, v projections; rotary keeps its inputs; the scaled q, the keys and values
-  // (repeated to every head when grouped) feed the two matmuls; the s x s softmax output;
-  // the heads' output, transposed and copied, feeds o_proj.
-  const double attn = q + kv + q + (grouped ? 2 * q : 2 * kv) + heads * s + q;
+  // q, k, v projections, which rotary keeps as its inputs; rotary's outputs, which
+  // scaled_dot_product_attention keeps (grouped heads are not repeated) with its output
+  // and one log-sum-exp per head (a flash kernel: no s x s probabilities); the heads'
+  // output, transposed and copied, feeds o_proj.
+  const double attn = q + kv + q + kv + q + heads + q;
   // SwiGLU: gate and up projections, silu's output, their product (down_proj's input).
   const double mlp = 4 * f;
   return 2 * norm + attn + mlp;
@@ -85,16 +85,24 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
   MemoryBreakdown mem;
   mem.stage = index;
   const StageParams p = stage_params(m, s, st);
-  double held = p.dense + p.expert;
-  if (s.fsdp) {
-    held = p.dense / double(s.dp * s.ep * s.cp) + p.expert / double(s.dp * s.cp);
+  const double whole = p.dense + p.expert;
+  const double shard = p.dense / double(s.dp * s.ep * s.cp) + p.expert / double(s.dp * s.cp);
+  const double held = s.zero > 0 ? shard : whole;  // elements of each state this rank keeps
+  double grads = held;
+  if (s.zero == 3) {
     // Two units gathered (the one running, the one prefetched) and one unsharded gradient.
-    mem.fsdp_buffers = p.largest_unit * (2 * n.param_bytes + n.grad_bytes);
+    mem.zero_buffers = p.largest_unit * (2 * n.param_bytes + n.grad_bytes);
+  } else if (s.zero > 0) {
+    // Every unit stays gathered through the step; the unit reducing its gradients holds
+    // them unsharded plus its send buffer. ZeRO-1 accumulates every unit's gradients
+    // unsharded over the microbatches (one microbatch reduces at once, as ZeRO-2).
+    mem.zero_buffers = whole * n.param_bytes + p.largest_unit * 2 * n.grad_bytes;
+    if (s.zero == 1 && s.microbatches > 1) grads += whole;
   } else if (n.ddp_buckets && s.data_replicas() > 1) {
-    mem.ddp_buckets = held * n.grad_bytes;
+    mem.ddp_buckets = whole * n.grad_bytes;
   }
   mem.params = held * n.param_bytes;
-  mem.grads = held * n.grad_bytes;
+  mem.grads = grads * n.grad_bytes;
   mem.optimizer = held * n.optimizer_bytes;
 
   // Tokens of one microbatch on this rank, before the sequence-parallel split over tp.

@@ -20,8 +20,8 @@ struct Numerics {
   double optimizer_bytes = 12;  // AdamW: fp32 master weights, m and v
   double activation_bytes = 2;
   // false: fused kernels (flash attention, fused norms), counted by
-  // layer_activation_bytes_per_token. true: hp::nn's eager ops, which keep the s x s
-  // attention probabilities and each unfused op's inputs (eager_layer_activation_elements).
+  // layer_activation_bytes_per_token. true: hp::nn's eager ops, which keep each unfused
+  // op's inputs (eager_layer_activation_elements; attention is SDPA's flash kernel).
   bool eager = false;
   bool ddp_buckets = false;     // data parallelism keeps a flat copy of the gradients
 };
@@ -56,10 +56,10 @@ struct StageParams {
 StageParams stage_params(const ModelDesc& m, const Strategy& s, const StageContents& stage);
 
 struct MemoryBreakdown {
-  double params = 0, grads = 0, optimizer = 0, activations = 0, logits = 0, fsdp_buffers = 0;  // bytes
+  double params = 0, grads = 0, optimizer = 0, activations = 0, logits = 0, zero_buffers = 0;  // bytes
   double ddp_buckets = 0;  // flat gradient copies of data parallelism (Numerics::ddp_buckets)
   int64_t stage = 0;  // pipeline rank this breakdown is for
-  double total() const { return params + grads + optimizer + activations + logits + fsdp_buffers + ddp_buckets; }
+  double total() const { return params + grads + optimizer + activations + logits + zero_buffers + ddp_buckets; }
 };
 
 // Memory of pipeline rank `index` (holding `stage`) under resolved strategy `s`, which

@@ -36,7 +36,7 @@ nlohmann::json memory_json(const MemoryBreakdown& mem) {
   return {{"stage", mem.stage},           {"params", mem.params},
           {"grads", mem.grads},           {"optimizer", mem.optimizer},
           {"activations", mem.activations}, {"logits", mem.logits},
-          {"fsdp_buffers", mem.fsdp_buffers}, {"ddp_buckets", mem.ddp_buckets}, {"total", mem.total()}};
+          {"zero_buffers", mem.zero_buffers}, {"ddp_buckets", mem.ddp_buckets}, {"total", mem.total()}};
 }
 
 nlohmann::json estimate_json(const Estimate& e) {
@@ -44,7 +44,7 @@ nlohmann::json estimate_json(const Estimate& e) {
   const Strategy& s = e.strategy;
   j["strategy"] = to_string(s);
   j["dims"] = {{"dp", s.dp}, {"tp", s.tp}, {"pp", s.pp}, {"cp", s.cp}, {"ep", s.ep}};
-  j["fsdp"] = s.fsdp;
+  j["zero"] = s.zero;
   j["microbatches"] = s.microbatches;
   j["micro_batch"] = s.micro_batch;
   j["global_batch"] = s.global_batch;
@@ -74,7 +74,7 @@ nlohmann::json estimate_json(const Estimate& e) {
   j["comm_bytes_per_rank_by_level"] = per_level;
   const TimeBreakdown& t = e.time;
   j["time_seconds"] = {{"compute", t.compute}, {"recompute", t.recompute}, {"tp", t.tp},   {"cp", t.cp},
-                       {"ep", t.ep},           {"fsdp", t.fsdp},           {"bubble", t.bubble},
+                       {"ep", t.ep},           {"zero", t.zero},           {"bubble", t.bubble},
                        {"pp", t.pp},           {"dp", t.dp},               {"total", t.total}};
   j["slowest_stage"] = e.slowest_stage;
   j["bubble_fraction"] = e.bubble_fraction;
@@ -111,7 +111,7 @@ std::string format_dryrun(const Estimate& e, const ModelDesc& m, const ClusterSp
   row("optimizer", mem.optimizer);
   row("activations", mem.activations);
   row("logits", mem.logits);
-  row("fsdp buffers", mem.fsdp_buffers);
+  row("gathered/reduce buffers", mem.zero_buffers);
   if (mem.ddp_buckets > 0) row("ddp buckets", mem.ddp_buckets);
   out += fmt::format("  {:<16} {:>12} of {} usable: {}\n\n", "total", human_bytes(mem.total()),
                      human_bytes(e.usable_memory), e.fits ? "fits" : "DOES NOT FIT");
@@ -139,7 +139,7 @@ std::string format_dryrun(const Estimate& e, const ModelDesc& m, const ClusterSp
   trow("tp exposed", t.tp);
   trow("cp exposed", t.cp);
   trow("ep exposed", t.ep);
-  trow("fsdp exposed", t.fsdp);
+  trow("zero exposed", t.zero);
   trow(fmt::format("pipeline bubble ({:.1f}%)", 100 * e.bubble_fraction), t.bubble);
   trow("pp send/recv exposed", t.pp);
   trow("dp exposed", t.dp);
@@ -162,7 +162,7 @@ std::string format_plan(const SearchResult& r, const ModelDesc& m, const Cluster
   if (r.best.empty()) return out + "no strategy fits in memory\n";
   out += fmt::format("\n{:>3}  {:<4} {:<4} {:<4} {:<4} {:<4} {:<4} {:>5} {:>4} {:<16} {:<9} {:>9} {:>9} {:>11} "
                      "{:>6} {:>6}\n",
-                     "#", "dp", "tp", "pp", "cp", "ep", "fsdp", "mb", "mbs", "schedule", "recompute", "step s",
+                     "#", "dp", "tp", "pp", "cp", "ep", "zero", "mb", "mbs", "schedule", "recompute", "step s",
                      "mem GiB", "tokens/s", "bubble", "MFU");
   int i = 1;
   for (const auto& e : r.best) {
@@ -172,7 +172,7 @@ std::string format_plan(const SearchResult& r, const ModelDesc& m, const Cluster
                                              : s.schedule;
     out += fmt::format("{:>3}  {:<4} {:<4} {:<4} {:<4} {:<4} {:<4} {:>5} {:>4} {:<16} {:<9} {:>9.4g} {:>9.1f} "
                        "{:>11.4g} {:>5.1f}% {:>5.1f}%\n",
-                       i++, s.dp, s.tp, s.pp, s.cp, s.ep, s.fsdp ? "on" : "off", s.microbatches, s.micro_batch,
+                       i++, s.dp, s.tp, s.pp, s.cp, s.ep, s.zero, s.microbatches, s.micro_batch,
                        sched, to_string(s.recompute), e.time.total, e.memory.total() / GiB, e.tokens_per_second,
                        100 * e.bubble_fraction, 100 * e.mfu);
   }

@@ -65,7 +65,7 @@ SearchResult search(Estimator& est, const SearchOptions& o) {
           // Lower bound: fully sharded states alone, no activations.
           {
             Strategy lb = base;
-            lb.fsdp = true, lb.micro_batch = 1, lb.microbatches = per_replica, lb.recompute = Recompute::Full;
+            lb.zero = 3, lb.micro_batch = 1, lb.microbatches = per_replica, lb.recompute = Recompute::Full;
             MemoryBreakdown mem = est.memory(lb);
             if (mem.params + mem.grads + mem.optimizer > usable) continue;
           }
@@ -84,7 +84,7 @@ SearchResult search(Estimator& est, const SearchOptions& o) {
               }
             }
           }
-          for (int fsdp = 0; fsdp <= (o.try_fsdp ? 1 : 0); ++fsdp)
+          for (int64_t zero : o.zero_stages)
             for (const Variant& var : variants)
               for (int64_t mbs : o.micro_batch_sizes) {
                 if (per_replica % mbs) continue;
@@ -94,7 +94,7 @@ SearchResult search(Estimator& est, const SearchOptions& o) {
                 if (pp > 1 && uses_v_placement(var.schedule) && mb < 2 * pp) continue;
                 for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
                   Strategy s = base;
-                  s.fsdp = fsdp;
+                  s.zero = zero;
                   s.schedule = var.schedule;
                   s.virtual_stages = var.vpp;
                   s.micro_batch = mbs;

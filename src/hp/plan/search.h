@@ -1,5 +1,5 @@
 // Strategy search: every dp·tp·pp·cp·ep factorization of the device count that the model
-// allows, crossed with fsdp on/off, pipeline schedules (and virtual stages), micro-batch
+// allows, crossed with ZeRO stages 0-3, pipeline schedules (and virtual stages), micro-batch
 // sizes and recompute levels; keeps the fastest that fit in memory.
 //
 // Pruning, none of which drops a candidate that could rank:
@@ -25,7 +25,7 @@ struct SearchOptions {
   std::vector<std::string> schedules = schedule_names();
   std::vector<int64_t> micro_batch_sizes = {1, 2, 4, 8};
   std::vector<int64_t> interleave = {2, 4};  // virtual stages tried with interleaved-1f1b
-  bool try_fsdp = true;
+  std::vector<int64_t> zero_stages = {0, 1, 2, 3};
 };
 
 struct SearchResult {

@@ -47,7 +47,7 @@ bool parse_bool(const std::string& key, const std::string& v) {
 }
 
 const std::vector<std::string>& known_keys() {
-  static const std::vector<std::string> keys = {"dp",  "tp",  "pp",       "cp",  "ep",        "fsdp",
+  static const std::vector<std::string> keys = {"dp",  "tp",  "pp",       "cp",  "ep",        "zero",  "fsdp",
                                                 "mb",  "mbs", "gbs",      "vpp", "recompute", "schedule"};
   return keys;
 }
@@ -65,6 +65,8 @@ Strategy parse_strategy(const std::string& text) {
     std::string key = trim(item.substr(0, eq));
     std::string val = trim(item.substr(eq + 1));
     if (key == "v") key = "vpp";
+    HP_CHECK(!(key == "zero" && seen.count("fsdp")) && !(key == "fsdp" && seen.count("zero")))
+        << "strategy: give zero or fsdp, not both (fsdp=1 is zero=3)";
     HP_CHECK(std::find(known_keys().begin(), known_keys().end(), key) != known_keys().end())
         << "strategy: unknown key '" << key << "'; expected one of " << to_string_list(known_keys());
     HP_CHECK(seen.insert(key).second) << "strategy: key '" << key << "' given twice";
@@ -77,7 +79,10 @@ Strategy parse_strategy(const std::string& text) {
     else if (key == "mbs") s.micro_batch = parse_count(key, val, 1);
     else if (key == "gbs") s.global_batch = parse_count(key, val, 1);
     else if (key == "vpp") s.virtual_stages = parse_count(key, val, 1);
-    else if (key == "fsdp") s.fsdp = parse_bool(key, val);
+    else if (key == "zero") {
+      HP_CHECK(val.size() == 1 && val[0] >= '0' && val[0] <= '3') << "strategy: zero=" << val << ": expected 0, 1, 2 or 3";
+      s.zero = val[0] - '0';
+    } else if (key == "fsdp") s.zero = parse_bool(key, val) ? 3 : 0;
     else if (key == "recompute") {
       if (val == "none" || val == "0") s.recompute = Recompute::None;
       else if (val == "selective") s.recompute = Recompute::Selective;
@@ -183,7 +188,7 @@ Strategy resolve_strategy(Strategy s, const ModelDesc& m, int64_t devices) {
 std::string to_string(const Strategy& s) {
   std::ostringstream os;
   os << "dp=" << s.dp << ",tp=" << s.tp << ",pp=" << s.pp << ",cp=" << s.cp << ",ep=" << s.ep
-     << ",fsdp=" << (s.fsdp ? 1 : 0);
+     << ",zero=" << s.zero;
   if (s.microbatches) os << ",mb=" << s.microbatches;
   if (s.micro_batch) os << ",mbs=" << s.micro_batch;
   if (s.global_batch) os << ",gbs=" << s.global_batch;

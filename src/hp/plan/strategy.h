@@ -1,5 +1,5 @@
 // A parallel strategy: how a model is split over devices and how a step is run.
-// Written as "dp=8,tp=8,pp=6,mb=16,fsdp=1,recompute=full,schedule=1f1b".
+// Written as "dp=8,tp=8,pp=6,mb=16,zero=3,recompute=full,schedule=1f1b".
 #pragma once
 
 #include <cstdint>
@@ -23,7 +23,11 @@ struct Strategy {
   int64_t pp = 1;
   int64_t cp = 1;
   int64_t ep = 1;
-  bool fsdp = false;        // shard params, grads and optimizer states over the data ranks
+  // How the data ranks share the training state, as ZeRO's stages: 0 replicates it (DDP);
+  // 1 shards optimizer states; 2 also gradients; 3 also parameters (fsdp, gathered again for
+  // every microbatch). 1 and 2 gather parameters once per step and keep them through its
+  // microbatches; 1 reduces gradients once per step, 2 after every microbatch.
+  int64_t zero = 0;
   int64_t microbatches = 0;  // per step per pipeline; 0: derived
   int64_t micro_batch = 0;   // sequences per microbatch; 0: derived
   int64_t global_batch = 0;  // sequences per step; 0: derived
@@ -33,13 +37,15 @@ struct Strategy {
 
   int64_t devices() const { return dp * tp * pp * cp * ep; }
   int64_t data_replicas() const { return dp * ep; }  // ranks that see different sequences
+  bool fsdp() const { return zero == 3; }
 };
 
 std::vector<std::string> schedule_names();
 // zbv and dualpipev: two chunks per rank on the V, chunks c and 2p-1-c on rank c.
 bool uses_v_placement(const std::string& schedule);
 
-// Parses "key=value,..."; keys: dp tp pp cp ep fsdp mb mbs gbs schedule vpp recompute.
+// Parses "key=value,..."; keys: dp tp pp cp ep zero mb mbs gbs schedule vpp recompute, and
+// fsdp=1 for zero=3.
 // Errors name the bad key or value.
 Strategy parse_strategy(const std::string& text);
 // Fills derived fields (dp, batch sizes) and checks the strategy against the model and

@@ -173,6 +173,13 @@ std::string bracketed(const std::vector<std::string>& sections) {
 
 ParallelDims TrainConfig::dims() const { return ParallelDims::from_mesh(mesh.shape, mesh.names, source); }
 
+int MeshConfig::zero_stage() const {
+  if (data_parallel == "zero1") return 1;
+  if (data_parallel == "zero2") return 2;
+  if (data_parallel == "fsdp") return 3;
+  return 0;
+}
+
 int64_t TrainConfig::mesh_size(const std::string& name) const { return dims().size(name); }
 
 int64_t TrainConfig::stages_per_rank() const {
@@ -285,9 +292,9 @@ void validate_pipeline(const TrainConfig& c) {
   // fully_shard reduces gradients in the step's last full backward, which a split backward
   // (I then W) does not have; ddp reduces in W as well.
   const bool split_backward = p.schedule == "zb-h1" || p.schedule == "zbv" || p.schedule == "dualpipev";
-  HP_CHECK(!split_backward || dp == 1 || c.mesh.data_parallel != "fsdp")
-      << src << ": schedule \"" << p.schedule << "\" splits the backward, which mesh.data_parallel = \"fsdp\" "
-      << "cannot reduce in; use gpipe, 1f1b or interleaved-1f1b, or data_parallel = \"ddp\" or \"replicate\"";
+  HP_CHECK(!split_backward || dp == 1 || c.mesh.zero_stage() == 0)
+      << src << ": schedule \"" << p.schedule << "\" splits the backward, which mesh.data_parallel = \"" << c.mesh.data_parallel
+      << "\" (fully_shard) cannot reduce in; use gpipe, 1f1b or interleaved-1f1b, or data_parallel = \"ddp\" or \"replicate\"";
 }
 
 }  // namespace
@@ -336,8 +343,9 @@ void validate(const TrainConfig& c) {
   non_negative("train.weight_decay", t.weight_decay);
   non_negative("train.grad_clip", t.grad_clip);
   non_negative("train.peak_tflops", t.peak_tflops);
-  HP_CHECK(m.data_parallel == "ddp" || m.data_parallel == "fsdp" || m.data_parallel == "replicate")
-      << src << ": mesh.data_parallel = \"" << m.data_parallel << "\" must be \"ddp\", \"fsdp\" or \"replicate\"";
+  HP_CHECK(m.data_parallel == "ddp" || m.data_parallel == "replicate" || m.zero_stage() > 0)
+      << src << ": mesh.data_parallel = \"" << m.data_parallel
+      << "\" must be \"ddp\", \"replicate\", \"zero1\", \"zero2\" or \"fsdp\"";
   HP_CHECK(t.optimizer == "adamw" || t.optimizer == "muon")
       << src << ": train.optimizer = \"" << t.optimizer << "\" must be \"adamw\" or \"muon\"";
   HP_CHECK(t.muon_lr > 0 && std::isfinite(t.muon_lr)) << src << ": train.muon_lr = " << t.muon_lr << " must be > 0";

@@ -18,10 +18,14 @@ struct MeshConfig {
   std::vector<int64_t> shape{1};       // devices per mesh dim; product = world size
   std::vector<std::string> names{"dp"};
   bool sequence_parallel = false;      // shard norms/activations along seq inside tp
-  // How dp ranks combine gradients: "ddp" (bucketed all-reduce overlapped with backward),
-  // "fsdp" (fully_shard: parameters, gradients and optimizer states sharded over dp), or
-  // "replicate" (each use of a parameter all-reduces its gradient inside autograd).
+  // How dp ranks combine gradients and share state: "ddp" (bucketed all-reduce overlapped
+  // with backward), "replicate" (each use of a parameter all-reduces its gradient inside
+  // autograd), or fully_shard at a ZeRO stage: "zero1" (optimizer states sharded; parameters
+  // gathered once per step and gradients reduced once per step), "zero2" (gradients sharded
+  // too: reduced after every microbatch), "fsdp" (ZeRO-3: parameters sharded too, gathered
+  // for every forward and backward).
   std::string data_parallel = "ddp";
+  int zero_stage() const;  // 0 for ddp and replicate, else 1, 2 or 3
 };
 
 // Pipeline parallelism over the mesh dim "pp": the model is cut into chunks of consecutive

@@ -31,7 +31,7 @@ std::vector<Field> make_fields() {
       {"mesh", "names", "a name per dim: dp, tp or pp", at<&T::mesh, &Mesh::names>()},
       {"mesh", "sequence_parallel", "shard norms and activations along seq inside tp",
        at<&T::mesh, &Mesh::sequence_parallel>()},
-      {"mesh", "data_parallel", "ddp, fsdp or replicate", at<&T::mesh, &Mesh::data_parallel>()},
+      {"mesh", "data_parallel", "ddp, replicate, zero1, zero2 or fsdp", at<&T::mesh, &Mesh::data_parallel>()},
 
       {"pipeline", "schedule", "gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv or dualpipev",
        at<&T::pipeline, &Pipe::schedule>()},

@@ -72,11 +72,13 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
       DistributedDataParallel* d = t.ddp.back().get();
       o.set_requires_gradient_sync = [d](bool on) { d->set_requires_gradient_sync(on); };
       o.sync_in_weight_backward = true;  // its hooks fire as W accumulates
-    } else if (dp && cfg.mesh.data_parallel == "fsdp") {
+    } else if (dp && cfg.mesh.zero_stage() > 0) {
+      const int zero = cfg.mesh.zero_stage();
+      const FullyShardOptions so = zero_stage_options(zero);
       for (const auto& [name, m] : stage->named_children())
-        if (name.rfind("layers.", 0) == 0) fully_shard(*m, sm["dp"]);
-      FSDPModule unit = fully_shard(*stage, sm["dp"]);
-      o.set_requires_gradient_sync = [unit](bool on) mutable { unit.set_requires_gradient_sync(on); };
+        if (name.rfind("layers.", 0) == 0) fully_shard(*m, sm["dp"], so);
+      FSDPModule unit = fully_shard(*stage, sm["dp"], so);
+      o.set_requires_gradient_sync = [unit, zero](bool last) mutable { prepare_zero_backward(unit, zero, last); };
     }
     o.forward = [stage](const DTensor& x) { return (*stage)(x); };
     o.parameters = stage->parameters();

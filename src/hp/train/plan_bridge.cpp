@@ -23,8 +23,6 @@ TrainConfig config_of(const plan::ModelDesc& m, const plan::Strategy& s) {
   HP_CHECK(m.head_size() * m.heads == m.hidden)
       << "model " << m.name << " has head_dim " << m.head_size() << " x " << m.heads << " heads != hidden "
       << m.hidden << "; the trainer's Llama needs head_dim = hidden / heads";
-  HP_CHECK(s.recompute == plan::Recompute::None)
-      << "strategy " << plan::to_string(s) << ": the trainer does not recompute activations";
   TrainConfig cfg = default_config();
   cfg.model.vocab = m.vocab;
   cfg.model.dim = m.hidden;
@@ -35,19 +33,27 @@ TrainConfig config_of(const plan::ModelDesc& m, const plan::Strategy& s) {
   cfg.model.max_seq = m.seq_len;
   cfg.model.tied_embeddings = m.tied_embeddings;
   cfg.train.seq = m.seq_len;
+  apply_strategy(cfg, s);
+  cfg.source = "strategy " + plan::to_string(s);
+  return cfg;
+}
+
+void apply_strategy(TrainConfig& cfg, const plan::Strategy& s) {
+  HP_CHECK(s.recompute == plan::Recompute::None)
+      << "strategy " << plan::to_string(s) << ": the trainer does not recompute activations";
   cfg.train.batch = s.global_batch;
   const ParallelDims dims = ParallelDims::from_strategy(s);
   cfg.mesh.shape = dims.config_shape();
   cfg.mesh.names = dims.config_names();
   cfg.mesh.sequence_parallel = s.tp > 1;  // as the estimator assumes
-  cfg.mesh.data_parallel = s.fsdp ? "fsdp" : "ddp";
+  static const char* const stages[] = {"ddp", "zero1", "zero2", "fsdp"};
+  cfg.mesh.data_parallel = stages[s.zero];
+  cfg.pipeline = PipelineConfig{};
   if (s.pp > 1) {
     cfg.pipeline.schedule = s.schedule;
     cfg.pipeline.microbatches = s.microbatches;
     cfg.pipeline.virtual_stages = s.schedule == "interleaved-1f1b" ? s.virtual_stages : 0;
   }
-  cfg.source = "strategy " + plan::to_string(s);
-  return cfg;
 }
 
 }  // namespace hp::train

@@ -13,10 +13,14 @@ namespace hp::train {
 // The config's Llama as the planner describes it, over train.seq tokens.
 plan::ModelDesc model_desc_of(const TrainConfig& c);
 
-// A config that trains model `m` with the resolved strategy `s`: mesh dims pp, dp, tp (in
-// the planner's rank order, size-1 dims left out), fully_shard or ddp over dp, the
-// schedule, microbatches and chunks per rank, global batch and sequence length. Throws
-// naming what the trainer does not run (MoE, cp, ep, recomputation).
+// A config that trains model `m` with the resolved strategy `s` (apply_strategy on the
+// defaults, with m's shape and sequence length). Throws naming what the trainer does not
+// run (MoE, cp, ep, recomputation).
 TrainConfig config_of(const plan::ModelDesc& m, const plan::Strategy& s);
+
+// Sets `cfg`'s layout to the resolved strategy `s`: mesh dims pp, dp, tp (in the planner's
+// rank order, size-1 dims left out), ddp or fully_shard at s's ZeRO stage over dp, the
+// schedule, microbatches and chunks per rank, and the global batch.
+void apply_strategy(TrainConfig& cfg, const plan::Strategy& s);
 
 }  // namespace hp::train

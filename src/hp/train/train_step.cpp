@@ -20,7 +20,7 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
   // Data parallelism from outside the model, after tensor parallelism.
   if (dims.dp > 1 && cfg.mesh.data_parallel == "ddp")
     t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh["dp"]));
-  if (dims.dp > 1 && cfg.mesh.data_parallel == "fsdp") fully_shard_llama(model, mesh["dp"]);
+  if (dims.dp > 1 && cfg.mesh.zero_stage() > 0) fully_shard_llama(model, mesh["dp"], zero_stage_options(cfg.mesh.zero_stage()));
   t.model = t.llama;
 }
 
