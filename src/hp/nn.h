@@ -2,6 +2,8 @@
 #pragma once
 
 #include "hp/nn/layers.h"
+#include "hp/nn/moe.h"
+#include "hp/nn/moe_llama.h"
 #include "hp/nn/module.h"
 #include "hp/nn/sequential.h"
 #include "hp/nn/transformer.h"

@@ -105,8 +105,10 @@ TEST(Memory, EagerActivationsByHand) {
   // t = 2 with sequence parallelism: each norm h/2 + 1/2 + h/2 + the gathered h = 512.5;
   // attention 4 x 128 + 2 x 64 + 4 = 644; SwiGLU 4 x 344 = 1376.
   EXPECT_DOUBLE_EQ(eager_layer_activation_elements(m, 2), 1025 + 644 + 1376);
+  EXPECT_THROW(eager_layer_activation_elements(m, 1, /*moe_layer=*/true), hp::Error);
+  // A MoE layer: the same norms and attention; router 2E + k, then per routed copy 2h + 4F.
   m.experts = 8, m.top_k = 2, m.moe_ffn = 64;
-  EXPECT_THROW(eager_layer_activation_elements(m, 1), hp::Error);
+  EXPECT_DOUBLE_EQ(eager_layer_activation_elements(m, 1, true), 1538 + 1288 + 16 + 2 + 2 * (512 + 256));
 }
 
 TEST(Memory, Fp32EagerNumericsCountBytesAndBuckets) {

@@ -32,10 +32,20 @@ TEST(DryrunReal, TinyModelPrintsMemoryAndCollectives) {
   EXPECT_NE(j.output.find("\"all_reduce\""), std::string::npos) << j.output;
 }
 
+// A MoE model with expert parallelism: the token all-to-alls of one step (4 per MoE layer,
+// plus one counts exchange each) equal the estimator's bytes.
+TEST(DryrunReal, MoEModelWithExpertParallelism) {
+  Result r = hp("--model " PROJECT_DIR "/configs/moe_desc.toml --strategy dp=2,ep=2,gbs=8 --devices 4 --rank 3");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("ep=2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  all_to_all                2       15            1.5"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  estimator all_to_all                      1.5"), std::string::npos) << r.output;
+}
+
 TEST(DryrunReal, BadInputFailsClearly) {
   Result cp = hp("--model tiny --strategy dp=2,cp=2 --devices 4");
   EXPECT_EQ(cp.code, 1);
-  EXPECT_NE(cp.output.find("the trainer runs dp, tp, pp and fsdp; found cp=2"), std::string::npos) << cp.output;
+  EXPECT_NE(cp.output.find("the trainer runs dp, ep, tp, pp and fsdp; found cp=2"), std::string::npos) << cp.output;
 
   Result rank = hp("--model tiny --strategy dp=4 --devices 4 --rank 4");
   EXPECT_EQ(rank.code, 1);

@@ -208,7 +208,7 @@ TEST(TrainConfig, UnknownSectionAndTopLevelKey) {
 
 TEST(TrainConfig, ErrorsListWhatTheTableKnows) {
   EXPECT_HAS(load_error("[optimizer]\nlr = 1.0\n"),
-             "known sections: [mesh], [pipeline], [model], [train], [data], [checkpoint], [low_precision], [monitor])");
+             "known sections: [mesh], [pipeline], [model], [moe], [train], [data], [checkpoint], [low_precision], [monitor])");
   EXPECT_HAS(load_error("[mesh]\nfoo = 1\n"),
              "unknown key mesh.foo (known: data_parallel, names, sequence_parallel, shape)");
   EXPECT_HAS(load_error("[pipeline]\nstages = 2\n"),
@@ -268,6 +268,14 @@ TEST(TrainConfig, InconsistentValuesAreErrors) {
   EXPECT_HAS(load_error("[low_precision]\nscaling = \"rowwise\"\ndelayed = true\n"),
              "low_precision.delayed needs low_precision.scaling = \"tensorwise\"");
   EXPECT_HAS(load_error("[low_precision]\nhistory_len = 0\n"), "low_precision.history_len = 0 must be >= 1");
+  EXPECT_HAS(load_error("[moe]\nnum_experts = 4\ntop_k = 5\n"), "MoE top_k 5 exceeds num_experts 4");
+  EXPECT_HAS(load_error("[moe]\nnum_experts = 4\nnum_expert_groups = 3\nnum_limited_groups = 1\n"),
+             "num_experts 4 must be a multiple of num_expert_groups 3");
+  EXPECT_HAS(load_error("[mesh]\nshape = [2]\nnames = [\"ep\"]\n"), "needs a MoE model");
+  EXPECT_HAS(load_error("[mesh]\nshape = [4]\nnames = [\"ep\"]\n[moe]\nnum_experts = 2\n"),
+             "moe.num_experts = 2 is fewer than the ep mesh dim (4)");
+  EXPECT_HAS(load_error("[mesh]\nshape = [2, 2]\nnames = [\"dp\", \"ep\"]\n[moe]\nnum_experts = 4\n[train]\nbatch = 6\n"),
+             "divisible by the dp and ep mesh dims (2 x 2)");
 }
 
 // dualpipev puts two chunks on each pp rank and splits the backward, like zbv.
@@ -329,6 +337,20 @@ TrainConfig all_changed() {
   c.low_precision.scaling = "tensorwise";
   c.low_precision.delayed = true;
   c.low_precision.history_len = 4;
+  c.moe.num_experts = 6;
+  c.moe.top_k = 1;
+  c.moe.hidden_dim = 32;
+  c.moe.dense_layers = 2;
+  c.moe.num_shared_experts = 1;
+  c.moe.score_func = "sigmoid";
+  c.moe.route_norm = true;
+  c.moe.route_scale = 2.5;
+  c.moe.num_expert_groups = 3;
+  c.moe.num_limited_groups = 2;
+  c.moe.aux_loss_coef = 0.01;
+  c.moe.load_balance_bias = true;
+  c.moe.bias_update_rate = 0.002;
+  c.moe.capacity_factor = 1.25;
   c.monitor.every = 10;
   c.monitor.file = "runs/monitor.jsonl";
   c.monitor.spike_factor = 2.5;
@@ -394,6 +416,20 @@ TEST(TrainConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(d.low_precision.scaling, c.low_precision.scaling);
   EXPECT_EQ(d.low_precision.delayed, c.low_precision.delayed);
   EXPECT_EQ(d.low_precision.history_len, c.low_precision.history_len);
+  EXPECT_EQ(d.moe.num_experts, c.moe.num_experts);
+  EXPECT_EQ(d.moe.top_k, c.moe.top_k);
+  EXPECT_EQ(d.moe.hidden_dim, c.moe.hidden_dim);
+  EXPECT_EQ(d.moe.dense_layers, c.moe.dense_layers);
+  EXPECT_EQ(d.moe.num_shared_experts, c.moe.num_shared_experts);
+  EXPECT_EQ(d.moe.score_func, c.moe.score_func);
+  EXPECT_EQ(d.moe.route_norm, c.moe.route_norm);
+  EXPECT_EQ(bits(d.moe.route_scale), bits(c.moe.route_scale));
+  EXPECT_EQ(d.moe.num_expert_groups, c.moe.num_expert_groups);
+  EXPECT_EQ(d.moe.num_limited_groups, c.moe.num_limited_groups);
+  EXPECT_EQ(bits(d.moe.aux_loss_coef), bits(c.moe.aux_loss_coef));
+  EXPECT_EQ(d.moe.load_balance_bias, c.moe.load_balance_bias);
+  EXPECT_EQ(bits(d.moe.bias_update_rate), bits(c.moe.bias_update_rate));
+  EXPECT_EQ(bits(d.moe.capacity_factor), bits(c.moe.capacity_factor));
   EXPECT_EQ(d.monitor.every, c.monitor.every);
   EXPECT_EQ(d.monitor.file, c.monitor.file);
   EXPECT_EQ(bits(d.monitor.spike_factor), bits(c.monitor.spike_factor));
@@ -417,7 +453,8 @@ TEST(TrainConfig, PrinterPrintsTheTable) {
   }
   for (const auto& f : hp::train::config_fields()) table.push_back(f.section + "." + f.key);
   EXPECT_EQ(printed, table);
-  EXPECT_EQ(table.size(), 45u);  // 4 mesh, 4 pipeline, 10 model, 14 train, 1 data, 5 checkpoint, 3 low_precision, 4 monitor
-  EXPECT_EQ(hp::train::config_sections(), (std::vector<std::string>{"mesh", "pipeline", "model", "train", "data",
+  // 4 mesh, 4 pipeline, 10 model, 14 moe, 14 train, 1 data, 5 checkpoint, 3 low_precision, 4 monitor
+  EXPECT_EQ(table.size(), 59u);
+  EXPECT_EQ(hp::train::config_sections(), (std::vector<std::string>{"mesh", "pipeline", "model", "moe", "train", "data",
                                                                     "checkpoint", "low_precision", "monitor"}));
 }

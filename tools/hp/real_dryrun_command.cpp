@@ -35,6 +35,10 @@ void run_real_dryrun(const plan::ModelDesc& m, const plan::ClusterSpec& c, plan:
   o.overlap_communication = false;
   plan::Estimator est(m, c, o);
   const plan::MemoryBreakdown mem = est.memory(s);
+  // The estimator's token all-to-all per step (MoE with ep > 1), beside the log's.
+  double est_a2a = 0;
+  for (const plan::CommItem& item : est.estimate(s).comm)
+    if (item.kind == Collective::AllToAll) est_a2a += item.bytes * item.calls;
   const auto setup = std::vector<comm::CollectiveRecord>(r.collectives.begin(),
                                                          r.collectives.begin() + r.setup_collectives);
   const auto step = std::vector<comm::CollectiveRecord>(r.collectives.begin() + r.setup_collectives,
@@ -59,6 +63,7 @@ void run_real_dryrun(const plan::ModelDesc& m, const plan::ClusterSpec& c, plan:
                         {"estimator_numerics", o.numerics.name},
                         {"collectives_setup", rows(comm::summarize(setup))},
                         {"collectives_steps", rows(per_step)},
+                        {"estimated_all_to_all_MiB", est_a2a / kMiB},
                         {"seconds", r.seconds}};
     std::cout << j.dump(2) << "\n";
     return;
@@ -77,6 +82,7 @@ void run_real_dryrun(const plan::ModelDesc& m, const plan::ClusterSpec& c, plan:
   for (const auto& x : per_step)
     std::printf("  %-16s %10d %8lld %14.1f\n", x.op.c_str(), x.group_size, static_cast<long long>(x.count),
                 x.bytes / kMiB);
+  if (est_a2a > 0) std::printf("  estimator all_to_all %24.1f\n", est_a2a / kMiB);
   std::printf("time %.2f s\n", r.seconds);
 }
 

@@ -44,6 +44,7 @@ void add_train_command(CLI::App& app) {
       std::printf("step %5lld  loss %7.4f  grad %6.3f  lr %.2e  %8.0f tok/s  mfu %5.1f%%", static_cast<long long>(s.step),
                   s.loss, s.grad_norm, s.lr, s.tokens_per_s, 100 * s.mfu);
       if (cfg.dims().pp > 1) std::printf("  bubble %4.1f%%", 100 * s.bubble);
+      if (cfg.moe.enabled()) std::printf("  load %4.2f", s.expert_load);
       std::printf("  %7.1f ms/step  %6.0f MiB\n", s.ms_per_step, s.rss_mib);
       std::fflush(stdout);
     });

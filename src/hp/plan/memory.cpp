@@ -37,8 +37,8 @@ double layer_activation_bytes_per_token(const ModelDesc& m, bool moe_layer, Reco
   return all;
 }
 
-double eager_layer_activation_elements(const ModelDesc& m, int64_t tp) {
-  HP_CHECK(!m.is_moe()) << "the eager activation count covers dense layers only, not " << m.name;
+double eager_layer_activation_elements(const ModelDesc& m, int64_t tp, bool moe_layer) {
+  HP_CHECK(!moe_layer || m.is_moe()) << "model " << m.name << " has no MoE layer";
   const double t = double(tp), h = m.hidden, q = m.q_dim() / t, kv = m.kv_dim() / t, f = m.ffn / t;
   const double heads = m.heads / t;
   // Each RMSNorm keeps its input, 1/rms and the normalised input (sequence-sharded under
@@ -51,7 +51,15 @@ double eager_layer_activation_elements(const ModelDesc& m, int64_t tp) {
   // output, transposed and copied, feeds o_proj.
   const double attn = q + kv + q + kv + q + heads + q;
   // SwiGLU: gate and up projections, silu's output, their product (down_proj's input).
-  const double mlp = 4 * f;
+  double mlp = 4 * f;
+  if (moe_layer) {
+    // hp::nn::MoE: the router's scores and one-hot choices (E each) and the routing
+    // weights (k); per routed copy of a token the experts' input and the combined output
+    // before weighting (2h) and SwiGLU's 4 on the expert width (split over tp by expert
+    // tensor parallelism); the shared experts' SwiGLU.
+    const double k = m.top_k, width = m.moe_ffn / t;
+    mlp = 2.0 * m.experts + k + k * (2 * h + 4 * width) + 4.0 * m.shared_experts * width;
+  }
   return 2 * norm + attn + mlp;
 }
 
@@ -111,8 +119,13 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
   double per_mb = 0;
   if (n.eager) {
     // Eager ops keep everything unless the whole layer is recomputed (its input kept).
-    const double per_token = s.recompute == Recompute::Full ? m.hidden / t : eager_layer_activation_elements(m, s.tp);
-    per_mb = st.layers() * per_token * n.activation_bytes * tokens;
+    if (s.recompute == Recompute::Full) {
+      per_mb = st.layers() * m.hidden / t;
+    } else {
+      if (st.dense_layers) per_mb += st.dense_layers * eager_layer_activation_elements(m, s.tp);
+      if (st.moe_layers) per_mb += st.moe_layers * eager_layer_activation_elements(m, s.tp, true);
+    }
+    per_mb *= n.activation_bytes * tokens;
   } else {
     if (st.dense_layers) per_mb += st.dense_layers * layer_activation_bytes_per_token(m, false, s.recompute);
     if (st.moe_layers) per_mb += st.moe_layers * layer_activation_bytes_per_token(m, true, s.recompute);
@@ -120,7 +133,7 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
   }
   mem.activations = inflight * per_mb;
   if (s.recompute == Recompute::Full && st.layers() > 0 && n.eager) {
-    mem.activations += tokens * eager_layer_activation_elements(m, s.tp) * n.activation_bytes;
+    mem.activations += tokens * eager_layer_activation_elements(m, s.tp, st.moe_layers > 0) * n.activation_bytes;
   } else if (s.recompute == Recompute::Full && st.layers() > 0) {
     // The backward of one layer rematerializes all of it.
     const bool moe = st.moe_layers > 0;

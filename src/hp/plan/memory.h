@@ -43,9 +43,10 @@ Numerics numerics_preset(const std::string& name);  // throws listing the preset
 // scores); sequence parallelism divides all of them by tp.
 double layer_activation_bytes_per_token(const ModelDesc& m, bool moe_layer, Recompute r);
 
-// Elements one dense layer of hp::nn's Llama keeps for backward per token of a rank's
-// microbatch, with tp = `tp` (sequence parallel when tp > 1); see memory.cpp for the count.
-double eager_layer_activation_elements(const ModelDesc& m, int64_t tp);
+// Elements one layer of hp::nn's Llama (dense) or MoELlama (moe_layer) keeps for backward
+// per token of a rank's microbatch, with tp = `tp` (sequence parallel when tp > 1 for the
+// dense layer); see memory.cpp for the count.
+double eager_layer_activation_elements(const ModelDesc& m, int64_t tp, bool moe_layer = false);
 
 // Parameters (elements) that one rank of a pipeline stage holds before any FSDP sharding.
 struct StageParams {

@@ -371,10 +371,23 @@ void validate(const TrainConfig& c) {
   HP_CHECK(t.seq <= md.max_seq) << src << ": train.seq = " << t.seq
                                 << " exceeds model.max_seq = " << md.max_seq;
 
+  if (c.moe.enabled()) {
+    try {
+      c.moe.model(md).validate();
+    } catch (const Error& e) {
+      HP_FAIL() << src << ": [moe]: " << e.what();
+    }
+    HP_CHECK(dims.pp == 1) << src << ": [moe] models do not run in pipeline stages yet; set pp to 1";
+    HP_CHECK(c.moe.num_experts >= dims.ep) << src << ": moe.num_experts = " << c.moe.num_experts
+                                           << " is fewer than the ep mesh dim (" << dims.ep << ")";
+  } else {
+    HP_CHECK(dims.ep == 1) << src << ": the ep mesh dim (" << dims.ep << ") needs a MoE model ([moe] num_experts > 0)";
+  }
+
   // Shapes the parallel layers will split; failing here beats failing mid-setup.
   const int64_t dp = dims.dp, tp = dims.tp;
-  HP_CHECK(t.batch % dp == 0) << src << ": train.batch = " << t.batch
-                              << " must be divisible by the dp mesh dim (" << dp << ")";
+  HP_CHECK(t.batch % (dp * dims.ep) == 0) << src << ": train.batch = " << t.batch
+                              << " must be divisible by the dp and ep mesh dims (" << dp << " x " << dims.ep << ")";
   HP_CHECK(md.heads % tp == 0 && md.kv_heads % tp == 0 && md.ffn_dim % tp == 0)
       << src << ": model.heads = " << md.heads << ", model.kv_heads = " << md.kv_heads
       << " and model.ffn_dim = " << md.ffn_dim << " must be divisible by the tp mesh dim ("

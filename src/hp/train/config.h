@@ -8,12 +8,14 @@
 #include <vector>
 
 #include "hp/nn/llama_config.h"
+#include "hp/nn/moe_llama_config.h"
 #include "hp/train/parallel_dims.h"
 
 namespace hp::train {
 
-// Mesh dims by name: "dp" (data parallel), "tp" (tensor parallel), "pp" (pipeline stages);
-// with pp, each stage runs on the ranks of the other dims at one pp coordinate.
+// Mesh dims by name: "dp" (data parallel), "tp" (tensor parallel), "pp" (pipeline stages),
+// "ep" (expert parallel: experts sharded over it, and, like dp, each rank its own rows of
+// the batch); with pp, each stage runs on the ranks of the other dims at one pp coordinate.
 struct MeshConfig {
   std::vector<int64_t> shape{1};       // devices per mesh dim; product = world size
   std::vector<std::string> names{"dp"};
@@ -41,6 +43,20 @@ struct PipelineConfig {
 
 // A small Llama-style decoder; vocab >= 256 because the tokenizer is byte-level.
 using ModelConfig = nn::LlamaConfig;
+
+// [moe]: with num_experts > 0 the model is a MoELlama (nn/moe_llama.h): blocks from
+// dense_layers on route tokens to experts of hidden_dim; the rest as nn::MoEOptions.
+struct MoEConfig : nn::MoEOptions {
+  MoEConfig() { num_experts = 0; }
+  int64_t hidden_dim = 64;
+  int64_t dense_layers = 1;
+  bool enabled() const { return num_experts > 0; }
+  nn::MoELlamaConfig model(const nn::LlamaConfig& llama) const {
+    nn::MoELlamaConfig c;
+    c.llama = llama, c.moe = *this, c.moe_hidden_dim = hidden_dim, c.dense_layers = dense_layers;
+    return c;
+  }
+};
 
 struct LoopConfig {
   int64_t steps = 200;
@@ -94,6 +110,7 @@ struct TrainConfig {
   MeshConfig mesh;
   PipelineConfig pipeline;
   ModelConfig model;
+  MoEConfig moe;
   LoopConfig train;
   DataConfig data;
   CheckpointConfig checkpoint;

@@ -24,11 +24,12 @@ using Data = DataConfig;
 using Ckpt = CheckpointConfig;
 using Precision = PrecisionConfig;
 using Mon = MonitorConfig;
+using MoE = MoEConfig;
 
 std::vector<Field> make_fields() {
   return {
       {"mesh", "shape", "devices per mesh dim; product = world size", at<&T::mesh, &Mesh::shape>()},
-      {"mesh", "names", "a name per dim: dp, tp or pp", at<&T::mesh, &Mesh::names>()},
+      {"mesh", "names", "a name per dim: dp, tp, pp or ep", at<&T::mesh, &Mesh::names>()},
       {"mesh", "sequence_parallel", "shard norms and activations along seq inside tp",
        at<&T::mesh, &Mesh::sequence_parallel>()},
       {"mesh", "data_parallel", "ddp, replicate, zero1, zero2 or fsdp", at<&T::mesh, &Mesh::data_parallel>()},
@@ -50,6 +51,22 @@ std::vector<Field> make_fields() {
       {"model", "rope_theta", "rotary embedding base", at<&T::model, &Model::rope_theta>()},
       {"model", "tied_embeddings", "the head reuses the embedding weight", at<&T::model, &Model::tied_embeddings>()},
       {"model", "norm_eps", "RMSNorm epsilon", at<&T::model, &Model::norm_eps>()},
+
+      {"moe", "num_experts", "routed experts per MoE block; 0 = a dense Llama", at<&T::moe, &MoE::num_experts>()},
+      {"moe", "top_k", "experts per token", at<&T::moe, &MoE::top_k>()},
+      {"moe", "hidden_dim", "each expert's SwiGLU width", at<&T::moe, &MoE::hidden_dim>()},
+      {"moe", "dense_layers", "first blocks that keep the dense MLP", at<&T::moe, &MoE::dense_layers>()},
+      {"moe", "num_shared_experts", "always-on experts per MoE block", at<&T::moe, &MoE::num_shared_experts>()},
+      {"moe", "score_func", "softmax or sigmoid", at<&T::moe, &MoE::score_func>()},
+      {"moe", "route_norm", "renormalise the top-k scores", at<&T::moe, &MoE::route_norm>()},
+      {"moe", "route_scale", "multiplies the routing weights", at<&T::moe, &MoE::route_scale>()},
+      {"moe", "num_expert_groups", "group-limited routing: expert groups; 0 = off", at<&T::moe, &MoE::num_expert_groups>()},
+      {"moe", "num_limited_groups", "groups a token may use", at<&T::moe, &MoE::num_limited_groups>()},
+      {"moe", "aux_loss_coef", "load-balancing loss weight; 0 = off", at<&T::moe, &MoE::aux_loss_coef>()},
+      {"moe", "load_balance_bias", "auxiliary-loss-free balancing by expert bias", at<&T::moe, &MoE::load_balance_bias>()},
+      {"moe", "bias_update_rate", "step of the expert bias per optimizer step", at<&T::moe, &MoE::bias_update_rate>()},
+      {"moe", "capacity_factor", "tokens an expert takes from a rank, times the even share; 0 = dropless",
+       at<&T::moe, &MoE::capacity_factor>()},
 
       {"train", "steps", "optimizer steps", at<&T::train, &Loop::steps>()},
       {"train", "batch", "global: sequences per step over all dp ranks", at<&T::train, &Loop::batch>()},

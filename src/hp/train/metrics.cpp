@@ -29,6 +29,7 @@ const DoubleKey kDoubleKeys[] = {
     {"mfu", &MetricsRecord::mfu},
     {"bubble", &MetricsRecord::bubble},
     {"rss_mib", &MetricsRecord::rss_mib},
+    {"expert_load", &MetricsRecord::expert_load},
 };
 
 MetricsRecord parse_line(const std::string& line, const std::string& path, int64_t line_number) {

@@ -16,6 +16,7 @@ struct MetricsRecord {
   double mfu = 0;     // model FLOP/s over the peak; 0 when unknown
   double bubble = 0;  // pipeline idle share of the step; 0 without pipeline parallelism
   double rss_mib = 0;
+  double expert_load = 0;  // MoE: max / mean tokens per expert of the step (worst block); 0 when dense
 };
 
 // {"step":10,"loss":2.5,...}: keys as the field names, no trailing newline. JSON has no NaN

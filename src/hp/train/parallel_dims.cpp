@@ -8,9 +8,11 @@
 namespace hp::train {
 namespace {
 
-const std::vector<std::string> kDims = {"pp", "dp", "tp"};
+const std::vector<std::string> kDims = {"pp", "dp", "ep", "tp"};
 
-int64_t& degree(ParallelDims& d, const std::string& name) { return name == "pp" ? d.pp : name == "dp" ? d.dp : d.tp; }
+int64_t& degree(ParallelDims& d, const std::string& name) {
+  return name == "pp" ? d.pp : name == "dp" ? d.dp : name == "ep" ? d.ep : d.tp;
+}
 
 }  // namespace
 
@@ -24,30 +26,32 @@ ParallelDims ParallelDims::from_mesh(const std::vector<int64_t>& shape, const st
   for (size_t i = 0; i < names.size(); ++i) {
     HP_CHECK(std::find(kDims.begin(), kDims.end(), names[i]) != kDims.end())
         << source << ": mesh dim '" << names[i] << "' in " << to_string_list(names)
-        << " is not run by the trainer (known: pp, dp, tp)";
+        << " is not run by the trainer (known: pp, dp, ep, tp)";
     HP_CHECK(std::find(d.order.begin(), d.order.end(), names[i]) == d.order.end())
         << source << ": mesh.names " << to_string_list(names) << " must be distinct and non-empty";
     HP_CHECK(shape[i] >= 1) << source << ": mesh.shape[" << i << "] = " << shape[i] << " must be >= 1";
     d.order.push_back(names[i]);
     degree(d, names[i]) = shape[i];
   }
-  for (const auto& n : kDims)  // size 1: where they go does not change any rank's place
-    if (std::find(d.order.begin(), d.order.end(), n) == d.order.end()) d.order.push_back(n);
+  // Size 1: where they go does not change any rank's place.
+  if (std::find(d.order.begin(), d.order.end(), "pp") == d.order.end()) d.order.push_back("pp");
+  if (d.order.size() == 1) d.order.push_back("dp");
   return d;
 }
 
 ParallelDims ParallelDims::from_strategy(const plan::Strategy& s) {
-  HP_CHECK(s.cp <= 1 && s.ep <= 1) << "strategy " << plan::to_string(s)
-                                   << ": the trainer runs dp, tp, pp and fsdp; found cp=" << s.cp << ", ep=" << s.ep;
-  ParallelDims d;  // the planner numbers ranks pp, dp, (ep, cp,) tp from outermost
-  d.pp = s.pp, d.dp = std::max<int64_t>(s.dp, 1), d.tp = s.tp;
+  HP_CHECK(s.cp <= 1) << "strategy " << plan::to_string(s) << ": the trainer runs dp, ep, tp, pp and fsdp; found cp="
+                      << s.cp;
+  ParallelDims d;  // the planner numbers ranks pp, dp, ep, (cp,) tp from outermost
+  d.pp = s.pp, d.dp = std::max<int64_t>(s.dp, 1), d.ep = std::max<int64_t>(s.ep, 1), d.tp = s.tp;
+  if (d.ep > 1) d.order = {"pp", "dp", "ep", "tp"};
   return d;
 }
 
 int64_t ParallelDims::size(const std::string& name) const {
   HP_CHECK(std::find(kDims.begin(), kDims.end(), name) != kDims.end())
-      << "ParallelDims: no dim '" << name << "' (known: pp, dp, tp)";
-  return name == "pp" ? pp : name == "dp" ? dp : tp;
+      << "ParallelDims: no dim '" << name << "' (known: pp, dp, ep, tp)";
+  return name == "pp" ? pp : name == "dp" ? dp : name == "ep" ? ep : tp;
 }
 
 std::vector<int64_t> ParallelDims::mesh_shape() const {

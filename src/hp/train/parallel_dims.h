@@ -1,7 +1,7 @@
 // The degrees of a training layout, in one place: what the planner emits (from_strategy),
 // the config's [mesh] declares (from_mesh), and the trainer and the dry-run build their
-// meshes from (mesh_shape / mesh_names, the same on every rank). The dim names "pp", "dp"
-// and "tp" are known here. Torch-free.
+// meshes from (mesh_shape / mesh_names, the same on every rank). The dim names "pp", "dp",
+// "ep" and "tp" are known here. Torch-free.
 #pragma once
 
 #include <cstdint>
@@ -15,19 +15,27 @@ namespace hp::train {
 struct ParallelDims {
   int64_t pp = 1;  // pipeline stages
   int64_t dp = 1;  // data-parallel replicas (ddp, fully_shard or replicate over them)
+  int64_t ep = 1;  // expert-parallel ranks: experts sharded over them, each its own rows (as dp)
   int64_t tp = 1;  // tensor-parallel ranks inside a stage
-  std::vector<std::string> order{"pp", "dp", "tp"};  // outermost first: how ranks are numbered
+  // Outermost first: how ranks are numbered. pp is always there (size 1 included), dp
+  // too unless the config names another dim (a stage's mesh needs one); tp and ep only
+  // when a config names them or a strategy has them > 1, since every mesh dim, even of
+  // size 1, multiplies the layouts sharding propagation and the redistribution planner
+  // search.
+  std::vector<std::string> order{"pp", "dp", "tp"};
 
-  // A config's mesh: each name one of pp, dp, tp, at most once, shapes >= 1; throws naming
-  // `source` and what is wrong. Dims it leaves out have size 1.
+  // A config's mesh: each name one of pp, dp, ep, tp, at most once, shapes >= 1; throws
+  // naming `source` and what is wrong. Dims it leaves out have size 1.
   static ParallelDims from_mesh(const std::vector<int64_t>& shape, const std::vector<std::string>& names,
                                 const std::string& source);
-  // A resolved strategy's dims in the planner's rank order; throws naming cp or ep, which
-  // the trainer does not run.
+  // A resolved strategy's dims in the planner's rank order; throws naming cp, which the
+  // trainer does not run.
   static ParallelDims from_strategy(const plan::Strategy& s);
 
-  int64_t size(const std::string& name) const;  // of "pp", "dp" or "tp"
-  int64_t world_size() const { return pp * dp * tp; }
+  int64_t size(const std::string& name) const;  // of "pp", "dp", "ep" or "tp"
+  int64_t world_size() const { return pp * dp * ep * tp; }
+  // The ranks that read different rows of the batch: dp times ep.
+  int64_t data_parallel_size() const { return dp * ep; }
   // The mesh the trainer builds: every dim, size-1 ones included (in `order`).
   std::vector<int64_t> mesh_shape() const;
   const std::vector<std::string>& mesh_names() const { return order; }

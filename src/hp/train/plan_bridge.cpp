@@ -15,11 +15,17 @@ plan::ModelDesc model_desc_of(const TrainConfig& c) {
   m.vocab = c.model.vocab;
   m.seq_len = c.train.seq;
   m.tied_embeddings = c.model.tied_embeddings;
+  if (c.moe.enabled()) {
+    m.experts = c.moe.num_experts;
+    m.top_k = c.moe.top_k;
+    m.moe_ffn = c.moe.hidden_dim;
+    m.shared_experts = c.moe.num_shared_experts;
+    m.dense_layers = c.moe.dense_layers;
+  }
   return m;
 }
 
 TrainConfig config_of(const plan::ModelDesc& m, const plan::Strategy& s) {
-  HP_CHECK(!m.is_moe()) << "model " << m.name << " is MoE; the trainer's Llama is dense";
   HP_CHECK(m.head_size() * m.heads == m.hidden)
       << "model " << m.name << " has head_dim " << m.head_size() << " x " << m.heads << " heads != hidden "
       << m.hidden << "; the trainer's Llama needs head_dim = hidden / heads";
@@ -33,6 +39,13 @@ TrainConfig config_of(const plan::ModelDesc& m, const plan::Strategy& s) {
   cfg.model.max_seq = m.seq_len;
   cfg.model.tied_embeddings = m.tied_embeddings;
   cfg.train.seq = m.seq_len;
+  if (m.is_moe()) {
+    cfg.moe.num_experts = m.experts;
+    cfg.moe.top_k = m.top_k;
+    cfg.moe.hidden_dim = m.moe_ffn;
+    cfg.moe.num_shared_experts = m.shared_experts;
+    cfg.moe.dense_layers = m.dense_layers;
+  }
   apply_strategy(cfg, s);
   cfg.source = "strategy " + plan::to_string(s);
   return cfg;
@@ -45,7 +58,8 @@ void apply_strategy(TrainConfig& cfg, const plan::Strategy& s) {
   const ParallelDims dims = ParallelDims::from_strategy(s);
   cfg.mesh.shape = dims.config_shape();
   cfg.mesh.names = dims.config_names();
-  cfg.mesh.sequence_parallel = s.tp > 1;  // as the estimator assumes
+  // As the estimator assumes; MoE models run without.
+  cfg.mesh.sequence_parallel = s.tp > 1 && !cfg.moe.enabled();
   static const char* const stages[] = {"ddp", "zero1", "zero2", "fsdp"};
   cfg.mesh.data_parallel = stages[s.zero];
   cfg.pipeline = PipelineConfig{};

@@ -10,12 +10,12 @@
 
 namespace hp::train {
 
-// The config's Llama as the planner describes it, over train.seq tokens.
+// The config's Llama (with its experts under [moe]) as the planner describes it, over train.seq tokens.
 plan::ModelDesc model_desc_of(const TrainConfig& c);
 
 // A config that trains model `m` with the resolved strategy `s` (apply_strategy on the
-// defaults, with m's shape and sequence length). Throws naming what the trainer does not
-// run (MoE, cp, ep, recomputation).
+// defaults, with m's shape and sequence length; MoE models get [moe]). Throws naming what
+// the trainer does not run (cp, recomputation).
 TrainConfig config_of(const plan::ModelDesc& m, const plan::Strategy& s);
 
 // Sets `cfg`'s layout to the resolved strategy `s`: mesh dims pp, dp, tp (in the planner's

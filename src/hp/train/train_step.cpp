@@ -10,7 +10,26 @@
 namespace hp::train {
 namespace {
 
+// The MoE Llama: tensor parallel, experts over ep, then data parallel over dp. Gradients
+// of the parameters replicated over ep are summed there by the ops (ep splits the batch).
+void build_moe_model(Training& t, const TrainConfig& cfg) {
+  const ParallelDims dims = cfg.dims();
+  DeviceMesh& mesh = t.stage_mesh;
+  HP_CHECK(!cfg.mesh.sequence_parallel || dims.tp == 1)
+      << cfg.source << ": mesh.sequence_parallel is not run for [moe] models yet; set it to false";
+  t.moe_llama = std::make_shared<nn::MoELlama>(cfg.moe.model(cfg.model), mesh);
+  nn::MoELlama& model = *t.moe_llama;
+  if (dims.tp > 1) parallelize_moe_llama(model, mesh["tp"]);
+  if (dims.ep > 1) expert_parallelize_moe_llama(model, mesh["ep"]);
+  detail::apply_precision(model, cfg);
+  if (dims.dp > 1 && cfg.mesh.data_parallel == "ddp")
+    t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh["dp"]));
+  if (dims.dp > 1 && cfg.mesh.data_parallel == "fsdp") fully_shard_moe_llama(model, mesh["dp"]);
+  t.model = t.moe_llama;
+}
+
 void build_whole_model(Training& t, const TrainConfig& cfg) {
+  if (cfg.moe.enabled()) return build_moe_model(t, cfg);
   const ParallelDims dims = cfg.dims();
   DeviceMesh& mesh = t.stage_mesh;
   t.llama = std::make_shared<nn::Llama>(cfg.model, mesh);
@@ -39,7 +58,7 @@ void detail::apply_precision(nn::Module& model, const TrainConfig& cfg) {
 std::vector<Placement> batch_placements(const DeviceMesh& stage_mesh, bool sequence_sharded) {
   std::vector<Placement> p;
   for (const auto& name : stage_mesh.dim_names())
-    p.push_back(name == "dp" ? Placement(Shard(0)) : name == "tp" && sequence_sharded ? Placement(Shard(1)) : Placement(Replicate()));
+    p.push_back(name == "dp" || name == "ep" ? Placement(Shard(0)) : name == "tp" && sequence_sharded ? Placement(Shard(1)) : Placement(Replicate()));
   return p;
 }
 
@@ -71,7 +90,12 @@ Training build_training(const TrainConfig& cfg, const std::string& device) {
   t.global = {cfg.train.batch, cfg.train.seq};
   // A pipeline's first and last stages take the whole batch and split it into microbatches
   // whose rows then go over dp (mesh_stage); without one each dp rank reads its own rows.
-  if (!t.pipeline) t.data_rank = t.stage_mesh.local_rank("dp"), t.data_size = dims.dp;
+  // Rows go over dp and ep in mesh order, as the DTensor's Shard(0) on both splits them.
+  if (!t.pipeline) {
+    t.data_rank = 0, t.data_size = dims.data_parallel_size();
+    for (const auto& name : t.stage_mesh.dim_names())
+      if (name == "dp" || name == "ep") t.data_rank = t.data_rank * dims.size(name) + t.stage_mesh.local_rank(name);
+  }
   return t;
 }
 
@@ -85,7 +109,7 @@ StepOutput train_step(Training& t, const TrainConfig& cfg, const at::Tensor& inp
   } else {
     DTensor ids = DTensor::from_local(inputs, t.stage_mesh, t.rows, t.global);
     DTensor tgt = DTensor::from_local(targets, t.stage_mesh, t.rows, t.global);
-    DTensor loss = t.llama->loss(ids, tgt);
+    DTensor loss = t.moe_llama ? t.moe_llama->loss(ids, tgt) : t.llama->loss(ids, tgt);
     loss.to_local().backward();
     out.loss = loss.to_local();
   }
@@ -93,6 +117,7 @@ StepOutput train_step(Training& t, const TrainConfig& cfg, const at::Tensor& inp
   if (before_update) before_update();
   t.opt->step();
   t.opt->zero_grad();
+  if (t.moe_llama) out.expert_load = nn::update_expert_bias(*t.moe_llama);
   return out;
 }
 

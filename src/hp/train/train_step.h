@@ -21,27 +21,29 @@ struct Training {
   Training(DeviceMesh m, DeviceMesh stage) : mesh(std::move(m)), stage_mesh(std::move(stage)) {}
   DeviceMesh mesh;        // the config's mesh
   DeviceMesh stage_mesh;  // the mesh the model lives on: `mesh` without its pp dim
-  std::shared_ptr<nn::Llama> llama;     // the whole model (pp = 1)
+  std::shared_ptr<nn::Llama> llama;     // the whole model (pp = 1), dense
+  std::shared_ptr<nn::MoELlama> moe_llama;  // the whole model (pp = 1) with [moe]
   std::shared_ptr<nn::Module> model;    // this rank's parameters, named as in the whole Llama
   std::unique_ptr<pipeline::PipelineRuntime> pipeline;  // pp > 1: this rank's stages
   std::vector<std::unique_ptr<DistributedDataParallel>> ddp;  // one per stage (or the whole model)
   std::unique_ptr<optim::Optimizer> opt;
   std::vector<DTensor*> params;
   const comm::Group* other_stages = nullptr;  // pp > 1: the ranks holding the other stages' parameters
-  std::vector<Placement> rows;  // the batch's layout on `stage_mesh`: rows over dp, the same on every other dim
+  std::vector<Placement> rows;  // the batch's layout on `stage_mesh`: rows over dp and ep, the same on every other dim
   std::vector<int64_t> global;  // [batch, seq] of the whole step
   int64_t data_rank = 0, data_size = 1;  // which rows of the global batch this rank reads (DataLoader)
   double base_lr = 0;
 };
 
-// Mesh, model (tensor parallel over "tp", then ddp or fully_shard over "dp" as the config
-// says, in pipeline stages over "pp") and optimizer on the current world. `device`: the
+// Mesh, model (tensor parallel over "tp", experts over "ep", then ddp or fully_shard over
+// "dp" as the config says, in pipeline stages over "pp") and optimizer on the current world. `device`: the
 // mesh's ("meta" for a dry-run).
 Training build_training(const TrainConfig& cfg, const std::string& device = "cpu");
 
 struct StepOutput {
   at::Tensor loss;  // 0-dim, the same on every rank
   double grad_norm = 0;
+  double expert_load = 0;  // MoE: the largest max / mean expert load of the step's MoE blocks
   double bubble = 0;  // pp > 1: this rank's idle share of the pipeline step
 };
 
@@ -50,7 +52,7 @@ struct StepOutput {
 StepOutput train_step(Training& t, const TrainConfig& cfg, const at::Tensor& inputs, const at::Tensor& targets,
                       double lr, const std::function<void()>& before_update = {});
 
-// How a batch lies on a stage mesh: rows over dp, the rest replicated; activations between
+// How a batch lies on a stage mesh: rows over dp and ep, the rest replicated; activations between
 // blocks with sequence parallelism also have their sequence over tp.
 std::vector<Placement> batch_placements(const DeviceMesh& stage_mesh, bool sequence_sharded = false);
 

@@ -146,6 +146,7 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
       log.mfu = log.tokens_per_s * flops_per_token / peak;
       log.bubble = bubble_since / steps_since;
       log.rss_mib = resident_mib();
+      log.expert_load = out.expert_load;
       if (on_log) on_log(log);
       if (metrics) metrics->write(log);
       since = std::chrono::steady_clock::now();

@@ -1,0 +1,128 @@
+// The MoE Llama on every rank of the job at expert-parallel degrees 1, 2, 4 (the rest of
+// the ranks data parallel; the same global batch and model at every degree), taking turns
+// round by round: tokens/s, the token all-to-alls' share of the step (forward and
+// backward, timed inside the dispatcher), and the bytes dispatch + combine send in one
+// forward, summed over ranks, against the analytic 2 * T * k * h * 4 per MoE layer (T
+// tokens of the global batch): the dispatchers' rows, and every float all-to-all of the
+// collective log (the layout changes of other ops add a few).
+//   build/bin/hprun --nproc-per-node 4 build/bin/bench_moe [steps] [rounds]
+// Gradients of replicated parameters are summed by the ops at each use (no DDP buckets)
+// at every degree alike.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+
+#include "hp/comm/world.h"
+#include "hp/optim/adamw.h"
+#include "hp/parallel.h"
+
+using namespace hp;
+
+namespace {
+
+struct Result {
+  std::vector<double> ms, a2a_share;
+  double bytes = 0, token_bytes = 0, analytic = 0;  // every float all-to-all; the dispatchers' rows
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int steps = argc > 1 ? std::atoi(argv[1]) : 6;
+  const int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
+  HP_CHECK(steps > 0 && rounds > 0) << "bench_moe: steps and rounds must be > 0";
+  comm::init_distributed();
+  const int64_t world = comm::current_world()->size();
+  nn::MoELlamaConfig c;
+  c.llama.vocab = 256, c.llama.dim = 128, c.llama.layers = 4, c.llama.heads = 4, c.llama.kv_heads = 2;
+  c.llama.ffn_dim = 384, c.llama.max_seq = 128;
+  c.moe.num_experts = 8, c.moe.top_k = 2, c.moe.aux_loss_coef = 0.01;
+  c.moe_hidden_dim = 96, c.dense_layers = 1;
+  const int64_t batch = 4 * world, seq = 64, tokens = batch * seq;
+  const int64_t moe_layers = c.llama.layers - c.dense_layers;
+
+  std::vector<int64_t> degrees;
+  for (int64_t ep : {1, 2, 4})
+    if (world % ep == 0 && ep <= c.moe.num_experts) degrees.push_back(ep);
+  std::map<int64_t, Result> results;
+  for (int round = 0; round < rounds; ++round)
+    for (int64_t ep : degrees) {
+      DeviceMesh mesh = init_device_mesh("cpu", {world / ep, ep}, {"dp", "ep"});
+      manual_seed(7);
+      nn::MoELlama model(c, mesh);
+      if (ep > 1) expert_parallelize_moe_llama(model, mesh["ep"]);
+      optim::AdamW opt(model.parameters());
+      std::vector<AllToAllTokenDispatcher*> dispatchers;
+      for (nn::MoE* m : nn::moe_layers(model))
+        if (auto* d = dynamic_cast<AllToAllTokenDispatcher*>(&m->token_dispatcher())) dispatchers.push_back(d);
+      Result& r = results[ep];
+      auto& log = comm::current_world()->collective_log();
+      for (int step = 0; step < steps + 2; ++step) {  // two warm-up steps plan the layouts
+        at::Tensor t = (hp::rand({batch, seq + 1}, at::kDouble) * c.llama.vocab).floor().to(at::kLong);
+        DTensor ids = distribute_tensor(t.narrow(1, 0, seq).contiguous(), mesh, {Shard(0), Shard(0)});
+        DTensor tgt = distribute_tensor(t.narrow(1, 1, seq).contiguous(), mesh, {Shard(0), Shard(0)});
+        for (auto* d : dispatchers) d->reset_all_to_all_seconds();
+        const bool count = step == steps + 1 && round == 0;
+        comm::barrier(mesh.whole_group());
+        const auto t0 = std::chrono::steady_clock::now();
+        if (count) log.clear(), log.enable();
+        DTensor loss = model.loss(ids, tgt);
+        if (count) log.enable(false);
+        loss.to_local().backward();
+        nn::update_expert_bias(model);
+        opt.step();
+        opt.zero_grad();
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (step < 2) continue;
+        double a2a = 0;
+        for (auto* d : dispatchers) a2a += d->all_to_all_seconds();
+        r.ms.push_back(1e3 * s);
+        r.a2a_share.push_back(a2a / s);
+        if (count) {
+          double sent = 0;
+          for (const auto& rec : log.records())
+            if (rec.op == "all_to_all" && rec.dtype == at::kFloat) sent += double(rec.bytes());
+          double rows = 0;  // dispatch sends rows_sent, combine sends back rows_received
+          for (auto* d : dispatchers) rows += double(d->rows_sent() + d->rows_received());
+          at::Tensor total = at::tensor({sent, rows * double(c.llama.dim) * 4}, at::kDouble);
+          comm::all_reduce_(total, mesh.whole_group());
+          r.bytes = total[0].item<double>();
+          r.token_bytes = total[1].item<double>();
+          r.analytic = ep > 1 ? 2.0 * double(tokens * c.moe.top_k * c.llama.dim * 4 * moe_layers) : 0.0;
+        }
+      }
+    }
+  if (comm::current_world()->rank() != 0) return 0;
+  std::printf("%lld ranks, %d rounds x %d steps, batch %lld x seq %lld (%lld tokens), MoELlama dim %lld, %lld layers "
+              "(%lld dense), %lld experts top-%lld of width %lld\n",
+              (long long)world, rounds, steps, (long long)batch, (long long)seq, (long long)tokens,
+              (long long)c.llama.dim, (long long)c.llama.layers, (long long)c.dense_layers,
+              (long long)c.moe.num_experts, (long long)c.moe.top_k, (long long)c.moe_hidden_dim);
+  std::printf("%4s %10s %10s %10s %12s %16s %16s %16s\n", "ep", "ms/step", "tokens/s", "vs ep=1", "a2a share",
+              "all a2a B/fwd", "token a2a B/fwd", "analytic");
+  const double base = median(results[degrees[0]].ms);
+  for (int64_t ep : degrees) {
+    const Result& r = results[ep];
+    std::printf("%4lld %10.1f %10.0f %9.2fx %11.1f%% %16.0f %16.0f %16.0f\n", (long long)ep, median(r.ms),
+                double(tokens) / (median(r.ms) / 1e3), base / median(r.ms), 100 * median(r.a2a_share), r.bytes,
+                r.token_bytes, r.analytic);
+  }
+  for (int64_t ep : degrees) {
+    const Result& r = results[ep];
+    std::printf("RESULT moe_tokens_per_s_ep%lld %.0f tokens/s\n", (long long)ep, double(tokens) / (median(r.ms) / 1e3));
+    std::printf("RESULT moe_speedup_ep%lld %.3f x\n", (long long)ep, base / median(r.ms));
+    if (ep > 1) {
+      std::printf("RESULT moe_a2a_share_ep%lld %.3f\n", (long long)ep, median(r.a2a_share));
+      std::printf("RESULT moe_token_a2a_bytes_over_analytic_ep%lld %.4f\n", (long long)ep, r.token_bytes / r.analytic);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,271 @@
+#include "hp/nn/moe.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "hp/base/error.h"
+#include "hp/base/strings.h"
+#include "hp/comm/autograd.h"
+#include "hp/comm/collectives.h"
+#include "hp/tensor/ops.h"
+
+namespace hp::nn {
+namespace {
+
+// The mesh dims over which `x`'s rows (dim 0) are split: each rank holds other tokens.
+std::vector<int> row_split_dims(const DTensor& x) {
+  std::vector<int> dims;
+  for (int k = 0; k < x.device_mesh().ndim(); ++k)
+    if (x.placements()[k].is_shard() && x.placements()[k].dim() == 0) dims.push_back(k);
+  return dims;
+}
+
+// A parameter's local tensor for a local computation on tokens laid out as `tokens`, with
+// the gradient convention of hp::dispatch: a replicated parameter meeting split tokens
+// gets its partial gradients summed (unless a data-parallel wrapper reduces them later); a
+// deferred one meeting replicated tokens is scaled so that the wrapper's sum restores it.
+at::Tensor local_parameter(const DTensor& p, const std::vector<Placement>& tokens) {
+  at::Tensor w = p.to_local();
+  const DeviceMesh& mesh = p.device_mesh();
+  for (int k = 0; k < mesh.ndim(); ++k) {
+    if (!p.placements()[k].is_replicate() || !w.requires_grad()) continue;
+    const bool split = tokens[k].is_shard();
+    const bool deferred = p.defers_grad_reduction(k);
+    if (split && !deferred) w = comm::autograd::all_reduce_sum_backward(w, mesh.group(k));
+    if (!split && deferred) {
+      const double factor = 1.0 / double(mesh.size(k));
+      w = comm::autograd::attach_backward(w.detach(), w, [factor](const at::Tensor& g) { return g * factor; },
+                                          "ScaleBackward");
+    }
+  }
+  return w;
+}
+
+bool grouped_kernel_takes(const at::Tensor& x, const at::Tensor& w) {
+  const auto t = x.scalar_type();
+  if (t != at::kFloat && t != at::kBFloat16 && t != at::kHalf) return false;
+  // The kernel wants 16-byte aligned row strides on both operands.
+  const int64_t align = 16 / x.element_size();
+  return x.size(0) > 0 && w.size(0) > 0 && x.size(1) % align == 0 && w.size(2) % align == 0;
+}
+
+}  // namespace
+
+at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts) {
+  HP_CHECK(x.dim() == 2 && w.dim() == 3 && x.size(1) == w.size(1) && int64_t(counts.size()) == w.size(0))
+      << "grouped_mm needs x [N, K], w [G, K, M] and G counts, got " << x.sizes() << ", " << w.sizes() << " and "
+      << counts.size() << " counts";
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  HP_CHECK(total == x.size(0)) << "grouped_mm: counts add up to " << total << ", x has " << x.size(0) << " rows";
+  if (!x.is_meta() && grouped_kernel_takes(x, w)) {
+    std::vector<int32_t> ends;
+    int64_t end = 0;
+    for (int64_t c : counts) ends.push_back(static_cast<int32_t>(end += c));
+    at::Tensor offs = at::tensor(ends, at::TensorOptions().dtype(at::kInt)).to(x.device());
+    return at::_grouped_mm(x.contiguous(), w, offs);
+  }
+  // No experts here: zeros still linked to x and w, so that every rank runs the same
+  // backward collectives (an all-to-all whose output gets no gradient would be skipped).
+  if (w.size(0) == 0) return x.matmul(w.new_zeros({w.size(1), w.size(2)})) + w.sum() * 0;
+  std::vector<at::Tensor> pieces;
+  int64_t start = 0;
+  for (size_t g = 0; g < counts.size(); ++g) {  // empty groups too: every w[g] gets a (zero) gradient
+    pieces.push_back(x.narrow(0, start, counts[g]).matmul(w[g]));
+    start += counts[g];
+  }
+  return at::cat(pieces, 0);
+}
+
+TokenChoiceTopKRouter::TokenChoiceTopKRouter(int64_t dim, const MoEOptions& options, const DeviceMesh& mesh)
+    : o_(options), gate_(register_module("gate", std::make_shared<Linear>(dim, options.num_experts, mesh))) {
+  o_.validate();
+  expert_bias_ = at::zeros({o_.num_experts}, tensor_options(mesh));
+  pending_counts_ = at::zeros({o_.num_experts}, tensor_options(mesh));
+}
+
+DTensor TokenChoiceTopKRouter::forward(const DTensor& x) {
+  DTensor logits = (*gate_)(x);
+  return map(logits, [this](const at::Tensor& t) { return o_.score_func == "softmax" ? t.softmax(-1) : t.sigmoid(); });
+}
+
+Routing TokenChoiceTopKRouter::route(const DTensor& x) {
+  HP_CHECK(x.dim() == 2) << "router needs tokens [T, D], got " << to_string_list(x.sizes());
+  for (int k = 0; k < x.device_mesh().ndim(); ++k)
+    HP_CHECK(!x.placements()[k].is_shard() || x.placements()[k].dim() == 0)
+        << "router needs whole token rows, got layout " << to_string_list(x.placements());
+  DTensor scores = (*this)(x);  // [T, E]
+  const at::Tensor probs = scores.to_local();
+  const int64_t n = probs.size(0), e = o_.num_experts;
+
+  at::Tensor select = probs.detach().to(at::kFloat);
+  if (o_.load_balance_bias) select = select + expert_bias_;
+  if (o_.num_expert_groups > 0) {
+    // A group's score: its best expert (softmax) or its best two (sigmoid, DeepSeek-V3).
+    const int64_t g = o_.num_expert_groups, per = e / g;
+    at::Tensor grouped = select.view({n, g, per});
+    at::Tensor group_score = o_.score_func == "sigmoid" && per >= 2
+                                 ? std::get<0>(grouped.topk(2, -1)).sum(-1)
+                                 : grouped.amax(-1);
+    at::Tensor best = std::get<1>(group_score.topk(o_.num_limited_groups, -1));
+    at::Tensor keep = at::zeros({n, g}, select.options().dtype(at::kBool)).scatter(1, best, true);
+    select = select.masked_fill(~keep.unsqueeze(-1).expand({n, g, per}).reshape({n, e}),
+                                -std::numeric_limits<float>::infinity());
+  }
+  Routing r;
+  r.indices = std::get<1>(select.topk(o_.top_k, -1));
+  r.weights = probs.gather(1, r.indices);
+  if (o_.route_norm) r.weights = r.weights / (r.weights.sum(-1, true) + 1e-20);
+  if (o_.route_scale != 1.0) r.weights = r.weights * o_.route_scale;
+
+  at::Tensor chosen = at::zeros({n, e}, probs.options().dtype(at::kFloat)).scatter(1, r.indices, 1.0);
+  pending_counts_ += chosen.sum(0);
+  mesh_ = x.device_mesh();
+  split_dims_ = row_split_dims(x);
+
+  if (o_.aux_loss_coef > 0) {
+    // coef * E * sum_e f_e P_e, f_e the share of assignments to expert e and P_e its mean
+    // score over the whole batch: sums over split rows become partial sums, then reduced.
+    std::vector<Placement> whole(x.device_mesh().ndim(), Replicate());
+    DTensor load = sum(DTensor(chosen.to(probs.scalar_type()), scores.device_mesh(), scores.spec()), {0})
+                       .redistribute(whole);
+    DTensor mass = sum(scores, {0}).redistribute(whole);
+    const double t = double(x.size(0));
+    const double scale = o_.aux_loss_coef * double(e) / (t * t * double(o_.top_k));
+    r.aux_loss = map(sum(mul(load, mass), {0}), [scale](const at::Tensor& v) { return v * scale; });
+  }
+  return r;
+}
+
+at::Tensor TokenChoiceTopKRouter::take_tokens_per_expert() {
+  at::Tensor counts = pending_counts_.clone();
+  pending_counts_.zero_();
+  if (mesh_)
+    for (int k : split_dims_) comm::all_reduce_(counts, mesh_->group(k));
+  return counts;
+}
+
+at::Tensor TokenChoiceTopKRouter::update_expert_bias() {
+  at::Tensor counts = take_tokens_per_expert();
+  expert_bias_ += o_.bias_update_rate * at::sign(counts.mean() - counts);
+  return counts;
+}
+
+GroupedExperts::GroupedExperts(int64_t dim, int64_t hidden_dim, int64_t num_experts, const DeviceMesh& mesh)
+    : w1_(&register_parameter("w1", init_parameter({num_experts, hidden_dim, dim}, mesh, 1.0 / std::sqrt(double(dim))))),
+      w2_(&register_parameter("w2", init_parameter({num_experts, dim, hidden_dim}, mesh,
+                                                   1.0 / std::sqrt(double(hidden_dim))))),
+      w3_(&register_parameter("w3", init_parameter({num_experts, hidden_dim, dim}, mesh,
+                                                   1.0 / std::sqrt(double(dim))))) {}
+
+at::Tensor GroupedExperts::run(const at::Tensor& tokens, const std::vector<int64_t>& tokens_per_expert,
+                               const std::vector<Placement>& token_layout) {
+  // Through the module's hooks, so that wrappers (fully_shard) see the call. The tokens of
+  // each rank differ in number: wrapped as this rank's own whole tensor.
+  const DeviceMesh& mesh = w1_->device_mesh();
+  grouping_ = Grouping{tokens_per_expert, token_layout};
+  DTensor in(tokens, mesh,
+             make_spec(tokens.sizes().vec(), tokens.scalar_type(), mesh, std::vector<Placement>(mesh.ndim(), Replicate())));
+  at::Tensor out = (*this)(in).to_local();
+  grouping_.reset();
+  return out;
+}
+
+DTensor GroupedExperts::forward(const DTensor& x) {
+  HP_CHECK(grouping_) << "GroupedExperts computes tokens grouped by expert: call run(tokens, tokens_per_expert, "
+                         "layout), as MoE does";
+  at::Tensor out = compute(x.to_local(), grouping_->tokens_per_expert, grouping_->token_layout);
+  return DTensor(out, x.device_mesh(), make_spec(out.sizes().vec(), out.scalar_type(), x.device_mesh(), x.placements()));
+}
+
+at::Tensor GroupedExperts::compute(const at::Tensor& tokens, const std::vector<int64_t>& tokens_per_expert,
+                                   const std::vector<Placement>& token_layout) {
+  const DeviceMesh& mesh = w1_->device_mesh();
+  HP_CHECK(int64_t(token_layout.size()) == mesh.ndim())
+      << "experts: token layout " << to_string_list(token_layout) << " is not on the experts' mesh " << mesh.to_string();
+  HP_CHECK(int64_t(tokens_per_expert.size()) == w1_->to_local().size(0))
+      << "experts: " << tokens_per_expert.size() << " token counts for " << w1_->to_local().size(0) << " local experts";
+  std::vector<int> hidden_split;  // expert tensor parallel: partial outputs to sum
+  for (int k = 0; k < mesh.ndim(); ++k) {
+    const Placement& p = w1_->placements()[k];
+    if (!p.is_shard()) continue;
+    if (p.dim() == 0) {
+      HP_CHECK(token_layout[k].is_shard())
+          << "experts sharded over mesh dim '" << mesh.dim_names()[k]
+          << "' need tokens split over it too (each rank its own batch), got " << to_string_list(token_layout);
+    } else {
+      HP_CHECK(token_layout[k].is_replicate())
+          << "experts sharded on their hidden dim over mesh dim '" << mesh.dim_names()[k]
+          << "' need the same tokens on every rank of it, got " << to_string_list(token_layout);
+      hidden_split.push_back(k);
+    }
+  }
+  at::Tensor x = tokens;
+  for (int k : hidden_split) x = comm::autograd::all_reduce_sum_backward(x, mesh.group(k));
+  at::Tensor w1 = local_parameter(*w1_, token_layout), w2 = local_parameter(*w2_, token_layout),
+             w3 = local_parameter(*w3_, token_layout);
+  at::Tensor h = at::silu(grouped_mm(x, w1.transpose(1, 2), tokens_per_expert)) *
+                 grouped_mm(x, w3.transpose(1, 2), tokens_per_expert);
+  at::Tensor out = grouped_mm(h, w2.transpose(1, 2), tokens_per_expert);
+  for (int k : hidden_split) out = comm::autograd::all_reduce_sum(out, mesh.group(k));
+  return out;
+}
+
+MoE::MoE(int64_t dim, int64_t hidden_dim, const MoEOptions& options, const DeviceMesh& mesh)
+    : o_(options),
+      router_(register_module("router", std::make_shared<TokenChoiceTopKRouter>(dim, options, mesh))),
+      experts_(register_module("experts",
+                               std::make_shared<GroupedExperts>(dim, hidden_dim, options.num_experts, mesh))),
+      dispatcher_(std::make_shared<TokenDispatcher>(TokenDispatcherOptions{options.capacity_factor})) {
+  if (o_.num_shared_experts > 0) {
+    LlamaConfig shared;
+    shared.dim = dim;
+    shared.ffn_dim = hidden_dim * o_.num_shared_experts;
+    shared_experts_ = register_module("shared_experts", std::make_shared<MLP>(shared, mesh));
+  }
+}
+
+DTensor MoE::forward(const DTensor& x) {
+  const int64_t d = x.size(x.dim() - 1);
+  DTensor flat = view(x, {-1, d});
+  Routing r = router_->route(flat);
+  aux_loss_ = r.aux_loss;
+  DispatchedTokens in = dispatcher_->dispatch(flat.to_local(), r.indices, o_.num_experts);
+  at::Tensor out = experts_->run(in.tokens, in.tokens_per_expert, flat.placements());
+  at::Tensor per_choice = dispatcher_->combine(out);  // [T, top_k, D]
+  at::Tensor routed = (per_choice * r.weights.unsqueeze(-1).to(per_choice.scalar_type())).sum(1);
+  DTensor y(routed, flat.device_mesh(), flat.spec());
+  if (shared_experts_) y = add(y, (*shared_experts_)(flat));
+  return view(y, x.sizes());
+}
+
+std::vector<MoE*> moe_layers(Module& model) {
+  std::vector<MoE*> out;
+  for (auto& [name, m] : model.named_modules())
+    if (auto* moe = dynamic_cast<MoE*>(m)) out.push_back(moe);
+  return out;
+}
+
+double update_expert_bias(Module& model) {
+  double worst = 0;
+  for (MoE* moe : moe_layers(model)) {
+    at::Tensor load = moe->options().load_balance_bias ? moe->router().update_expert_bias()
+                                                       : moe->router().take_tokens_per_expert();
+    if (load.is_meta()) continue;  // a dry-run has shapes only
+    const double mean = load.mean().item<double>();
+    if (mean > 0) worst = std::max(worst, load.max().item<double>() / mean);
+  }
+  return worst;
+}
+
+std::optional<DTensor> moe_aux_loss(Module& model) {
+  std::optional<DTensor> total;
+  for (MoE* moe : moe_layers(model))
+    if (moe->aux_loss()) total = total ? add(*total, *moe->aux_loss()) : *moe->aux_loss();
+  return total;
+}
+
+}  // namespace hp::nn

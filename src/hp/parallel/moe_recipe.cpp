@@ -1,0 +1,58 @@
+#include "hp/parallel/moe_recipe.h"
+
+#include "hp/parallel/expert_parallel.h"
+#include "hp/parallel/tensor_parallel.h"
+
+namespace hp {
+namespace {
+
+bool has_module(nn::Module& model, const std::string& pattern) {
+  for (auto& [name, m] : model.named_modules())
+    if (name_matches(pattern, name)) return true;
+  return false;
+}
+
+// Rows of a plan that apply only when the model has such modules (all-dense or all-MoE
+// models lack one kind of block).
+ParallelPlan present(nn::Module& model, const ParallelPlan& plan) {
+  ParallelPlan out;
+  for (const auto& row : plan)
+    if (has_module(model, row.first)) out.push_back(row);
+  return out;
+}
+
+}  // namespace
+
+void parallelize_moe_llama(nn::MoELlama& model, const DeviceMesh& tp_mesh, const MoELlamaParallelOptions& options) {
+  parallelize_module(model, tp_mesh,
+                     present(model, {
+                                        {"layers.*.attn.q_proj", ColwiseParallel()},
+                                        {"layers.*.attn.k_proj", ColwiseParallel()},
+                                        {"layers.*.attn.v_proj", ColwiseParallel()},
+                                        {"layers.*.attn.o_proj", RowwiseParallel()},
+                                        {"layers.*.mlp.gate_proj", ColwiseParallel()},
+                                        {"layers.*.mlp.up_proj", ColwiseParallel()},
+                                        {"layers.*.mlp.down_proj", RowwiseParallel()},
+                                        {"layers.*.moe.shared_experts.gate_proj", ColwiseParallel()},
+                                        {"layers.*.moe.shared_experts.up_proj", ColwiseParallel()},
+                                        {"layers.*.moe.shared_experts.down_proj", RowwiseParallel()},
+                                        {"layers.*.moe", ExpertTensorParallel()},
+                                        {"output", ColwiseParallel(Replicate(), options.loss_parallel
+                                                                                    ? Placement(Shard(-1))
+                                                                                    : Placement(Replicate()))},
+                                    }));
+}
+
+void expert_parallelize_moe_llama(nn::MoELlama& model, const DeviceMesh& ep_mesh) {
+  parallelize_module(model, ep_mesh, present(model, {{"layers.*.moe", ExpertParallel()}}));
+}
+
+FSDPModule fully_shard_moe_llama(nn::MoELlama& model, const DeviceMesh& dp_mesh, const FullyShardOptions& options) {
+  for (auto& [name, m] : model.named_modules())
+    if (name_matches("layers.*.moe.experts", name)) fully_shard(*m, dp_mesh, options);
+  for (auto& [name, m] : model.named_modules())
+    if (name_matches("layers.*", name)) fully_shard(*m, dp_mesh, options);
+  return fully_shard(model, dp_mesh, options);
+}
+
+}  // namespace hp

@@ -1,0 +1,24 @@
+// The parallel recipe of the MoE Llama, in one place: tensor parallelism (attention, dense
+// MLPs and shared experts as the Llama's; routed experts by ExpertTensorParallel), expert
+// parallelism, and fully_shard over the data-parallel ranks.
+#pragma once
+
+#include "hp/nn/moe_llama.h"
+#include "hp/parallel/fully_shard.h"
+
+namespace hp {
+
+struct MoELlamaParallelOptions {
+  bool loss_parallel = true;  // logits stay vocabulary-sharded into the loss
+};
+
+void parallelize_moe_llama(nn::MoELlama& model, const DeviceMesh& tp_mesh, const MoELlamaParallelOptions& options = {});
+
+// Experts of every MoE block sharded over `ep_mesh`, tokens exchanged by all-to-all.
+void expert_parallelize_moe_llama(nn::MoELlama& model, const DeviceMesh& ep_mesh);
+
+// fully_shard on each MoE block's routed experts (their own unit: sharded over dp on top
+// of ep), on every block, then on the root.
+FSDPModule fully_shard_moe_llama(nn::MoELlama& model, const DeviceMesh& dp_mesh, const FullyShardOptions& options = {});
+
+}  // namespace hp

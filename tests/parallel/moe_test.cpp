@@ -1,0 +1,303 @@
+// Expert parallelism against the single-process model on the same numbers. The model is
+// a tiny MoELlama (1 dense block, 1 MoE block; 4 experts, top-2 of softmax scores, aux
+// loss on, experts 8 wide), the batch 4 x 8 tokens, 5 AdamW steps on one batch. Compared:
+// the loss of every step, every gradient of the first step, every parameter (and the
+// expert bias) after the last step, on every rank. float32; tolerance: relative 1e-5 with
+// an absolute floor of 1e-6 for values near zero. Capacity-factor runs compare with the
+// reference taking each rank's rows as one micro-batch (capacity is per rank's batch).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <mutex>
+
+#include "hp/optim/adamw.h"
+#include "hp/parallel.h"
+
+using namespace hp;
+
+namespace {
+
+struct MoERun {
+  std::vector<double> losses;
+  std::map<std::string, at::Tensor> first_grads, final_params;
+  std::vector<double> first_drop_rates;  // per rank, step 0
+  std::vector<int64_t> first_rows_received;
+};
+
+nn::MoELlamaConfig tiny_moe() {
+  nn::MoELlamaConfig c;
+  c.llama.vocab = 32, c.llama.dim = 16, c.llama.layers = 2, c.llama.heads = 4, c.llama.kv_heads = 2;
+  c.llama.ffn_dim = 24, c.llama.max_seq = 8;
+  c.moe.num_experts = 4, c.moe.top_k = 2, c.moe.aux_loss_coef = 0.01;
+  c.moe_hidden_dim = 8, c.dense_layers = 1;
+  return c;
+}
+
+struct Spec {
+  std::vector<int64_t> shape{1};
+  std::vector<std::string> names{"dp"};  // batch rows are split over ep and dp* dims
+  nn::MoELlamaConfig config = tiny_moe();
+  int64_t ep = 1, tp = 1;
+  bool fsdp = false;
+  bool zero_router = false;  // step 0 routes every token alike (ties go to the lowest experts)
+  int micro_steps = 1;       // the reference's view of per-rank capacity
+  int64_t batch = 4, seq = 8, steps = 5;
+};
+
+void parallelize(nn::MoELlama& model, const DeviceMesh& mesh, const Spec& s) {
+  if (s.ep > 1) parallelize_module(model, mesh["ep"], {{"layers.1.moe", ExpertParallel()}});
+  if (s.tp > 1)
+    parallelize_module(model, mesh["tp"],
+                       {{"layers.*.attn.q_proj", ColwiseParallel()},
+                        {"layers.*.attn.k_proj", ColwiseParallel()},
+                        {"layers.*.attn.v_proj", ColwiseParallel()},
+                        {"layers.*.attn.o_proj", RowwiseParallel()},
+                        {"layers.0.mlp.gate_proj", ColwiseParallel()},
+                        {"layers.0.mlp.up_proj", ColwiseParallel()},
+                        {"layers.0.mlp.down_proj", RowwiseParallel()},
+                        {"layers.1.moe", ExpertTensorParallel()}});
+  if (s.fsdp) {
+    for (auto& [name, m] : model.named_modules())
+      if (name == "layers.1.moe.experts") fully_shard(*m, mesh["dp"]);  // inner units first
+    for (auto& [name, m] : model.named_modules())
+      if (name == "layers.0" || name == "layers.1") fully_shard(*m, mesh["dp"]);
+    fully_shard(model, mesh["dp"]);
+  }
+}
+
+MoERun train(const Spec& s) {
+  std::mutex mu;
+  int64_t world = 1;
+  for (int64_t n : s.shape) world *= n;
+  std::vector<MoERun> views(world);
+  comm::run_local_ranks(static_cast<int>(world), [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", s.shape, s.names);
+    manual_seed(1234);
+    nn::MoELlama model(s.config, mesh);
+    if (s.zero_router)
+      for (auto& [name, p] : model.named_parameters())
+        if (name.find("router.gate") != std::string::npos) p->to_local().detach().zero_();
+    parallelize(model, mesh, s);
+    optim::AdamW opt(model.parameters(), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+    std::vector<Placement> rows(mesh.ndim(), Replicate());
+    for (int k = 0; k < mesh.ndim(); ++k)
+      if (s.names[k] == "ep" || s.names[k].rfind("dp", 0) == 0) rows[k] = Shard(0);
+    nn::MoE& moe = *nn::moe_layers(model).at(0);
+    MoERun mine;
+    const at::Tensor tokens = (hp::rand({s.batch, s.seq + 1}, at::kDouble) * s.config.llama.vocab).floor().to(at::kLong);
+    for (int64_t step = 0; step < s.steps; ++step) {
+      double loss_sum = 0;
+      const int64_t micro_rows = s.batch / s.micro_steps;
+      for (int micro = 0; micro < s.micro_steps; ++micro) {
+        at::Tensor part = tokens.narrow(0, micro * micro_rows, micro_rows);
+        DTensor ids = distribute_tensor(part.narrow(1, 0, s.seq).contiguous(), mesh, rows);
+        DTensor targets = distribute_tensor(part.narrow(1, 1, s.seq).contiguous(), mesh, rows);
+        DTensor loss = model.loss(ids, targets);
+        (loss.to_local() / double(s.micro_steps)).backward();
+        loss_sum += loss.full_tensor().item<double>() / double(s.micro_steps);
+        if (step == 0) mine.first_drop_rates.push_back(moe.token_dispatcher().drop_rate());
+      }
+      if (step == 0)
+        if (auto* a2a = dynamic_cast<AllToAllTokenDispatcher*>(&moe.token_dispatcher()))
+          mine.first_rows_received.push_back(a2a->rows_received());
+      mine.losses.push_back(loss_sum);
+      if (step == 0)
+        for (auto& [name, p] : model.named_parameters()) mine.first_grads[name] = p->grad()->full_tensor();
+      opt.step();
+      opt.zero_grad();
+      nn::update_expert_bias(model);
+    }
+    for (auto& [name, p] : model.named_parameters()) mine.final_params[name] = p->full_tensor();
+    mine.final_params["layers.1.moe.router.expert_bias"] = moe.router().expert_bias().clone();
+    std::lock_guard<std::mutex> lock(mu);
+    views[rank] = mine;
+  });
+  // Every rank must hold the same whole tensors, bitwise.
+  for (size_t r = 1; r < views.size(); ++r) {
+    EXPECT_EQ(views[r].losses, views[0].losses) << "rank " << r;
+    for (auto which : {&MoERun::first_grads, &MoERun::final_params})
+      for (auto& [name, t] : views[0].*which)
+        EXPECT_TRUE(at::equal((views[r].*which).at(name), t)) << "rank " << r << "'s " << name << " differs";
+  }
+  MoERun out = views[0];
+  out.first_drop_rates.clear();
+  out.first_rows_received.clear();
+  for (auto& v : views) {
+    out.first_drop_rates.insert(out.first_drop_rates.end(), v.first_drop_rates.begin(), v.first_drop_rates.end());
+    out.first_rows_received.insert(out.first_rows_received.end(), v.first_rows_received.begin(),
+                                   v.first_rows_received.end());
+  }
+  return out;
+}
+
+void expect_match(const MoERun& run, const MoERun& ref) {
+  ASSERT_EQ(run.losses.size(), ref.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); ++i)
+    EXPECT_NEAR(run.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << "loss at step " << i;
+  EXPECT_LT(ref.losses.back(), ref.losses.front());
+  auto close = [](const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+    ASSERT_EQ(got.sizes(), want.sizes()) << what;
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << what << ": max abs diff " << (got - want).abs().max().item<double>();
+  };
+  for (auto& [name, g] : ref.first_grads) close(run.first_grads.at(name), g, "gradient of " + name);
+  for (auto& [name, p] : ref.final_params) close(run.final_params.at(name), p, "parameter " + name);
+}
+
+Spec on(std::vector<int64_t> shape, std::vector<std::string> names, int64_t ep, int64_t tp = 1) {
+  Spec s;
+  s.shape = std::move(shape), s.names = std::move(names), s.ep = ep, s.tp = tp;
+  return s;
+}
+
+Spec single(const Spec& like) {
+  Spec s = like;
+  s.shape = {1}, s.names = {"dp"}, s.ep = 1, s.tp = 1, s.fsdp = false;
+  return s;
+}
+
+void expect_matches_single(const Spec& s) { expect_match(train(s), train(single(s))); }
+
+}  // namespace
+
+TEST(ExpertParallel, Ep2) { expect_matches_single(on({2}, {"ep"}, 2)); }
+TEST(ExpertParallel, Ep4) { expect_matches_single(on({4}, {"ep"}, 4)); }
+TEST(ExpertParallel, Ep2Tp2) { expect_matches_single(on({2, 2}, {"ep", "tp"}, 2, 2)); }
+TEST(ExpertParallel, Dp2Ep2) { expect_matches_single(on({2, 2}, {"dp", "ep"}, 2)); }
+TEST(ExpertParallel, Dp2Ep2FullyShard) {
+  Spec s = on({2, 2}, {"dp", "ep"}, 2);
+  s.fsdp = true;
+  expect_matches_single(s);
+}
+TEST(ExpertParallel, SixExpertsOverFourRanks) {
+  Spec s = on({4}, {"ep"}, 4);
+  s.config.moe.num_experts = 6;
+  expect_matches_single(s);
+}
+TEST(ExpertParallel, SigmoidGroupLimitedSharedExperts) {
+  Spec s = on({2}, {"ep"}, 2);
+  s.config.moe.score_func = "sigmoid", s.config.moe.route_norm = true, s.config.moe.route_scale = 2.5;
+  s.config.moe.num_expert_groups = 2, s.config.moe.num_limited_groups = 1, s.config.moe.num_shared_experts = 1;
+  expect_matches_single(s);
+}
+
+// Step 0 sends every token to one expert (top-1, all scores tied; ATen's CPU topk picks
+// the last of tied experts, 3): the other experts, and the rank not holding 3, get nothing.
+TEST(ExpertParallel, AllTokensPickOneExpert) {
+  Spec s = on({2}, {"ep"}, 2);
+  s.config.moe.top_k = 1;
+  s.zero_router = true;
+  MoERun run = train(s);
+  EXPECT_EQ(run.first_rows_received, (std::vector<int64_t>{0, 32}));
+  expect_match(run, train(single(s)));
+}
+
+// The auxiliary-loss-free bias is updated after every step from the loads summed over
+// all ranks: it must be the same on every rank and equal the single process's.
+TEST(ExpertParallel, ExpertBiasUpdateAgreesAcrossRanks) {
+  Spec s = on({4}, {"ep"}, 4);
+  s.config.moe.load_balance_bias = true, s.config.moe.bias_update_rate = 0.05, s.config.moe.aux_loss_coef = 0;
+  MoERun run = train(s);
+  EXPECT_GT(run.final_params.at("layers.1.moe.router.expert_bias").abs().sum().item<double>(), 0);
+  expect_match(run, train(single(s)));
+}
+
+// Top-2 of tied scores: two experts get all 16 tokens of each rank's batch, capacity
+// ceil(1.0 * 16 * 2 / 4) = 8 each, so half the assignments drop.
+TEST(ExpertParallel, CapacityFactorDropsOverflow) {
+  Spec s = on({2}, {"ep"}, 2);
+  s.config.moe.capacity_factor = 1.0, s.config.moe.aux_loss_coef = 0;
+  s.zero_router = true;
+  MoERun run = train(s);
+  EXPECT_EQ(run.first_drop_rates, (std::vector<double>{0.5, 0.5}));
+  Spec ref = single(s);
+  ref.micro_steps = 2;
+  expect_match(run, train(ref));
+}
+
+// Dispatch and combine move exactly 2 * T * top_k * dim floats over all ranks (each
+// rank's input to the two token all-to-alls), plus one all-to-all of expert counts; no
+// token is all-gathered.
+TEST(ExpertParallel, DispatchMovesTheAnalyticBytes) {
+  const int64_t t = 24, dim = 16, k = 2, experts = 6;
+  std::vector<int64_t> float_numel(4);
+  comm::run_local_ranks(4, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {4}, {"ep"});
+    manual_seed(7);
+    nn::MoEOptions o;
+    o.num_experts = experts, o.top_k = k;
+    nn::MoE moe(dim, 8, o, mesh);
+    parallelize_module(moe, mesh["ep"], {{"", ExpertParallel()}});
+    DTensor x = hp::randn({t, dim}, mesh, {Shard(0)});
+    auto& log = comm::current_world()->collective_log();
+    log.clear();
+    log.enable();
+    DTensor y = moe(x);
+    log.enable(false);
+    int counts_exchanges = 0;
+    for (const auto& r : log.records()) {
+      EXPECT_NE(r.op, "all_gather") << r.to_string();
+      if (r.op != "all_to_all") continue;
+      if (r.dtype == at::kLong) {
+        ++counts_exchanges;
+        EXPECT_EQ(r.numel, experts);
+      } else {
+        float_numel[rank] += r.numel;
+      }
+    }
+    EXPECT_EQ(counts_exchanges, 1);
+  });
+  EXPECT_EQ(float_numel[0] + float_numel[1] + float_numel[2] + float_numel[3], 2 * t * k * dim);
+}
+
+TEST(ExpertParallel, BadConfigurationsAreRefused) {
+  nn::MoEOptions o;
+  o.num_experts = 4, o.top_k = 5;
+  EXPECT_THROW(o.validate(), hp::Error);
+  o.top_k = 2, o.num_expert_groups = 3, o.num_limited_groups = 1;
+  EXPECT_THROW(o.validate(), hp::Error);  // 4 experts in 3 groups
+  o.num_expert_groups = 2, o.num_limited_groups = 3;
+  EXPECT_THROW(o.validate(), hp::Error);
+  o.num_expert_groups = 0, o.num_limited_groups = 0, o.capacity_factor = -1;
+  EXPECT_THROW(o.validate(), hp::Error);
+  comm::run_local_ranks(4, [&](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {4}, {"ep"});
+    nn::MoEOptions few;
+    few.num_experts = 2, few.top_k = 1;
+    nn::MoE moe(16, 8, few, mesh);
+    EXPECT_THROW(parallelize_module(moe, mesh["ep"], {{"", ExpertParallel()}}), hp::Error);  // 2 experts, 4 ranks
+    nn::Linear lin(4, 4, mesh);
+    EXPECT_THROW(parallelize_module(lin, mesh["ep"], {{"", ExpertParallel()}}), hp::Error);  // not a MoE
+  });
+}
+
+// The grouped product against one product per group, on ATen's grouped kernel (float32,
+// aligned rows) and on the fallback (float64, or rows the kernel cannot take), with empty
+// groups; both give every group's weight a gradient.
+TEST(GroupedMm, MatchesOneProductPerGroup) {
+  manual_seed(3);
+  const std::vector<int64_t> counts{3, 0, 5, 1};
+  for (auto [dtype, k] : std::vector<std::pair<at::ScalarType, int64_t>>{{at::kFloat, 8}, {at::kDouble, 8}, {at::kFloat, 6}}) {
+    at::Tensor x = hp::randn({9, k}, dtype).requires_grad_(true);
+    at::Tensor w = hp::randn({4, 12, k}, dtype).requires_grad_(true);  // [G, M, K], used transposed
+    at::Tensor y = nn::grouped_mm(x, w.transpose(1, 2), counts);
+    at::Tensor xr = x.detach().clone().requires_grad_(true), wr = w.detach().clone().requires_grad_(true);
+    std::vector<at::Tensor> pieces;
+    int64_t start = 0;
+    for (size_t g = 0; g < counts.size(); ++g) {
+      pieces.push_back(xr.narrow(0, start, counts[g]).matmul(wr[g].t()));
+      start += counts[g];
+    }
+    at::Tensor want = at::cat(pieces, 0);
+    at::Tensor grad = hp::randn({9, 12}, dtype);
+    y.backward(grad);
+    want.backward(grad);
+    EXPECT_TRUE(at::allclose(y, want, 1e-6, 1e-6)) << dtype << " k " << k;
+    EXPECT_TRUE(at::allclose(x.grad(), xr.grad(), 1e-6, 1e-6)) << dtype << " k " << k;
+    ASSERT_TRUE(w.grad().defined());
+    EXPECT_TRUE(at::allclose(w.grad(), wr.grad(), 1e-6, 1e-6)) << dtype << " k " << k;
+    EXPECT_EQ(w.grad()[1].abs().sum().item<double>(), 0.0);  // the empty group
+  }
+  EXPECT_THROW(nn::grouped_mm(hp::randn({9, 8}), hp::randn({4, 8, 12}), {3, 0, 5}), hp::Error);
+}
