@@ -4,12 +4,16 @@
 //   build/bin/hprun --nproc-per-node 4 build/bin/bench_fsdp [steps] [rounds] [micro-steps] [modes]
 // micro-steps > 1 accumulates gradients over that many batches per optimizer step (no
 // communication until the last), as large-batch training does. `modes`: a comma-separated
-// subset of the modes below (default all), e.g. "fsdp adamw,fsdp muon".
+// subset of the modes below (default all), e.g. "fsdp adamw,fsdp muon". "on-caller" modes
+// run the asynchronous collectives on the calling thread (HP_ASYNC_COLLECTIVES=0), so
+// nothing overlaps; "ddp adamw no-comm" skips DDP's all-reduce: the compute-only step that
+// exposed communication (step time minus it) is measured against.
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 
@@ -44,7 +48,9 @@ int main(int argc, char** argv) {
   c.vocab = 256, c.dim = 256, c.layers = 4, c.heads = 8, c.kv_heads = 4, c.ffn_dim = 688, c.max_seq = 128;
   const int64_t batch = 4 * world, seq = 128;
 
-  std::vector<std::string> modes{"ddp adamw", "fsdp adamw", "fsdp adamw no-prefetch", "fsdp muon"};
+  std::vector<std::string> modes{"ddp adamw",          "ddp adamw on-caller",  "ddp adamw no-comm",
+                                 "fsdp adamw",         "fsdp adamw on-caller", "fsdp adamw no-prefetch",
+                                 "fsdp muon"};
   if (argc > 4) {
     std::vector<std::string> chosen;
     for (const std::string& m : split(argv[4], ','))
@@ -76,6 +82,9 @@ int main(int argc, char** argv) {
         opt = std::make_unique<optim::AdamW>(model.parameters());
       std::vector<Placement> rows{Shard(0)};
       Result& r = results[mode];
+      const bool on_caller = mode.find("on-caller") != std::string::npos;
+      const bool no_comm = mode.find("no-comm") != std::string::npos;
+      if (on_caller) ::setenv("HP_ASYNC_COLLECTIVES", "0", 1);
       reset_cpu_memory_peak();
       auto sync_gradients = [&](bool on) {
         if (ddp) ddp->set_requires_gradient_sync(on);
@@ -92,7 +101,7 @@ int main(int argc, char** argv) {
         if (step == steps + 1) reset_cpu_memory_peak();
         auto t0 = std::chrono::steady_clock::now();
         for (int m = 0; m < micro; ++m) {
-          sync_gradients(m + 1 == micro);
+          sync_gradients(m + 1 == micro && !no_comm);
           model.loss(batches[m].first, batches[m].second).to_local().backward();
         }
         auto t1 = std::chrono::steady_clock::now();
@@ -112,6 +121,7 @@ int main(int argc, char** argv) {
           r.opt_ms.push_back(opt_ms);
         }
       }
+      if (on_caller) ::unsetenv("HP_ASYNC_COLLECTIVES");
     }
 
   if (mesh.rank() != 0) return 0;
@@ -135,6 +145,21 @@ int main(int argc, char** argv) {
   };
   if (ratio("fsdp adamw", "fsdp adamw no-prefetch") > 0)
     std::printf("prefetch: %.2fx the step time without it\n", ratio("fsdp adamw", "fsdp adamw no-prefetch"));
+  auto exposed = [&](const char* a) {
+    return results.count(a) && results.count("ddp adamw no-comm")
+               ? median(results[a].ms) - median(results["ddp adamw no-comm"].ms)
+               : 0.0;
+  };
+  if (exposed("ddp adamw on-caller") > 0) {
+    std::printf("ddp: exposed communication %.1f ms overlapped, %.1f ms on the caller: %.2fx\n",
+                exposed("ddp adamw"), exposed("ddp adamw on-caller"),
+                exposed("ddp adamw") / exposed("ddp adamw on-caller"));
+    std::printf("RESULT ddp_exposed_comm_ratio %.3f\n", exposed("ddp adamw") / exposed("ddp adamw on-caller"));
+  }
+  if (ratio("ddp adamw", "ddp adamw on-caller") > 0)
+    std::printf("RESULT ddp_step_overlapped_vs_on_caller %.3f\n", ratio("ddp adamw", "ddp adamw on-caller"));
+  if (ratio("fsdp adamw", "fsdp adamw on-caller") > 0)
+    std::printf("RESULT fsdp_step_overlapped_vs_on_caller %.3f\n", ratio("fsdp adamw", "fsdp adamw on-caller"));
   if (ratio("fsdp muon", "fsdp adamw") > 0) {
     // The bound at equal flop rates: Newton-Schulz's 5 x (4 n^2 m + 2 n^3) flops per matrix
     // (n x m its wide form), shared evenly by the ranks, against the 6 flops per parameter

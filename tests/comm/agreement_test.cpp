@@ -112,7 +112,7 @@ std::vector<Mismatch> mismatches() {
        {"hp::symm::empty of 4000 bytes at offset 0", "hp::symm::empty of 4064 bytes at offset 0"}},
       {"hp::symm::empty offsets",
        [=](int r, const Group& g) {
-         auto h = g.symm_heap();
+         auto h = symm::group_heap(g);
          // Rank 2 holds one more allocation: its next tensor lands further on.
          const size_t extra = odd(r) ? h->allocate(256) : 0;
          try {
@@ -125,7 +125,7 @@ std::vector<Mismatch> mismatches() {
        {"hp::symm::empty of 4000 bytes at offset 0", "hp::symm::empty of 4000 bytes at offset 256"}},
       {"hp::symm::empty without room on one rank",
        [=](int r, const Group& g) {
-         auto h = g.symm_heap();
+         auto h = symm::group_heap(g);
          symm::empty({odd(r) ? int64_t(h->user_bytes()) + 1 : 1000}, at::kByte, g);
        },
        {"hp::symm::empty of 1000 bytes at offset 0", "with no room in its heap"}},

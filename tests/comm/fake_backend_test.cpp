@@ -7,6 +7,7 @@
 #include "hp/comm/collectives.h"
 #include "hp/comm/device_mesh.h"
 #include "hp/comm/fake_backend.h"
+#include "hp/comm/symm/heap.h"
 
 using namespace hp;
 
@@ -20,7 +21,7 @@ TEST(FakeBackend, CollectivesCompleteAndAreLogged) {
   EXPECT_EQ(tp.ranks(), (std::vector<int>{4, 5}));
   EXPECT_TRUE(dp.is_fake());
   EXPECT_FALSE(dp.on_one_host());  // no shared-memory path
-  EXPECT_THROW(dp.symm_heap(), std::exception);  // nor a symmetric heap
+  EXPECT_THROW(symm::group_heap(dp), std::exception);  // nor a symmetric heap
 
   auto meta = at::TensorOptions().device(at::kMeta);
   at::Tensor x = at::empty({6, 3}, meta);

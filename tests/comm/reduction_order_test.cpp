@@ -81,7 +81,7 @@ TEST(ShmReductionOrder, EveryPathFoldsInRankOrder) {
         const at::Tensor want = fold(xs, 0, n);
         run_local_ranks(n, [&](int rank) {
           auto g = current_world()->world_group();
-          auto h = g->symm_heap();
+          auto h = symm::group_heap(*g);
           const std::string where = ", " + std::to_string(n) + " ranks, " + c10::toString(dtype);
           auto in_heap = [&](const at::Tensor& t) { return symm::empty(t.sizes(), dtype, *g).copy_(t); };
 

@@ -104,7 +104,7 @@ TEST(SymmHeap, ContendedAddsAndSetsAreNeverLost) {
 TEST(SymmHeap, AllocationsAreSymmetricAndFreed) {
   run_local_ranks(2, [&](int rank) {
     auto g = current_world()->world_group();
-    auto h = g->symm_heap();
+    auto h = symm::group_heap(*g);
     std::vector<size_t> offsets;
     {
       at::Tensor a = symm::empty({100}, at::kDouble, *g);
@@ -128,7 +128,7 @@ TEST(SymmHeap, TryEmptyAgreesWhenOneRankHasNoRoom) {
   ScopedEnv small("HP_SYMM_HEAP_MIB", "2");
   run_local_ranks(2, [&](int rank) {
     auto g = current_world()->world_group();
-    auto h = g->symm_heap();
+    auto h = symm::group_heap(*g);
     const size_t hog = rank == 1 ? h->allocate(size_t(3) << 19) : 0;  // 1.5 MiB on rank 1 only
     EXPECT_FALSE(symm::try_empty({1 << 18}, at::kFloat, *g).defined()) << "rank " << rank;
     if (rank == 1) h->release(hog);
@@ -233,7 +233,7 @@ TEST(ShmCollectives, AllToAllSingleCopyAndWindowsAgree) {
           at_out += recv[s];
         }
       }
-      used[rank] = g->symm_heap()->single_copy();
+      used[rank] = symm::group_heap(*g)->single_copy();
     });
     for (int r = 0; r < world; ++r) EXPECT_EQ(used[r], used[0]) << "ranks disagree on the path";
     if (!single) EXPECT_EQ(used[0], 0) << "HP_SHM_SINGLE_COPY=0 must keep to the windows";
@@ -348,7 +348,7 @@ TEST(ShmCollectives, LargePrivateTensorsAreStagedInTheHeap) {
         else ::unsetenv("HP_SHM_STAGING");
         run_local_ranks(world, [&](int rank) {
           auto g = current_world()->world_group();
-          symm::Heap& h = *g->symm_heap();
+          symm::Heap& h = *symm::group_heap(*g);
           at::Tensor hog;
           if (rank == crowded) hog = symm::try_local_empty(int64_t(h.local_bytes()) - (64 << 10), at::kByte, *g);
           const std::string where = std::to_string(world) + " ranks, HP_SHM_STAGING '" + staging + "'" +
@@ -524,7 +524,7 @@ TEST(ShmCollectives, OutputsInTheHeapAreWrittenBySenders) {
       for (const int crowded : {-1, 1}) {  // the rank whose local region is full (-1: none)
         run_local_ranks(world, [&](int rank) {
           auto g = current_world()->world_group();
-          symm::Heap& h = *g->symm_heap();
+          symm::Heap& h = *symm::group_heap(*g);
           at::Tensor hog;
           if (rank == crowded) hog = symm::try_local_empty(int64_t(h.local_bytes()) - (64 << 10), at::kByte, *g);
           const std::string where = std::to_string(world) + " ranks, single copy " + single +
@@ -594,7 +594,7 @@ TEST(ShmCollectives, NoSegmentOutlivesTheGroup) {
   ScopedEnv prefix("HP_SHM_PREFIX", test_prefix().c_str());
   run_local_ranks(3, [&](int rank) {
     auto g = current_world()->world_group();
-    auto h = g->symm_heap();
+    auto h = symm::group_heap(*g);
     EXPECT_EQ(h->what(), g->describe());
     all_reduce_(at::ones({4}), *g);
     // Names go as soon as every rank has mapped every segment.

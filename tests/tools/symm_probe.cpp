@@ -60,7 +60,7 @@ void collectives(const Group& g) {
   at::Tensor sum = at::zeros({kNumel}, at::kDouble);
   for (int r = 0; r < n; ++r) sum += rank_input(r, {kNumel}, at::kFloat).to(at::kDouble);
   const at::Tensor want_sum = sum.to(at::kFloat);
-  symm::Heap& h = *g.symm_heap();
+  symm::Heap& h = *symm::group_heap(g);
   for (Where w : {Where::Private, Where::Heap, Where::Mixed}) {
     const std::string where = std::string(", ") + name(w);
     const at::Tensor x = rank_input(rank, {kNumel}, at::kFloat);

@@ -7,8 +7,10 @@
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
+#include "hp/comm/engine.h"
 #include "hp/comm/hier/hier.h"
 #include "hp/comm/symm/collectives.h"
+#include "hp/comm/transport.h"
 
 namespace hp::comm {
 namespace {
@@ -83,41 +85,64 @@ std::vector<int64_t> splits_or_empty(const std::vector<int64_t>& s) {
   return all_equal(s) ? std::vector<int64_t>{} : s;
 }
 
-// Groups on one host use shared memory (hp/comm/symm) for what it covers; Gloo otherwise.
-bool use_shm(const Group& g) { return symm::shm_collectives_enabled(g); }
-
 // An all-gather's or all-to-all's output: in the group's heap on shared memory, where peers
 // write their pieces straight into it; else (Gloo, hierarchical: groups across hosts) pooled.
-at::Tensor output_buffer(const Group& g, int64_t numel, const at::TensorOptions& options) {
-  if (use_shm(g))
+at::Tensor output_buffer(const Group& g, Transport tr, int64_t numel, const at::TensorOptions& options) {
+  if (tr == Transport::SharedMemory)
     if (at::Tensor t = symm::try_output_buffer(numel, c10::typeMetaToScalarType(options.dtype()), g); t.defined())
       return t;
   return g.buffer(numel, options);
 }
 
-// Runs `body` on the group's symmetric heap (created on first use), naming the op on failure.
-template <typename F>
-void run_shm(const char* op, const Group& g, F&& body) {
-  try {
-    body(*g.symm_heap());
-  } catch (const std::exception& e) {
-    HP_FAIL() << what(op, g) << " (shared memory) failed: " << e.what();
+// Runs `body`, a shared-memory or hierarchical collective, after every collective this
+// rank issued before it: asynchronous ones on the progress engine (returning at once),
+// synchronous ones here once the engine has drained. `result` finishes on the waiter.
+// Templates, not std::function: the synchronous path allocates nothing for them.
+template <typename Body, typename Result>
+Pending run_in_order(const char* op, Transport tr, const Group& g, bool async, Body&& body, Result&& result) {
+  // Named only where needed: the group's description costs more than a small collective.
+  auto w = [&] { return what(op, g) + " (" + to_string(tr) + ")"; };
+  Engine* e = g.engine();
+  if (async && e && !Engine::on_progress_thread() && async_engine_enabled()) {
+    if (tr == Transport::Hierarchical) {
+      hier::detail::count_call();  // counted where it was issued
+      // Its host sub-groups are made here, in program order: making a group is a
+      // rendezvous under the World's lock, which the progress thread must not take.
+      hier::host_levels(g);
+    }
+    std::string name = w();
+    return Pending(e->submit(std::function<void()>(std::forward<Body>(body)), name),
+                   std::function<at::Tensor()>(std::forward<Result>(result)), name, g.timeout());
   }
-}
-
-// Groups that span hosts run hierarchically where the cost model says so (hp/comm/hier).
-bool use_hier(const Group& g, Collective kind, const at::Tensor& t, int64_t numel) {
-  return hier::chosen(g, kind, numel * static_cast<int64_t>(t.element_size()), t.scalar_type());
-}
-
-template <typename F>
-void run_hier(const char* op, const Group& g, F&& body) {
+  if (e) e->drain();
   try {
     body();
-  } catch (const std::exception& e) {
-    HP_FAIL() << what(op, g) << " (hierarchical) failed: " << e.what();
+  } catch (const std::exception& ex) {
+    HP_FAIL() << w() << " failed: " << ex.what();
   }
+  return Pending::done(result());
 }
+
+// Issues a Gloo collective here, unless collectives this rank issued before are still on
+// the progress engine: then a synchronous one waits for them and an asynchronous one
+// queues behind them, so that every backend sees this rank's calls in program order (the
+// hierarchical collectives use other groups' backends).
+Pending run_gloo(const char* op, const Group& g, bool async, const std::function<WorkPtr()>& issue,
+                 std::function<at::Tensor()> finish, std::string w) {
+  Engine* e = g.engine();
+  if (e && !Engine::on_progress_thread() && e->busy()) {
+    if (async) {
+      auto timeout = g.timeout();
+      auto job = e->submit([issue, timeout] { issue()->wait(timeout); }, w);
+      return Pending(std::move(job), std::move(finish), std::move(w), timeout);
+    }
+    e->drain();
+  }
+  WorkPtr work = launch(op, g, issue);
+  return Pending(std::move(work), std::move(finish), std::move(w), g.timeout());
+}
+
+int64_t bytes_of(const at::Tensor& t, int64_t numel) { return numel * static_cast<int64_t>(t.element_size()); }
 
 // Elements per row (index along dim 0) of `t`.
 int64_t row_numel(const at::Tensor& t) {
@@ -153,83 +178,85 @@ std::vector<int64_t> chunk_sizes(int64_t n, int parts) {
   return s;
 }
 
-Pending all_reduce_async(at::Tensor t, const Group& g, ReduceOp op) {
+// Each collective checks and normalises its shapes, picks its transport, and runs; the
+// `*_async` calls return at once, the synchronous ones wait (async = false).
+namespace {
+
+Pending all_reduce_impl(at::Tensor t, const Group& g, ReduceOp op, bool async) {
   g.record("all_reduce", t);
+  const Transport tr = choose_transport(g, Collective::AllReduce, bytes_of(t, t.numel()), t.scalar_type());
+  if (tr == Transport::Local) return Pending::done(t);
+  if (tr != Transport::Gloo) {
+    at::Tensor x = t.contiguous();
+    const Group* gp = &g;
+    return run_in_order(
+        "all_reduce", tr, g, async,
+        [gp, x, op, tr] {
+          if (tr == Transport::Hierarchical) hier::all_reduce(*gp, x, op);
+          else symm::all_reduce(*symm::group_heap(*gp), x, op);
+        },
+        [t, x]() mutable {
+          if (!x.is_same(t)) t.copy_(x);
+          return t;
+        });
+  }
   // Reduce bfloat16 in float32 on the CPU: more accurate, as the shared-memory paths do.
   const bool widen = t.scalar_type() == at::kBFloat16 && g.device() == "cpu";
   at::Tensor buf = widen ? t.to(at::kFloat) : t.contiguous();
-  if (g.size() == 1) return Pending::done(t);
-  if (use_hier(g, Collective::AllReduce, t, t.numel())) {
-    at::Tensor x = t.contiguous();
-    run_hier("all_reduce", g, [&] { hier::all_reduce(g, x, op); });
-    if (!x.is_same(t)) t.copy_(x);
-    return Pending::done(t);
-  }
-  if (use_shm(g) && symm::can_reduce(t.scalar_type())) {
-    at::Tensor x = t.contiguous();
-    run_shm("all_reduce", g, [&](symm::Heap& h) { symm::all_reduce(h, x, op); });
-    if (!x.is_same(t)) t.copy_(x);
-    return Pending::done(t);
-  }
-  std::vector<at::Tensor> bufs{buf};
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = to_c10d(op);
-  opts.timeout = g.timeout();
-  WorkPtr w = launch("all_reduce", g, [&] { return g.backend().allreduce(bufs, opts); });
   const int64_t n = g.size();
-  return Pending(
-      w,
+  return run_gloo(
+      "all_reduce", g, async,
+      [&g, buf, op] {
+        std::vector<at::Tensor> bufs{buf};
+        c10d::AllreduceOptions opts;
+        opts.reduceOp = to_c10d(op);
+        opts.timeout = g.timeout();
+        return g.backend().allreduce(bufs, opts);
+      },
       [t, buf, op, n]() mutable {
         if (op == ReduceOp::Avg) divide_(buf, n);
         if (!buf.is_same(t)) t.copy_(buf);
         return t;
       },
-      what("all_reduce", g), g.timeout());
-}
-
-at::Tensor all_reduce_(at::Tensor t, const Group& g, ReduceOp op) { return all_reduce_async(t, g, op).wait(); }
-
-at::Tensor all_reduce(const at::Tensor& t, const Group& g, ReduceOp op) {
-  return all_reduce_async(t.clone(), g, op).wait();
+      what("all_reduce", g));
 }
 
 // all_to_all_single without a log entry: the carrier of all_gather, reduce_scatter and
 // all_to_all, which record themselves.
-static Pending all_to_all_single_unlogged(at::Tensor out, const at::Tensor& in, const Group& g,
-                                          std::vector<int64_t> out_splits, std::vector<int64_t> in_splits) {
+Pending all_to_all_single_unlogged(at::Tensor out, const at::Tensor& in, const Group& g,
+                                   std::vector<int64_t> out_splits, std::vector<int64_t> in_splits, bool async) {
   HP_CHECK(out.scalar_type() == in.scalar_type())
       << "all_to_all on " << g.describe() << ": output dtype " << out.scalar_type()
       << " differs from input dtype " << in.scalar_type();
   HP_CHECK(out.is_contiguous()) << "all_to_all on " << g.describe() << " needs a contiguous output";
   at::Tensor src = in.contiguous();
-  if (g.size() == 1) {
+  const Transport tr = choose_transport(g, Collective::AllToAll, bytes_of(src, src.numel()), src.scalar_type());
+  if (tr == Transport::Local) {
     out.copy_(src.view(out.sizes()));
     return Pending::done(out);
   }
-  if (use_shm(g)) {
+  if (tr == Transport::SharedMemory) {
     HP_CHECK(src.dim() >= 1 && out.dim() >= 1) << "all_to_all on " << g.describe() << " needs tensors with rows";
     const int n = g.size();
     auto send = split_bytes(in_splits, src, n, "input", g), recv = split_bytes(out_splits, out, n, "output", g);
-    run_shm("all_to_all", g,
-            [&](symm::Heap& h) { symm::all_to_all(h, src.data_ptr(), send, out.data_ptr(), recv); });
-    return Pending::done(out);
+    const Group* gp = &g;
+    return run_in_order(
+        "all_to_all", tr, g, async,
+        [gp, src, out, send, recv] { symm::all_to_all(*symm::group_heap(*gp), src.data_ptr(), send, out.data_ptr(), recv); },
+        [out] { return out; });
   }
   at::Tensor out_w = wire(out), in_w = wire(src);
-  c10d::AllToAllOptions opts;
-  opts.timeout = g.timeout();
-  WorkPtr w = launch("all_to_all", g, [&] {
-    return g.backend().alltoall_base(out_w, in_w, out_splits, in_splits, opts);
-  });
-  return Pending(w, [out, src] { return out; }, what("all_to_all", g), g.timeout());
+  return run_gloo(
+      "all_to_all", g, async,
+      [&g, out_w, in_w, out_splits, in_splits]() mutable {
+        c10d::AllToAllOptions opts;
+        opts.timeout = g.timeout();
+        return g.backend().alltoall_base(out_w, in_w, out_splits, in_splits, opts);
+      },
+      [out, src] { return out; }, what("all_to_all", g));
 }
 
-Pending all_to_all_single_async(at::Tensor out, const at::Tensor& in, const Group& g,
-                                std::vector<int64_t> out_splits, std::vector<int64_t> in_splits) {
-  g.record("all_to_all", in);
-  return all_to_all_single_unlogged(std::move(out), in, g, std::move(out_splits), std::move(in_splits));
-}
-
-Pending all_gather_async(const at::Tensor& t, const Group& g, int64_t dim, std::vector<int64_t> sizes) {
+Pending all_gather_impl(const at::Tensor& t, const Group& g, int64_t dim, std::vector<int64_t> sizes, bool async) {
   g.record("all_gather", t);
   dim = wrap_dim(dim, t, "all_gather");
   const int n = g.size();
@@ -242,17 +269,22 @@ Pending all_gather_async(const at::Tensor& t, const Group& g, int64_t dim, std::
   int64_t per_slice = 1;  // elements per index along `dim`
   for (int64_t d = 0; d < t.dim(); ++d)
     if (d != dim) per_slice *= t.size(d);
-  const bool hierarchical = use_hier(g, Collective::AllGather, t, per_slice * sum(sizes));
-  if (hierarchical || use_shm(g)) {
+  const Transport tr = choose_transport(g, Collective::AllGather, bytes_of(t, per_slice * sum(sizes)), t.scalar_type());
+  if (tr != Transport::Gloo) {
     at::Tensor rows = t.movedim(dim, 0).contiguous();
     std::vector<int64_t> out_shape = rows.sizes().vec();
     out_shape[0] = sum(sizes);
-    at::Tensor out = output_buffer(g, c10::multiply_integers(out_shape), t.options()).view(out_shape);
+    at::Tensor out = output_buffer(g, tr, c10::multiply_integers(out_shape), t.options()).view(out_shape);
     std::vector<size_t> bytes(n);
     for (int r = 0; r < n; ++r) bytes[r] = sizes[r] * row_numel(rows) * t.element_size();
-    if (hierarchical) run_hier("all_gather", g, [&] { hier::all_gather(g, rows.data_ptr(), bytes, out.data_ptr()); });
-    else run_shm("all_gather", g, [&](symm::Heap& h) { symm::all_gather(h, rows.data_ptr(), bytes, out.data_ptr()); });
-    return Pending::done(dim == 0 ? out : out.movedim(0, dim).contiguous());
+    const Group* gp = &g;
+    return run_in_order(
+        "all_gather", tr, g, async,
+        [gp, rows, bytes, out, tr] {
+          if (tr == Transport::Hierarchical) hier::all_gather(*gp, rows.data_ptr(), bytes, out.data_ptr());
+          else symm::all_gather(*symm::group_heap(*gp), rows.data_ptr(), bytes, out.data_ptr());
+        },
+        [out, dim] { return dim == 0 ? out : out.movedim(0, dim).contiguous(); });
   }
   // Every rank sends its rows to every rank: an all-to-all of n copies moves the bytes
   // of a ring all-gather and runs far faster than Gloo's list all-gather.
@@ -266,17 +298,13 @@ Pending all_gather_async(const at::Tensor& t, const Group& g, int64_t dim, std::
   std::vector<int64_t> out_shape = rows.sizes().vec();
   out_shape[0] = sum(sizes);
   at::Tensor out = g.buffer(c10::multiply_integers(out_shape), t.options()).view(out_shape);
-  return all_to_all_single_unlogged(out, send, g, splits_or_empty(sizes), std::vector<int64_t>{})
+  return all_to_all_single_unlogged(out, send, g, splits_or_empty(sizes), std::vector<int64_t>{}, async)
       .then([dim](at::Tensor got) { return dim == 0 ? got : got.movedim(0, dim).contiguous(); },
             what("all_gather", g));
 }
 
-at::Tensor all_gather(const at::Tensor& t, const Group& g, int64_t dim, std::vector<int64_t> sizes) {
-  return all_gather_async(t, g, dim, std::move(sizes)).wait();
-}
-
-Pending reduce_scatter_async(const at::Tensor& t, const Group& g, int64_t dim, ReduceOp op,
-                             std::vector<int64_t> sizes) {
+Pending reduce_scatter_impl(const at::Tensor& t, const Group& g, int64_t dim, ReduceOp op, std::vector<int64_t> sizes,
+                            bool async) {
   g.record("reduce_scatter", t);
   dim = wrap_dim(dim, t, "reduce_scatter");
   const int n = g.size();
@@ -285,17 +313,22 @@ Pending reduce_scatter_async(const at::Tensor& t, const Group& g, int64_t dim, R
       << "reduce_scatter on " << g.describe() << ": sizes " << to_string_list(sizes)
       << " must have one entry per rank and add up to extent " << t.size(dim) << " along dim " << dim;
   if (n == 1) return Pending::done(reduce_stack(t.unsqueeze(0), op));
-  const bool hierarchical = use_hier(g, Collective::ReduceScatter, t, t.numel());
-  if (hierarchical || (use_shm(g) && symm::can_reduce(t.scalar_type()))) {
+  const Transport tr = choose_transport(g, Collective::ReduceScatter, bytes_of(t, t.numel()), t.scalar_type());
+  if (tr != Transport::Gloo) {
     at::Tensor rows = t.movedim(dim, 0).contiguous();
     std::vector<int64_t> out_shape = rows.sizes().vec();
     out_shape[0] = sizes[g.rank()];
     at::Tensor out = g.buffer(c10::multiply_integers(out_shape), t.options()).view(out_shape);
     std::vector<int64_t> counts(n);
     for (int r = 0; r < n; ++r) counts[r] = sizes[r] * row_numel(rows);
-    if (hierarchical) run_hier("reduce_scatter", g, [&] { hier::reduce_scatter(g, rows, counts, out, op); });
-    else run_shm("reduce_scatter", g, [&](symm::Heap& h) { symm::reduce_scatter(h, rows, out, counts, op); });
-    return Pending::done(dim == 0 ? out : out.movedim(0, dim).contiguous());
+    const Group* gp = &g;
+    return run_in_order(
+        "reduce_scatter", tr, g, async,
+        [gp, rows, counts, out, op, tr] {
+          if (tr == Transport::Hierarchical) hier::reduce_scatter(*gp, rows, counts, out, op);
+          else symm::reduce_scatter(*symm::group_heap(*gp), rows, out, counts, op);
+        },
+        [out, dim] { return dim == 0 ? out : out.movedim(0, dim).contiguous(); });
   }
   // All-to-all hands rank r every rank's r-th piece; a local reduction (in rank order,
   // hence deterministic) finishes it. Same bytes as a ring reduce-scatter.
@@ -304,7 +337,7 @@ Pending reduce_scatter_async(const at::Tensor& t, const Group& g, int64_t dim, R
   const int64_t mine = sizes[g.rank()];
   out_shape[0] = mine * n;
   at::Tensor out = g.buffer(c10::multiply_integers(out_shape), t.options()).view(out_shape);
-  return all_to_all_single_unlogged(out, rows, g, std::vector<int64_t>{}, splits_or_empty(sizes))
+  return all_to_all_single_unlogged(out, rows, g, std::vector<int64_t>{}, splits_or_empty(sizes), async)
       .then(
           [n, mine, dim, op](at::Tensor got) {
             std::vector<int64_t> stacked = got.sizes().vec();
@@ -316,13 +349,8 @@ Pending reduce_scatter_async(const at::Tensor& t, const Group& g, int64_t dim, R
           what("reduce_scatter", g));
 }
 
-at::Tensor reduce_scatter(const at::Tensor& t, const Group& g, int64_t dim, ReduceOp op,
-                          std::vector<int64_t> sizes) {
-  return reduce_scatter_async(t, g, dim, op, std::move(sizes)).wait();
-}
-
-Pending all_to_all_async(const at::Tensor& t, const Group& g, int64_t split_dim, int64_t concat_dim,
-                         std::vector<int64_t> split_sizes, std::vector<int64_t> concat_sizes) {
+Pending all_to_all_impl(const at::Tensor& t, const Group& g, int64_t split_dim, int64_t concat_dim,
+                        std::vector<int64_t> split_sizes, std::vector<int64_t> concat_sizes, bool async) {
   g.record("all_to_all", t);
   split_dim = wrap_dim(split_dim, t, "all_to_all");
   concat_dim = wrap_dim(concat_dim, t, "all_to_all");
@@ -364,9 +392,10 @@ Pending all_to_all_async(const at::Tensor& t, const Group& g, int64_t split_dim,
     out_splits[r] = std::accumulate(in_shapes[r].begin(), in_shapes[r].end(), int64_t{1},
                                     std::multiplies<int64_t>());
   }
-  at::Tensor out = output_buffer(g, sum(out_splits), t.options());
+  const Transport tr = choose_transport(g, Collective::AllToAll, bytes_of(t, t.numel()), t.scalar_type());
+  at::Tensor out = output_buffer(g, tr, sum(out_splits), t.options());
   // Gloo's all-to-all with explicit splits is ~2x slower than with equal pieces.
-  return all_to_all_single_unlogged(out, send, g, splits_or_empty(out_splits), splits_or_empty(in_splits))
+  return all_to_all_single_unlogged(out, send, g, splits_or_empty(out_splits), splits_or_empty(in_splits), async)
       .then(
           [in_shapes, out_splits, concat_dim](at::Tensor flat) {
         if (concat_dim == 0) {  // the pieces arrived back to back: already concatenated
@@ -386,38 +415,84 @@ Pending all_to_all_async(const at::Tensor& t, const Group& g, int64_t split_dim,
           what("all_to_all", g));
 }
 
-at::Tensor all_to_all(const at::Tensor& t, const Group& g, int64_t split_dim, int64_t concat_dim,
-                      std::vector<int64_t> split_sizes, std::vector<int64_t> concat_sizes) {
-  return all_to_all_async(t, g, split_dim, concat_dim, std::move(split_sizes), std::move(concat_sizes))
-      .wait();
-}
-
-Pending broadcast_async(at::Tensor t, const Group& g, int src) {
+Pending broadcast_impl(at::Tensor t, const Group& g, int src, bool async) {
   HP_CHECK(src >= 0 && src < g.size()) << "broadcast on " << g.describe() << ": source rank " << src
                                        << " is outside the group";
   g.record("broadcast", t);
-  if (g.size() == 1) return Pending::done(t);
   at::Tensor buf = t.contiguous();
-  if (use_shm(g)) {
-    run_shm("broadcast", g, [&](symm::Heap& h) { symm::broadcast(h, buf.data_ptr(), buf.nbytes(), src); });
+  const Transport tr = choose_transport(g, Collective::Broadcast, bytes_of(t, t.numel()), t.scalar_type());
+  if (tr == Transport::Local) return Pending::done(t);
+  auto finish = [t, buf]() mutable {
     if (!buf.is_same(t)) t.copy_(buf);
-    return Pending::done(t);
+    return t;
+  };
+  if (tr == Transport::SharedMemory) {
+    const Group* gp = &g;
+    return run_in_order(
+        "broadcast", tr, g, async, [gp, buf, src] { symm::broadcast(*symm::group_heap(*gp), buf.data_ptr(), buf.nbytes(), src); },
+        finish);
   }
-  std::vector<at::Tensor> bufs{wire(buf)};
-  c10d::BroadcastOptions opts;
-  opts.rootRank = src;
-  opts.timeout = g.timeout();
-  WorkPtr w = launch("broadcast", g, [&] { return g.backend().broadcast(bufs, opts); });
-  return Pending(
-      w,
-      [t, buf]() mutable {
-        if (!buf.is_same(t)) t.copy_(buf);
-        return t;
+  at::Tensor w = wire(buf);
+  return run_gloo(
+      "broadcast", g, async,
+      [&g, w, src] {
+        std::vector<at::Tensor> bufs{w};
+        c10d::BroadcastOptions opts;
+        opts.rootRank = src;
+        opts.timeout = g.timeout();
+        return g.backend().broadcast(bufs, opts);
       },
-      what("broadcast", g), g.timeout());
+      finish, what("broadcast", g));
 }
 
-at::Tensor broadcast_(at::Tensor t, const Group& g, int src) { return broadcast_async(t, g, src).wait(); }
+}  // namespace
+
+Pending all_reduce_async(at::Tensor t, const Group& g, ReduceOp op) { return all_reduce_impl(t, g, op, true); }
+
+at::Tensor all_reduce_(at::Tensor t, const Group& g, ReduceOp op) { return all_reduce_impl(t, g, op, false).wait(); }
+
+at::Tensor all_reduce(const at::Tensor& t, const Group& g, ReduceOp op) {
+  return all_reduce_impl(t.clone(), g, op, false).wait();
+}
+
+Pending all_to_all_single_async(at::Tensor out, const at::Tensor& in, const Group& g,
+                                std::vector<int64_t> out_splits, std::vector<int64_t> in_splits) {
+  g.record("all_to_all", in);
+  return all_to_all_single_unlogged(std::move(out), in, g, std::move(out_splits), std::move(in_splits), true);
+}
+
+Pending all_gather_async(const at::Tensor& t, const Group& g, int64_t dim, std::vector<int64_t> sizes) {
+  return all_gather_impl(t, g, dim, std::move(sizes), true);
+}
+
+at::Tensor all_gather(const at::Tensor& t, const Group& g, int64_t dim, std::vector<int64_t> sizes) {
+  return all_gather_impl(t, g, dim, std::move(sizes), false).wait();
+}
+
+Pending reduce_scatter_async(const at::Tensor& t, const Group& g, int64_t dim, ReduceOp op,
+                             std::vector<int64_t> sizes) {
+  return reduce_scatter_impl(t, g, dim, op, std::move(sizes), true);
+}
+
+at::Tensor reduce_scatter(const at::Tensor& t, const Group& g, int64_t dim, ReduceOp op,
+                          std::vector<int64_t> sizes) {
+  return reduce_scatter_impl(t, g, dim, op, std::move(sizes), false).wait();
+}
+
+Pending all_to_all_async(const at::Tensor& t, const Group& g, int64_t split_dim, int64_t concat_dim,
+                         std::vector<int64_t> split_sizes, std::vector<int64_t> concat_sizes) {
+  return all_to_all_impl(t, g, split_dim, concat_dim, std::move(split_sizes), std::move(concat_sizes), true);
+}
+
+at::Tensor all_to_all(const at::Tensor& t, const Group& g, int64_t split_dim, int64_t concat_dim,
+                      std::vector<int64_t> split_sizes, std::vector<int64_t> concat_sizes) {
+  return all_to_all_impl(t, g, split_dim, concat_dim, std::move(split_sizes), std::move(concat_sizes), false)
+      .wait();
+}
+
+Pending broadcast_async(at::Tensor t, const Group& g, int src) { return broadcast_impl(t, g, src, true); }
+
+at::Tensor broadcast_(at::Tensor t, const Group& g, int src) { return broadcast_impl(t, g, src, false).wait(); }
 
 Pending send_async(const at::Tensor& t, const Group& g, int peer, int tag) {
   HP_CHECK(peer >= 0 && peer < g.size() && peer != g.rank())
@@ -448,6 +523,7 @@ Pending recv_async(at::Tensor t, const Group& g, int peer, int tag) {
 void barrier(const Group& g) {
   g.record("barrier", at::Tensor());
   if (g.size() == 1) return;
+  if (Engine* e = g.engine()) e->drain();
   c10d::BarrierOptions opts;
   opts.timeout = g.timeout();
   Pending(launch("barrier", g, [&] { return g.backend().barrier(opts); }), nullptr, what("barrier", g),

@@ -7,8 +7,6 @@
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
 #include "hp/comm/fake_backend.h"
-#include "hp/comm/symm/heap.h"
-#include "hp/topology/hierarchical.h"
 
 namespace hp::comm {
 
@@ -22,38 +20,14 @@ void Group::record(const char* op, const at::Tensor& t) const {
   if (log_ && log_->enabled() && size() > 1) log_->record({op, ranks_, t.defined() ? t.scalar_type() : at::kByte, t.defined() ? t.numel() : 0});
 }
 
-std::shared_ptr<symm::Heap> Group::symm_heap() const {
-  std::lock_guard<std::mutex> lock(heap_mu_);
-  HP_CHECK(on_one_host()) << "symmetric heap on " << describe() << ": the group's ranks are not all on one host";
-  if (!heap_) heap_ = symm::Heap::create(*this);
-  return heap_;
-}
-
 void Group::set_hosts(std::shared_ptr<const ClusterTopology> topology, GroupMaker make_group) {
   topology_ = std::move(topology);
   make_group_ = std::move(make_group);
 }
 
-const HostLevels& Group::host_levels() const {
-  std::lock_guard<std::mutex> lock(levels_mu_);
-  if (levels_) return *levels_;
-  HP_CHECK(topology_ && make_group_) << describe() << ": hosts of its ranks unknown (a group made outside a World)";
-  auto blocks = host_blocks(*topology_, ranks_);
-  HP_CHECK(blocks) << describe() << ": ranks are not equal consecutive blocks of 2 or more on 2 or more hosts";
-  auto lv = std::make_unique<HostLevels>();
-  lv->hosts = blocks->hosts;
-  lv->per_host = blocks->per_host;
-  lv->host = rank_ / lv->per_host;
-  lv->local = rank_ % lv->per_host;
-  std::vector<int> inner(ranks_.begin() + lv->host * lv->per_host, ranks_.begin() + (lv->host + 1) * lv->per_host);
-  std::vector<int> outer;
-  for (int h = 0; h < lv->hosts; ++h) outer.push_back(ranks_[h * lv->per_host + lv->local]);
-  // Inner first: its members are all here, creating it first too, so no rank waits on
-  // one that is busy creating another group.
-  lv->inner = make_group_(inner);
-  lv->outer = make_group_(outer);
-  levels_ = std::move(lv);
-  return *levels_;
+std::shared_ptr<Group> Group::make_group(const std::vector<int>& ranks) const {
+  HP_CHECK(make_group_) << describe() << ": made outside a World, it has no world to make groups in";
+  return make_group_(ranks);
 }
 
 int Group::group_rank_of(int global_rank) const {

@@ -1,4 +1,7 @@
 // A process group: an ordered list of global ranks and the c10d backend that joins them.
+// The transports that bypass the backend keep their own state per group (the shared-memory
+// heap: symm::group_heap; the split into hosts: hier::host_levels) in slots the group holds
+// but does not interpret.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -6,8 +9,10 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <map>
 #include <mutex>
 #include <string>
+#include <typeindex>
 #include <vector>
 
 #include "hp/comm/backend.h"
@@ -16,25 +21,12 @@
 namespace hp {
 class ClusterTopology;
 }
-namespace hp::symm {
-class Heap;
-}
-
 namespace hp::comm {
 
+class Engine;
 class Group;
 // Makes (or finds) the group of some global ranks: World::group.
 using GroupMaker = std::function<std::shared_ptr<Group>(const std::vector<int>& ranks)>;
-
-// How a group that spans hosts splits for the hierarchical collectives: this rank's host
-// (`inner`, shared memory) and the ranks of the same local index on every host (`outer`).
-struct HostLevels {
-  int hosts = 0;
-  int per_host = 0;
-  int host = 0;   // this rank's host block: group ranks [host * per_host, (host + 1) * per_host)
-  int local = 0;  // this rank's index inside it
-  std::shared_ptr<Group> inner, outer;
-};
 
 class Group {
  public:
@@ -61,9 +53,17 @@ class Group {
   void set_log(std::shared_ptr<CollectiveLog> log) { log_ = std::move(log); }
   void record(const char* op, const at::Tensor& t) const;
 
-  // The group's symmetric heap (hp/comm/symm), created on first use: a collective call,
-  // so every member must reach it at the same point of its sequence of collectives.
-  std::shared_ptr<symm::Heap> symm_heap() const;
+  // The progress engine that runs this rank's asynchronous shared-memory and hierarchical
+  // collectives (hp/comm/engine.h), shared by every group of its World; null for a group
+  // made outside a World, whose collectives then all run on the calling thread.
+  void set_engine(std::shared_ptr<Engine> engine) { engine_ = std::move(engine); }
+  Engine* engine() const { return engine_.get(); }
+
+  // The state a transport keeps for this group, one per type T, made by `make` on first
+  // use (under a lock of T's slot alone: making one may be a collective call) and kept as
+  // long as the group.
+  template <typename T, typename Make>
+  std::shared_ptr<T> transport_state(Make&& make) const;
 
   // A flat buffer of `numel` elements for a collective's output or staging. Buffers are
   // pooled and handed out again once nobody else holds their storage, so steady-state
@@ -75,10 +75,9 @@ class Group {
   // devices) and how to make groups of some of them: given by World. Null topology: unknown.
   void set_hosts(std::shared_ptr<const ClusterTopology> topology, GroupMaker make_group);
   const ClusterTopology* topology() const { return topology_.get(); }
-  // The group split into hosts, created on first use: a collective call (it creates the
-  // inner group, then the outer one, on every member in the same order). Throws unless
-  // the ranks form equal consecutive blocks on 2 or more hosts (hp/topology/hierarchical.h).
-  const HostLevels& host_levels() const;
+  // The world's group of some global ranks (a collective call the first time); throws for
+  // a group made outside a World.
+  std::shared_ptr<Group> make_group(const std::vector<int>& ranks) const;
 
  private:
   std::vector<int> ranks_;
@@ -90,14 +89,31 @@ class Group {
   bool on_one_host_;
   bool fake_;
   std::shared_ptr<CollectiveLog> log_;
-  mutable std::mutex heap_mu_;
-  mutable std::shared_ptr<symm::Heap> heap_;
+  std::shared_ptr<Engine> engine_;
   mutable std::mutex pool_mu_;
   mutable std::vector<at::Tensor> pool_;
   std::shared_ptr<const ClusterTopology> topology_;
   GroupMaker make_group_;
-  mutable std::mutex levels_mu_;
-  mutable std::unique_ptr<HostLevels> levels_;
+  struct Slot {
+    std::mutex mu;
+    std::shared_ptr<void> state;
+  };
+  mutable std::mutex slots_mu_;
+  mutable std::map<std::type_index, std::unique_ptr<Slot>> slots_;
 };
+
+template <typename T, typename Make>
+std::shared_ptr<T> Group::transport_state(Make&& make) const {
+  Slot* slot;
+  {
+    std::lock_guard<std::mutex> lock(slots_mu_);
+    auto& s = slots_[std::type_index(typeid(T))];
+    if (!s) s = std::make_unique<Slot>();
+    slot = s.get();
+  }
+  std::lock_guard<std::mutex> lock(slot->mu);
+  if (!slot->state) slot->state = std::shared_ptr<T>(make());
+  return std::static_pointer_cast<T>(slot->state);
+}
 
 }  // namespace hp::comm

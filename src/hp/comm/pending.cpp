@@ -1,12 +1,17 @@
 #include "hp/comm/pending.h"
 
 #include "hp/base/error.h"
+#include "hp/comm/engine.h"
 
 namespace hp::comm {
 
 Pending::Pending(WorkPtr work, std::function<at::Tensor()> finish, std::string what,
                  std::chrono::milliseconds timeout)
     : work_(std::move(work)), finish_(std::move(finish)), what_(std::move(what)), timeout_(timeout) {}
+
+Pending::Pending(std::shared_ptr<Job> job, std::function<at::Tensor()> finish, std::string what,
+                 std::chrono::milliseconds timeout)
+    : job_(std::move(job)), finish_(std::move(finish)), what_(std::move(what)), timeout_(timeout) {}
 
 Pending Pending::done(at::Tensor result) {
   Pending p;
@@ -18,12 +23,24 @@ Pending Pending::done(at::Tensor result) {
 Pending Pending::then(std::function<at::Tensor(at::Tensor)> next, std::string what) && {
   if (finished_) return done(next(result_));
   auto first = std::move(finish_);
-  return Pending(std::move(work_), [first, next] { return next(first ? first() : at::Tensor()); },
-                 std::move(what), timeout_);
+  Pending p(std::move(work_), [first, next] { return next(first ? first() : at::Tensor()); }, std::move(what),
+            timeout_);
+  p.job_ = std::move(job_);
+  return p;
 }
 
 at::Tensor Pending::wait() {
   if (finished_) return result_;
+  if (job_) {
+    try {
+      job_->wait(timeout_);
+    } catch (const std::exception& e) {
+      finish_ = nullptr;
+      job_.reset();
+      finished_ = true;
+      HP_FAIL() << what_ << " failed: " << e.what();
+    }
+  }
   if (work_) {
     try {
       work_->wait(timeout_);
@@ -34,10 +51,15 @@ at::Tensor Pending::wait() {
   if (finish_) result_ = finish_();
   finish_ = nullptr;
   work_.reset();
+  job_.reset();
   finished_ = true;
   return result_;
 }
 
-bool Pending::ready() const { return finished_ || !work_ || work_->isCompleted(); }
+bool Pending::ready() const {
+  if (finished_) return true;
+  if (job_ && !job_->done()) return false;
+  return !work_ || work_->isCompleted();
+}
 
 }  // namespace hp::comm

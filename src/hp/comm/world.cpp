@@ -16,6 +16,7 @@
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
+#include "hp/comm/engine.h"
 #include "hp/comm/hier/hier.h"
 #include "hp/comm/net.h"
 #include "hp/comm/store.h"
@@ -78,7 +79,7 @@ void wait_for_all_ranks(c10d::Store& store, const DistEnv& env, std::chrono::mil
 World::World(int rank, int size, StorePtr store, std::chrono::milliseconds timeout, bool loopback,
              DistEnv env, int ranks_per_host)
     : rank_(rank), size_(size), store_(std::move(store)), timeout_(timeout), loopback_(loopback),
-      env_(std::move(env)) {
+      env_(std::move(env)), engine_(std::make_shared<Engine>("the progress engine of rank " + std::to_string(rank))) {
   // Communication buffers are large and short-lived. Served by mmap they are page-faulted
   // in afresh on every call (~12 us per 4 KiB page), which costs more than the copy
   // itself; from the heap they are reused.
@@ -105,7 +106,10 @@ World::World(int rank, int size, StorePtr store, std::chrono::milliseconds timeo
   }
 }
 
-World::~World() = default;
+World::~World() {
+  // Before the groups go: queued jobs refer to them.
+  if (engine_) engine_->shutdown();
+}
 
 std::shared_ptr<Group> World::group(const std::vector<int>& ranks, const std::string& device) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -134,6 +138,7 @@ std::shared_ptr<Group> World::group(const std::vector<int>& ranks, const std::st
   }
   auto g = std::make_shared<Group>(ranks, rank_, backend, timeout_, device, prefixed, on_one_host(ranks));
   g->set_log(log_);
+  g->set_engine(engine_);
   // Sub-groups for the hierarchical collectives come from this world; a world not owned
   // by a shared_ptr has none to give, and its groups stay flat.
   std::weak_ptr<World> self = weak_from_this();

@@ -66,6 +66,8 @@ class World : public std::enable_shared_from_this<World> {
   DistEnv env_;
   BackendFactory backend_factory_;
   std::shared_ptr<CollectiveLog> log_ = std::make_shared<CollectiveLog>();
+  // Runs this rank's asynchronous shared-memory and hierarchical collectives (engine.h).
+  std::shared_ptr<Engine> engine_;
   int ranks_per_host_;
   std::shared_ptr<const ClusterTopology> topology_;
   std::string gloo_address_;

@@ -99,6 +99,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, const Devic
   auto params = module.parameters();
   std::reverse(params.begin(), params.end());  // backward meets the last parameters first
   const int64_t cap = static_cast<int64_t>(options.bucket_cap_mb * (1 << 20));
+  const int64_t first_cap = std::min(cap, static_cast<int64_t>(options.first_bucket_cap_mb * (1 << 20)));
   int64_t bytes = 0;
   for (DTensor* p : params) {
     const DeviceMesh& pm = p->device_mesh();
@@ -120,7 +121,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, const Devic
     }
     auto& buckets = state_->buckets;
     const int64_t size = p->to_local().numel() * p->to_local().element_size();
-    if (buckets.empty() || bytes + size > cap || buckets.back().group != group ||
+    if (buckets.empty() || bytes + size > (buckets.size() == 1 ? first_cap : cap) || buckets.back().group != group ||
         buckets.back().flat.scalar_type() != p->scalar_type()) {
       buckets.emplace_back();
       buckets.back().group = group;

@@ -17,6 +17,10 @@ namespace hp {
 
 struct DDPOptions {
   double bucket_cap_mb = 25;
+  // The first bucket (the last parameters, whose gradients backward produces first) is
+  // capped lower, as PyTorch's DDP does (1 MiB), so that communication starts early in
+  // backward rather than after a whole bucket of gradients.
+  double first_bucket_cap_mb = 1;
   // At construction, every replica takes the parameters of the group's rank 0 (as
   // PyTorch's DDP `init_sync`), so replicas initialised differently still train as one.
   bool init_sync = true;

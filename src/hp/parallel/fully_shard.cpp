@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
@@ -29,6 +30,7 @@ struct FSDPRun {
   bool callback_queued = false;
   FSDPUnit* reducing = nullptr;
   comm::Pending reduce;
+  FSDPUnit* gathering = nullptr;  // whose all-gather last read the gather send buffers
 
   static FSDPUnit* after(const std::vector<FSDPUnit*>& order, const FSDPUnit* u) {
     auto it = std::find(order.begin(), order.end(), u);
@@ -40,18 +42,22 @@ struct FSDPRun {
   // A send buffer for an all-gather or reduce-scatter over `g`: in g's symmetric heap when
   // g runs over shared memory, where those collectives read it in place instead of staging
   // it; else one of g's pooled buffers.
-  at::Tensor send_buffer(const comm::Group& g, int64_t numel, at::ScalarType dtype, at::Device device);
-  // One per group and dtype, grown to the largest unit's: the shared-memory collectives
-  // are synchronous, so it is free again when they return. Undefined: none to be had (not
-  // over shared memory, or no room), and not asked for again.
-  std::map<std::pair<const comm::Group*, at::ScalarType>, at::Tensor> symmetric_send;
+  enum class Use { Gather, Reduce };
+  at::Tensor send_buffer(const comm::Group& g, int64_t numel, at::ScalarType dtype, at::Device device, Use use);
+  // One per group, dtype and use, grown to the largest unit's. The collectives read it
+  // while in flight on the progress engine: gathers and reductions have buffers of their
+  // own, and a unit packs one only once the collective that last read it has finished
+  // (start_gather, finish_reduce). Undefined: none to be had (not over shared memory, or
+  // no room), and not asked for again.
+  std::map<std::tuple<const comm::Group*, at::ScalarType, Use>, at::Tensor> symmetric_send;
 };
 
-at::Tensor FSDPRun::send_buffer(const comm::Group& g, int64_t numel, at::ScalarType dtype, at::Device device) {
+at::Tensor FSDPRun::send_buffer(const comm::Group& g, int64_t numel, at::ScalarType dtype, at::Device device,
+                                Use use) {
   if (device.is_cpu()) {
     // Every rank asks for the same sizes in the same order, so the collective
     // try_in_place_buffer is reached together.
-    auto [it, first] = symmetric_send.try_emplace({&g, dtype});
+    auto [it, first] = symmetric_send.try_emplace({&g, dtype, use});
     at::Tensor& s = it->second;
     if (s.defined() && s.numel() >= numel) return s.narrow(0, 0, numel);
     if (first || s.defined()) {
@@ -180,7 +186,12 @@ void FSDPRun::finish_backward() {
 
 void FSDPUnit::start_gather() {
   if (state_ != State::Sharded || params_.empty()) return;
-  at::Tensor send = run_->send_buffer(*shard_, padded_total_, compute_, device_);
+  // At most one gather reads the gather buffers: one still in flight (a prefetch that
+  // another unit's unshard overtook) finishes first; its result stays with its unit.
+  if (run_->gathering && run_->gathering != this && run_->gathering->state_ == State::Gathering)
+    run_->gathering->gather_.wait();
+  run_->gathering = this;
+  at::Tensor send = run_->send_buffer(*shard_, padded_total_, compute_, device_, FSDPRun::Use::Gather);
   for (size_t i = 0; i < params_.size(); ++i) params_[i].pack_shard(send.narrow(0, offsets_[i], params_[i].padded_numel()));
   gather_ = comm::all_gather_async(send, *shard_, 0);
   state_ = State::Gathering;
@@ -267,7 +278,9 @@ void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
   }
   if (sync_) {
     // One rank's segment per row; rank r receives the sum of row r.
-    at::Tensor send = run_->send_buffer(*shard_, shard_->size() * padded_total_, reduce_, device_);
+    run_->finish_reduce();  // at most one reduction in flight: bounded memory, and its buffer free
+    at::Tensor send =
+        run_->send_buffer(*shard_, shard_->size() * padded_total_, reduce_, device_, FSDPRun::Use::Reduce);
     at::Tensor rows = send.view({shard_->size(), padded_total_});
     for (size_t i = 0; i < params_.size(); ++i) {
       if (accumulated_[i].defined())
@@ -276,7 +289,6 @@ void FSDPUnit::post_backward(const std::vector<at::Tensor>& grads) {
         rows.narrow(1, offsets_[i], params_[i].padded_numel()).zero_();
     }
     accumulated_.clear();
-    run_->finish_reduce();  // at most one reduction in flight: bounded memory
     comm::Pending pending = comm::reduce_scatter_async(send, *shard_, 0);
     if (replicate_) {
       const comm::Group* rg = replicate_;

@@ -44,8 +44,8 @@ void pipeline(int64_t pieces, Before&& before, Across&& across, After&& after) {
 
 void all_reduce(const Group& g, at::Tensor t, ReduceOp op) {
   detail::count_call();
-  const HostLevels& lv = g.host_levels();
-  symm::Heap& heap = *lv.inner->symm_heap();
+  const HostLevels& lv = host_levels(g);
+  symm::Heap& heap = *symm::group_heap(*lv.inner);
   const int L = lv.per_host;
   const auto dtype = t.scalar_type();
   const int64_t elem = t.element_size(), total = t.numel();
@@ -94,8 +94,8 @@ void all_reduce(const Group& g, at::Tensor t, ReduceOp op) {
 
 void all_gather(const Group& g, const void* in, const std::vector<size_t>& bytes, void* out) {
   detail::count_call();
-  const HostLevels& lv = g.host_levels();
-  symm::Heap& heap = *lv.inner->symm_heap();
+  const HostLevels& lv = host_levels(g);
+  symm::Heap& heap = *symm::group_heap(*lv.inner);
   const int L = lv.per_host, H = lv.hosts, n = g.size();
   std::vector<int64_t> start(n + 1, 0);  // where each rank's bytes go in `out`
   for (int r = 0; r < n; ++r) start[r + 1] = start[r] + static_cast<int64_t>(bytes[r]);
@@ -133,8 +133,8 @@ void all_gather(const Group& g, const void* in, const std::vector<size_t>& bytes
 void reduce_scatter(const Group& g, const at::Tensor& in, const std::vector<int64_t>& counts, at::Tensor out,
                     ReduceOp op) {
   detail::count_call();
-  const HostLevels& lv = g.host_levels();
-  symm::Heap& heap = *lv.inner->symm_heap();
+  const HostLevels& lv = host_levels(g);
+  symm::Heap& heap = *symm::group_heap(*lv.inner);
   const int L = lv.per_host, H = lv.hosts, n = g.size();
   const auto dtype = in.scalar_type();
   const int64_t elem = in.element_size();

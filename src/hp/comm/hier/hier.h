@@ -3,7 +3,8 @@
 // the ranks of equal local index, in pieces so that the cross-host phase of one piece
 // overlaps the in-host phases of the next. hp::comm's collectives call them when the
 // topology's cost model (hp/topology/hierarchical.h) prefers them; HP_HIER_COLLECTIVES=0
-// turns them off, =1 uses them wherever they apply. They run synchronously.
+// turns them off, =1 uses them wherever they apply. They run to completion on the thread
+// that calls them; hp::comm runs its asynchronous calls of them on the progress engine.
 //
 // Results are deterministic for a fixed layout and size: in-host folds go in local rank
 // order, the cross-host reduction in Gloo's fixed order (all-reduce) or host order
@@ -14,6 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -52,6 +54,20 @@ class ScopedMode {
  private:
   std::optional<Mode> previous_;
 };
+
+// How a group that spans hosts splits: this rank's host (`inner`, shared memory) and the
+// ranks of the same local index on every host (`outer`).
+struct HostLevels {
+  int hosts = 0;
+  int per_host = 0;
+  int host = 0;   // this rank's host block: group ranks [host * per_host, (host + 1) * per_host)
+  int local = 0;  // this rank's index inside it
+  std::shared_ptr<Group> inner, outer;
+};
+// g's split, made on first use and kept with the group: a collective call (it creates the
+// inner group, then the outer one, on every member in the same order). Throws unless the
+// ranks form equal consecutive blocks on 2 or more hosts (hp/topology/hierarchical.h).
+const HostLevels& host_levels(const Group& g);
 
 // How many collectives this thread has run hierarchically: tests and probes check that
 // the path was taken.

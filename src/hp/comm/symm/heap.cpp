@@ -338,4 +338,9 @@ bool Heap::back(size_t offset, size_t bytes) {
   return true;
 }
 
+std::shared_ptr<Heap> group_heap(const comm::Group& g) {
+  HP_CHECK(g.on_one_host()) << "symmetric heap on " << g.describe() << ": the group's ranks are not all on one host";
+  return g.transport_state<Heap>([&g] { return Heap::create(g); });
+}
+
 }  // namespace hp::symm

@@ -192,6 +192,11 @@ class Heap {
   std::weak_ptr<Heap> self_;
 };
 
+// The symmetric heap of `g`, created on first use (Heap::create, a collective call: every
+// member must reach it at the same point of its sequence of collectives) and kept with the
+// group. Throws unless g's ranks are all on one host.
+std::shared_ptr<Heap> group_heap(const comm::Group& g);
+
 // Spins briefly, then yields, then naps: ranks may outnumber cores.
 class Backoff {
  public:

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "hp/base/error.h"
+#include "hp/comm/engine.h"
 #include "hp/comm/group.h"
 
 namespace hp::symm {
@@ -18,10 +19,18 @@ std::shared_ptr<Heap> heap_of(const at::Tensor& t, const char* op) {
   return h;
 }
 
-std::shared_ptr<Heap> heap_of(const comm::Group& g, const char* op) {
+std::shared_ptr<Heap> local_heap_of(const comm::Group& g, const char* op) {
   HP_CHECK(g.on_one_host()) << op << " on " << g.describe() << ": the group spans hosts; symmetric memory "
                             << "needs every rank on one host";
-  return g.symm_heap();
+  return group_heap(g);
+}
+
+// For the calls that synchronise with peers through the heap: after this rank's
+// asynchronous collectives, which use the same heap from the progress engine.
+std::shared_ptr<Heap> heap_of(const comm::Group& g, const char* op) {
+  auto h = local_heap_of(g, op);
+  if (comm::Engine* e = g.engine()) e->drain();
+  return h;
 }
 
 // Elements [offset, offset + numel) of peer's instance of `t`, flattened.
@@ -104,7 +113,7 @@ at::Tensor try_empty(at::IntArrayRef shape, at::ScalarType dtype, const comm::Gr
 }
 
 at::Tensor try_local_empty(int64_t numel, at::ScalarType dtype, const comm::Group& g) {
-  std::shared_ptr<Heap> h = heap_of(g, "hp::symm::try_local_empty");
+  std::shared_ptr<Heap> h = local_heap_of(g, "hp::symm::try_local_empty");
   const int64_t bytes = bytes_of({numel}, dtype);
   size_t off = 0;
   if (!h->try_allocate_local(bytes, &off)) return at::Tensor();
