@@ -1,0 +1,4 @@
+// hp/memory.h: trading compute and transfers for memory, declared from outside the model.
+#pragma once
+
+#include "hp/memory/checkpoint.h"

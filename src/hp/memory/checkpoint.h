@@ -1,0 +1,60 @@
+// Activation checkpointing: a region runs its forward without keeping what its backward
+// needs (only its input), and its backward runs the forward again, with gradients on,
+// first. Memory falls from every activation inside the region to its input; time grows by
+// one forward of the region.
+//
+// The region is a custom autograd node whose inputs are the region's input and the
+// parameters it reads, so their gradients flow on through the ordinary graph: into
+// AccumulateGrad for plain parameters, into fully_shard's reduce-scatter node for
+// gathered ones, into the previous region's node. The recompute replays hp's
+// counter-based RNG from the state the forward started at, so dropout draws the same mask.
+// Everything inside the region runs again, collectives of tensor-parallel layers included
+// (every rank recomputes the same regions in the same order, so they pair up).
+//
+// LibTorch's C++ API has no torch.utils.checkpoint; its saved-tensor hooks are a Python
+// stack (SafePyObject), so the C++ form here is the reentrant one: tensors the region
+// reads must be its input or a listed parameter, and a region that reaches any other
+// tensor needing a gradient is an error at backward, naming the node, instead of a
+// silently missing gradient.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "hp/nn/module.h"
+#include "hp/tensor/dtensor.h"
+
+namespace hp {
+
+struct CheckpointOptions {
+  // Replay hp's RNG (random.h) in the recompute, so dropout-like draws repeat exactly.
+  bool preserve_rng_state = true;
+};
+
+// fn(input) as a checkpointed region. `params` are the slots fn reads its trainable
+// tensors from (e.g. module.parameters()); the recompute puts fresh leaves in them for
+// its duration.
+DTensor checkpoint(const std::function<DTensor(const DTensor&)>& fn, const DTensor& input,
+                   const std::vector<DTensor*>& params, const CheckpointOptions& options = {});
+at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& input,
+                      const std::vector<at::Tensor*>& params, const CheckpointOptions& options = {});
+
+// module(input) with module.forward as the region: the module's own hooks (fully_shard's
+// gather and reshard, a tensor-parallel style's input and output layouts) run once,
+// outside it; the hooks of the modules inside run again in the recompute.
+DTensor checkpoint(nn::Module& module, const DTensor& input, const CheckpointOptions& options = {});
+
+// Makes every call of `module` checkpointed (from outside the model, as parallelism is).
+// Apply before or after parallelize_module and fully_shard: the wrapper sits between a
+// module's hooks and its forward either way.
+void checkpoint_wrapper(nn::Module& module, const CheckpointOptions& options = {});
+// The modules under `root` whose names match one of `patterns` ("layers.*", as the
+// tensor-parallel plan's). A pattern matching no module, or nested matches (a region
+// inside a region recomputes twice), are errors.
+void checkpoint_wrapper(nn::Module& root, const std::vector<std::string>& patterns,
+                        const CheckpointOptions& options = {});
+
+}  // namespace hp
