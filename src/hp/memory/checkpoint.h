@@ -30,6 +30,7 @@
 namespace hp {
 
 struct CheckpointOptions {
+  CheckpointOptions() {}  // not an aggregate: checkpoint_wrapper(root, {"layers.*"}) must pick the patterns
   // Replay hp's RNG (random.h) in the recompute, so dropout-like draws repeat exactly.
   bool preserve_rng_state = true;
 };
