@@ -2,3 +2,4 @@
 #pragma once
 
 #include "hp/memory/checkpoint.h"
+#include "hp/memory/checkpoint_policy.h"

@@ -8,9 +8,8 @@
 
 #include <ATen/ATen.h>
 
-#include "hp/memory.h"
 #include "hp/tensor/memory_stats.h"
-#include "parallel/llama_run.h"
+#include "memory/llama_checkpoint.h"
 
 using namespace hp;
 using hp::testing::LlamaRun;
@@ -18,46 +17,8 @@ using hp::testing::LlamaRunSpec;
 
 namespace {
 
-enum class Layout { Single, Tp2, Fsdp3, Fsdp2Tp2 };
-
-LlamaRunSpec spec_for(Layout layout, std::vector<std::string> checkpointed) {
-  LlamaRunSpec spec;
-  spec.batch = 6;  // rows split over 1, 2 or 3 dp ranks
-  switch (layout) {
-    case Layout::Single: break;
-    case Layout::Tp2: spec.mesh_shape = {1, 2}, spec.mesh_names = {"dp", "tp"}; break;
-    case Layout::Fsdp3: spec.mesh_shape = {3}; break;
-    case Layout::Fsdp2Tp2: spec.mesh_shape = {2, 2}, spec.mesh_names = {"dp", "tp"}; break;
-  }
-  spec.parallelize = [layout, checkpointed](nn::Llama& model, const DeviceMesh& mesh) {
-    std::function<void(bool)> sync;
-    if (layout == Layout::Tp2 || layout == Layout::Fsdp2Tp2)
-      parallelize_llama(model, mesh["tp"], {/*sequence_parallel=*/true, /*loss_parallel=*/true});
-    if (!checkpointed.empty()) checkpoint_wrapper(model, checkpointed);
-    if (layout == Layout::Fsdp3 || layout == Layout::Fsdp2Tp2) {
-      FSDPModule root = fully_shard_llama(model, mesh["dp"]);
-      sync = [root](bool on) mutable { root.set_requires_gradient_sync(on); };
-    }
-    return sync;
-  };
-  return spec;
-}
-
-void expect_identical(const LlamaRun& run, const LlamaRun& ref) {
-  EXPECT_EQ(run.losses, ref.losses);
-  EXPECT_LT(ref.losses.back(), ref.losses.front());  // training happened
-  for (auto which : {&LlamaRun::first_grads, &LlamaRun::final_params})
-    for (auto& [name, t] : ref.*which) {
-      ASSERT_TRUE((run.*which).count(name)) << name;
-      EXPECT_TRUE(at::equal((run.*which).at(name), t))
-          << name << ": max abs diff " << ((run.*which).at(name) - t).abs().max().item<double>();
-    }
-}
-
-void expect_same_as_without(Layout layout, std::vector<std::string> checkpointed) {
-  LlamaRun ref = hp::testing::train_llama(spec_for(layout, {}));
-  expect_identical(hp::testing::train_llama(spec_for(layout, checkpointed)), ref);
-}
+using hp::testing::expect_same_as_without;
+using hp::testing::Layout;
 
 const std::vector<std::string> kBlocks{"layers.*"};
 const std::vector<std::string> kHalves{"layers.*.attn", "layers.*.mlp"};
@@ -117,25 +78,7 @@ TEST(Checkpoint, DropoutReplaysTheSameMask) {
 
 // What the checkpointing is for: the activations kept between forward and backward.
 TEST(Checkpoint, KeepsOnlyTheBlockInputs) {
-  auto kept_after_forward = [](bool checkpointed) {
-    int64_t kept = 0;
-    comm::run_local_ranks(1, [&](int) {
-      DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
-      manual_seed(3);
-      nn::LlamaConfig c = hp::testing::tiny_llama();
-      c.layers = 4, c.dim = 32, c.ffn_dim = 96, c.max_seq = 64;
-      nn::Llama model(c, mesh);
-      if (checkpointed) checkpoint_wrapper(model, {"layers.*"});
-      DTensor ids = distribute_tensor((rand({4, 64}, at::kDouble) * c.vocab).floor().to(at::kLong), mesh, {Replicate()});
-      track_cpu_memory();
-      const int64_t before = cpu_memory_allocated();
-      DTensor logits = model(ids);
-      kept = cpu_memory_allocated() - before;
-      logits.to_local().sum().backward();
-    });
-    return kept;
-  };
-  const int64_t full = kept_after_forward(false), ckpt = kept_after_forward(true);
+  const int64_t full = hp::testing::kept_after_forward({}), ckpt = hp::testing::kept_after_forward({"layers.*"});
   // Per block: about 20 saved tensors of [4, 64, 32..96] without, one input with.
   EXPECT_LT(ckpt * 4, full) << "kept " << ckpt << " bytes with checkpointing, " << full << " without";
 }

@@ -208,7 +208,8 @@ TEST(TrainConfig, UnknownSectionAndTopLevelKey) {
 
 TEST(TrainConfig, ErrorsListWhatTheTableKnows) {
   EXPECT_HAS(load_error("[optimizer]\nlr = 1.0\n"),
-             "known sections: [mesh], [pipeline], [model], [train], [data], [checkpoint], [low_precision], [monitor])");
+             "known sections: [mesh], [pipeline], [model], [train], [data], [checkpoint], [low_precision], [memory], "
+             "[monitor])");
   EXPECT_HAS(load_error("[mesh]\nfoo = 1\n"),
              "unknown key mesh.foo (known: data_parallel, names, sequence_parallel, shape)");
   EXPECT_HAS(load_error("[pipeline]\nstages = 2\n"),
@@ -268,6 +269,15 @@ TEST(TrainConfig, InconsistentValuesAreErrors) {
   EXPECT_HAS(load_error("[low_precision]\nscaling = \"rowwise\"\ndelayed = true\n"),
              "low_precision.delayed needs low_precision.scaling = \"tensorwise\"");
   EXPECT_HAS(load_error("[low_precision]\nhistory_len = 0\n"), "low_precision.history_len = 0 must be >= 1");
+  EXPECT_HAS(load_error("[memory]\nactivation_checkpoint = \"some\"\n"),
+             "memory.activation_checkpoint = \"some\" must be");
+  EXPECT_HAS(load_error("[memory]\nactivation_checkpoint = \"selective\"\nmemory_budget = 1.5\n"),
+             "memory.memory_budget = 1.5 must be from 0 to 1");
+  EXPECT_HAS(load_error("[memory]\nactivation_checkpoint = \"full\"\nmemory_budget = 0.5\n"),
+             "memory.memory_budget needs memory.activation_checkpoint = \"selective\"");
+  EXPECT_HAS(load_error("[mesh]\nshape = [2]\nnames = [\"pp\"]\n[pipeline]\nschedule = \"zb-h1\"\n"
+                        "[memory]\nactivation_checkpoint = \"full\"\n"),
+             "a fully recomputed region cannot");
 }
 
 // dualpipev puts two chunks on each pp rank and splits the backward, like zbv.
@@ -329,6 +339,9 @@ TrainConfig all_changed() {
   c.low_precision.scaling = "tensorwise";
   c.low_precision.delayed = true;
   c.low_precision.history_len = 4;
+  c.memory.activation_checkpoint = "selective";
+  c.memory.checkpoint_modules = {"layers.*.mlp"};
+  c.memory.memory_budget = 0.5;
   c.monitor.every = 10;
   c.monitor.file = "runs/monitor.jsonl";
   c.monitor.spike_factor = 2.5;
@@ -394,6 +407,9 @@ TEST(TrainConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(d.low_precision.scaling, c.low_precision.scaling);
   EXPECT_EQ(d.low_precision.delayed, c.low_precision.delayed);
   EXPECT_EQ(d.low_precision.history_len, c.low_precision.history_len);
+  EXPECT_EQ(d.memory.activation_checkpoint, c.memory.activation_checkpoint);
+  EXPECT_EQ(d.memory.checkpoint_modules, c.memory.checkpoint_modules);
+  EXPECT_EQ(bits(d.memory.memory_budget), bits(c.memory.memory_budget));
   EXPECT_EQ(d.monitor.every, c.monitor.every);
   EXPECT_EQ(d.monitor.file, c.monitor.file);
   EXPECT_EQ(bits(d.monitor.spike_factor), bits(c.monitor.spike_factor));

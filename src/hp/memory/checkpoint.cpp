@@ -11,6 +11,7 @@
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
+#include "hp/memory/selective_region.h"
 #include "hp/parallel/tensor_parallel.h"
 #include "hp/tensor/random.h"
 #include "hp/tensor/weight_outputs.h"
@@ -185,10 +186,39 @@ class SlotSwap {
   std::vector<T> outer_;
 };
 
+bool is_selective(const CheckpointOptions& o) { return static_cast<bool>(o.policy) || o.memory_budget.has_value(); }
+
+DTensor selective_checkpoint(const std::function<DTensor(const DTensor&)>& fn, const DTensor& input,
+                             const std::vector<DTensor*>& params, const CheckpointOptions& options) {
+  if (!at::GradMode::is_enabled()) return fn(input);
+  memory::install_saved_tensor_hooks_engine();
+  std::vector<DTensor> at_forward;
+  for (DTensor* p : params) {
+    HP_CHECK(p != nullptr) << "checkpoint: a null parameter slot";
+    at_forward.push_back(*p);
+  }
+  // The replay reads the parameters as the forward did (fully_shard shows them sharded
+  // between forwards; its backward hook has gathered them again by then).
+  DTensor in = with_local(input, input.to_local().detach());
+  auto replay = [fn, params, at_forward, in] {
+    SlotSwap<DTensor> swap(params, at_forward);
+    fn(in);
+  };
+  memory::SelectiveRegion::Options o;
+  o.policy = options.policy;
+  o.memory_budget = options.memory_budget;
+  o.replay_rng = options.preserve_rng_state;
+  auto region = std::make_shared<memory::SelectiveRegion>(o, std::move(replay));
+  region->protect(input.to_local());
+  for (DTensor* p : params) region->protect(p->to_local());
+  return region->forward([&] { return fn(input); });
+}
+
 }  // namespace
 
 DTensor checkpoint(const std::function<DTensor(const DTensor&)>& fn, const DTensor& input,
                    const std::vector<DTensor*>& params, const CheckpointOptions& options) {
+  if (is_selective(options)) return selective_checkpoint(fn, input, params, options);
   std::vector<DTensor> at_forward;
   std::vector<at::Tensor> locals;
   for (DTensor* p : params) {
@@ -213,6 +243,8 @@ DTensor checkpoint(const std::function<DTensor(const DTensor&)>& fn, const DTens
 
 at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& input,
                       const std::vector<at::Tensor*>& params, const CheckpointOptions& options) {
+  HP_CHECK(!is_selective(options)) << "checkpoint: a selective policy or memory budget chooses among hp's DTensor "
+                                   << "ops, and a region on plain tensors runs none; checkpoint it whole";
   std::vector<at::Tensor> locals;
   for (at::Tensor* p : params) {
     HP_CHECK(p != nullptr) << "checkpoint: a null parameter slot";

@@ -11,11 +11,16 @@
 // Everything inside the region runs again, collectives of tensor-parallel layers included
 // (every rank recomputes the same regions in the same order, so they pair up).
 //
-// LibTorch's C++ API has no torch.utils.checkpoint; its saved-tensor hooks are a Python
-// stack (SafePyObject), so the C++ form here is the reentrant one: tensors the region
-// reads must be its input or a listed parameter, and a region that reaches any other
-// tensor needing a gradient is an error at backward, naming the node, instead of a
-// silently missing gradient.
+// LibTorch's C++ API has no torch.utils.checkpoint, so full checkpointing here is the
+// reentrant form: tensors the region reads must be its input or a listed parameter, and a
+// region that reaches any other tensor needing a gradient is an error at backward, naming
+// the node, instead of a silently missing gradient.
+//
+// Selective checkpointing (a policy, or a memory budget) is the non-reentrant form
+// (selective_region.h): the forward records its graph, the tensors it saves for backward
+// are dropped or kept per op, and the first backward that needs a dropped one replays the
+// region without gradients, handing back the kept outputs (no matmul or collective runs
+// again when the policy kept it).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -24,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "hp/memory/checkpoint_policy.h"
 #include "hp/nn/module.h"
 #include "hp/tensor/dtensor.h"
 
@@ -33,6 +39,15 @@ struct CheckpointOptions {
   CheckpointOptions() {}  // not an aggregate: checkpoint_wrapper(root, {"layers.*"}) must pick the patterns
   // Replay hp's RNG (random.h) in the recompute, so dropout-like draws repeat exactly.
   bool preserve_rng_state = true;
+  // Selective checkpointing: decides per op of the region whether its output is kept or
+  // recomputed (save_matmuls_and_collectives, or the user's). Unset, and no budget: the
+  // whole region is recomputed.
+  CheckpointPolicyFn policy;
+  // Memory-budget mode: keep at most this fraction (0 to 1) of the region's activation bytes
+  // (the op outputs its backward reads), choosing what to keep among the PREFER_ ops:
+  // collectives first, then matmuls, then the rest, smallest first within each. MUST_SAVE
+  // ops that alone exceed the budget are an error. Without a policy, the default one's.
+  std::optional<double> memory_budget;
 };
 
 // fn(input) as a checkpointed region. `params` are the slots fn reads its trainable

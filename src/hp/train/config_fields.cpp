@@ -24,6 +24,7 @@ using Data = DataConfig;
 using Ckpt = CheckpointConfig;
 using Precision = PrecisionConfig;
 using Mon = MonitorConfig;
+using Mem = MemoryConfig;
 
 std::vector<Field> make_fields() {
   return {
@@ -78,6 +79,12 @@ std::vector<Field> make_fields() {
        at<&T::low_precision, &Precision::scaling>()},
       {"low_precision", "delayed", "tensorwise scales from an amax history", at<&T::low_precision, &Precision::delayed>()},
       {"low_precision", "history_len", "steps in the amax history", at<&T::low_precision, &Precision::history_len>()},
+      {"memory", "activation_checkpoint", "recompute activations in backward: full, selective; \"\" = off",
+       at<&T::memory, &Mem::activation_checkpoint>()},
+      {"memory", "checkpoint_modules", "name patterns of the checkpointed modules",
+       at<&T::memory, &Mem::checkpoint_modules>()},
+      {"memory", "memory_budget", "selective: fraction of activations kept, 0 to 1; 0 = the policy decides",
+       at<&T::memory, &Mem::memory_budget>()},
       {"monitor", "every", "steps between per-module norm and non-finite checks; 0 = off",
        at<&T::monitor, &Mon::every>()},
       {"monitor", "file", "JSON lines of norms and spikes; \"\" = none", at<&T::monitor, &Mon::file>()},

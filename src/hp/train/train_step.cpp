@@ -4,6 +4,7 @@
 
 
 #include "hp/comm/collectives.h"
+#include "hp/memory/checkpoint.h"
 #include "hp/optim/adamw.h"
 #include "hp/optim/chained.h"
 
@@ -17,6 +18,7 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
   nn::Llama& model = *t.llama;
   if (dims.tp > 1) parallelize_llama(model, mesh["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
   detail::apply_precision(model, cfg);
+  detail::apply_activation_checkpointing(model, cfg);
   // Data parallelism from outside the model, after tensor parallelism.
   if (dims.dp > 1 && cfg.mesh.data_parallel == "ddp")
     t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh["dp"]));
@@ -34,6 +36,15 @@ void detail::apply_precision(nn::Module& model, const TrainConfig& cfg) {
   c.delayed = p.delayed;
   c.history_len = static_cast<int>(p.history_len);
   apply_low_precision(model, c);
+}
+
+void detail::apply_activation_checkpointing(nn::Module& model, const TrainConfig& cfg) {
+  const MemoryConfig& m = cfg.memory;
+  if (m.activation_checkpoint.empty()) return;
+  CheckpointOptions o;
+  if (m.activation_checkpoint == "selective") o.policy = save_matmuls_and_collectives;
+  if (m.memory_budget > 0) o.memory_budget = m.memory_budget;
+  checkpoint_wrapper(model, m.checkpoint_modules, o);
 }
 
 std::vector<Placement> batch_placements(const DeviceMesh& stage_mesh, bool sequence_sharded) {
