@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
     nn::LlamaConfig c;
     c.vocab = 256, c.dim = 256, c.layers = layers, c.heads = 8, c.kv_heads = 4, c.ffn_dim = 688, c.max_seq = seq;
     nn::Llama model(c, mesh);
-    AdamWOptions ao;
+    optim::AdamWOptions ao;
     ao.lr = 1e-3;
     optim::AdamW opt(model.parameters(), ao);
     const at::Tensor tokens = (rand({batch, seq + 1}, at::kDouble) * c.vocab).floor().to(at::kLong);

@@ -102,7 +102,20 @@ at::Tensor SelectiveRegion::run(const ObservedOp& op, const std::function<at::Te
     e.op.name = op.name();
     e.op.kind = op.op ? std::optional<OpKind>(op.op->kind) : std::nullopt;
     e.op.collective = op.communicates();
+    if (op.inputs)
+      for (const at::Tensor& t : *op.inputs) {
+        auto it = by_storage_.find(storage_of(t));
+        if (it == by_storage_.end())
+          untracked_input_ = untracked_input_ || storage_of(t) != nullptr;
+        else if (it->second >= 0)
+          e.inputs.push_back(it->second);
+      }
     const void* s = storage_of(out);
+    if (out.defined()) {
+      e.sizes = out.sizes().vec();
+      e.strides = out.strides().vec();
+      e.options = out.options();
+    }
     e.owns_storage = s && !by_storage_.count(s);
     if (e.owns_storage) {
       e.op.bytes = static_cast<int64_t>(out.storage().nbytes());
@@ -121,6 +134,9 @@ at::Tensor SelectiveRegion::run(const ObservedOp& op, const std::function<at::Te
       << " (the region must run the same ops each time)";
   Entry& e = entries_[k];
   if (e.keep) return e.value;
+  // A view costs nothing and reads its owner, which stands for it in the bookkeeping
+  // (inputs are traced by storage): it always runs.
+  if (!e.demanded && e.owns_storage) return at::empty_strided(e.sizes, e.strides, e.options).zero_();
   at::Tensor out = compute();
   if (e.owns_storage) e.replayed = out;
   return out;
@@ -160,10 +176,27 @@ void SelectiveRegion::decide() {
         used += static_cast<double>(entries_[k].op.bytes);
       }
   }
+  mark_demanded();
   for (Entry& e : entries_)
     if (!e.keep) e.value = at::Tensor();
   for (auto& slot : slots_)
     if (slot->entry >= 0 && !entries_[slot->entry].keep) slot->value = at::Tensor();
+}
+
+void SelectiveRegion::mark_demanded() {
+  // An op's output (or the storage it views) is read by autograd, or by a recomputed op;
+  // walking back from the last op, a kept output ends the chain.
+  std::vector<bool> feeds(entries_.size(), false);
+  for (size_t i = entries_.size(); i-- > 0;) {
+    Entry& e = entries_[i];
+    e.demanded = untracked_input_ || e.referenced || feeds[i];
+    if (!e.demanded) {
+      e.keep = false;  // nothing reads it: neither kept nor recomputed
+      continue;
+    }
+    if (e.keep) continue;
+    for (int j : e.inputs) feeds[j] = true;
+  }
 }
 
 std::shared_ptr<SelectiveRegion::Slot> SelectiveRegion::pack(const at::Tensor& t) {

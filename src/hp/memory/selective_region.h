@@ -11,7 +11,9 @@
 // The first backward that unpacks a released tensor replays the region once, without
 // gradients, with the RNG and the parameters as the forward saw them: an op whose output
 // was kept returns it without running (a matmul is not recomputed, a collective is not
-// issued again), the others run. The saved tensor comes back as the same view of the
+// issued again), an op that neither autograd nor a recomputed op reads returns zeros of
+// its shape, the others run. Kept outputs that nothing in the replay reads and autograd
+// did not save are released too. The saved tensor comes back as the same view of the
 // replayed output. The graph is the forward's, so gradients are bitwise those of a run
 // without checkpointing.
 //
@@ -81,6 +83,10 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
     bool owns_storage = false;  // its output is new storage (not a view of another)
     bool referenced = false;    // autograd saved a tensor in it
     bool keep = false;
+    bool demanded = false;      // the replay must produce it (for autograd, or for an op that must)
+    std::vector<int> inputs;    // entries whose outputs it reads
+    std::vector<int64_t> sizes, strides;
+    at::TensorOptions options;
     at::Tensor value;           // forward output (kept ones: until the region goes)
     at::Tensor replayed;
   };
@@ -96,6 +102,7 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
     bool finished_ = false;
   };
   void decide();
+  void mark_demanded();
   void replay_once();
 
   Options options_;
@@ -107,6 +114,7 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
   std::unordered_map<const void*, int> by_storage_;  // StorageImpl* -> entry; -1: protected
   std::vector<std::shared_ptr<Slot>> slots_;
   bool replayed_ = false;
+  bool untracked_input_ = false;  // an op read a tensor of unknown origin: replay every op
 };
 
 }  // namespace hp::memory

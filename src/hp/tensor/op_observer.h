@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "hp/layout/shard_spec.h"
 #include "hp/layout/sharding_rules.h"
@@ -19,6 +20,7 @@ struct ObservedOp {
   std::optional<Op> op;                 // a DTensor op's kernel; unset: a redistribution
   const ShardSpec* from = nullptr;      // a redistribution's layouts
   const ShardSpec* to = nullptr;
+  const std::vector<at::Tensor>* inputs = nullptr;  // the local tensors it reads
   bool communicates() const;            // a redistribution that moves data between ranks
   std::string name() const;             // "Linear", "redistribute P(sum) -> R"
 };

@@ -99,6 +99,7 @@ DTensor dispatch(const Op& op, const std::vector<DTensor>& inputs, const LocalKe
   }
   ObservedOp observed;
   observed.op = op;
+  observed.inputs = &locals;
   at::Tensor out = observe_op(observed, [&] { return kernel(locals, LocalContext{decision->inputs, decision->output, coord}); });
   return DTensor(out, mesh, decision->output);
 }

@@ -93,6 +93,8 @@ at::Tensor redistribute_local(const at::Tensor& local, const ShardSpec& from, co
   if (from == to) return local;
   ObservedOp observed;
   observed.from = &from, observed.to = &to;
+  const std::vector<at::Tensor> inputs{local};
+  observed.inputs = &inputs;
   return observe_op(observed, [&] { return redistribute_planned(local, from, to, mesh); });
 }
 
