@@ -433,7 +433,9 @@ TEST(TrainConfig, PrinterPrintsTheTable) {
   }
   for (const auto& f : hp::train::config_fields()) table.push_back(f.section + "." + f.key);
   EXPECT_EQ(printed, table);
-  EXPECT_EQ(table.size(), 45u);  // 4 mesh, 4 pipeline, 10 model, 14 train, 1 data, 5 checkpoint, 3 low_precision, 4 monitor
+  // 4 mesh, 4 pipeline, 10 model, 14 train, 1 data, 5 checkpoint, 3 low_precision, 3 memory, 4 monitor
+  EXPECT_EQ(table.size(), 48u);
   EXPECT_EQ(hp::train::config_sections(), (std::vector<std::string>{"mesh", "pipeline", "model", "train", "data",
-                                                                    "checkpoint", "low_precision", "monitor"}));
+                                                                    "checkpoint", "low_precision", "memory",
+                                                                    "monitor"}));
 }
