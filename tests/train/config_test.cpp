@@ -278,6 +278,7 @@ TEST(TrainConfig, InconsistentValuesAreErrors) {
   EXPECT_HAS(load_error("[mesh]\nshape = [2]\nnames = [\"pp\"]\n[pipeline]\nschedule = \"zb-h1\"\n"
                         "[memory]\nactivation_checkpoint = \"full\"\n"),
              "a fully recomputed region cannot");
+  EXPECT_HAS(load_error("[memory]\noptimizer_offload_batch_mib = 0\n"), "memory.optimizer_offload_batch_mib = 0 must be >= 1");
 }
 
 // dualpipev puts two chunks on each pp rank and splits the backward, like zbv.
@@ -342,6 +343,8 @@ TrainConfig all_changed() {
   c.memory.activation_checkpoint = "selective";
   c.memory.checkpoint_modules = {"layers.*.mlp"};
   c.memory.memory_budget = 0.5;
+  c.memory.optimizer_offload_dir = "/tmp/offload";
+  c.memory.optimizer_offload_batch_mib = 8;
   c.monitor.every = 10;
   c.monitor.file = "runs/monitor.jsonl";
   c.monitor.spike_factor = 2.5;
@@ -410,6 +413,8 @@ TEST(TrainConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(d.memory.activation_checkpoint, c.memory.activation_checkpoint);
   EXPECT_EQ(d.memory.checkpoint_modules, c.memory.checkpoint_modules);
   EXPECT_EQ(bits(d.memory.memory_budget), bits(c.memory.memory_budget));
+  EXPECT_EQ(d.memory.optimizer_offload_dir, c.memory.optimizer_offload_dir);
+  EXPECT_EQ(d.memory.optimizer_offload_batch_mib, c.memory.optimizer_offload_batch_mib);
   EXPECT_EQ(d.monitor.every, c.monitor.every);
   EXPECT_EQ(d.monitor.file, c.monitor.file);
   EXPECT_EQ(bits(d.monitor.spike_factor), bits(c.monitor.spike_factor));
@@ -433,8 +438,8 @@ TEST(TrainConfig, PrinterPrintsTheTable) {
   }
   for (const auto& f : hp::train::config_fields()) table.push_back(f.section + "." + f.key);
   EXPECT_EQ(printed, table);
-  // 4 mesh, 4 pipeline, 10 model, 14 train, 1 data, 5 checkpoint, 3 low_precision, 3 memory, 4 monitor
-  EXPECT_EQ(table.size(), 48u);
+  // 4 mesh, 4 pipeline, 10 model, 14 train, 1 data, 5 checkpoint, 3 low_precision, 5 memory, 4 monitor
+  EXPECT_EQ(table.size(), 50u);
   EXPECT_EQ(hp::train::config_sections(), (std::vector<std::string>{"mesh", "pipeline", "model", "train", "data",
                                                                     "checkpoint", "low_precision", "memory",
                                                                     "monitor"}));

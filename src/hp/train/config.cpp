@@ -365,6 +365,8 @@ void validate(const TrainConfig& c) {
       << mem.activation_checkpoint << "\"";
   HP_CHECK(mem.activation_checkpoint.empty() || !mem.checkpoint_modules.empty())
       << src << ": memory.checkpoint_modules is empty";
+  positive("memory.optimizer_offload_batch_mib", mem.optimizer_offload_batch_mib);
+
   const auto& mon = c.monitor;
   HP_CHECK(mon.every >= 0) << src << ": monitor.every = " << mon.every << " must be >= 0";
   HP_CHECK(mon.replica_check_every >= 0)

@@ -78,10 +78,13 @@ struct PrecisionConfig {
 
 // Activation checkpointing (hp::checkpoint_wrapper) of the modules named, applied after
 // tensor parallelism and before data parallelism; off while activation_checkpoint is "".
+// Optimizer state offloaded to files (hp::memory::SwapOptimizer); off while the dir is "".
 struct MemoryConfig {
   std::string activation_checkpoint;                   // "" = off; full or selective
   std::vector<std::string> checkpoint_modules{"layers.*"};
   double memory_budget = 0;  // selective: fraction of each region's activations kept; 0 = the policy decides
+  std::string optimizer_offload_dir;    // AdamW state in files here between steps (a dir per rank); "" = off
+  int64_t optimizer_offload_batch_mib = 64;  // parameters per streamed batch
 };
 
 // The precision monitor (monitor.h): each part is off at 0 and costs nothing then.

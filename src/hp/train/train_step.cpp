@@ -3,8 +3,11 @@
 #include <ATen/ATen.h>
 
 
+#include "hp/base/error.h"
 #include "hp/comm/collectives.h"
+#include "hp/comm/world.h"
 #include "hp/memory/checkpoint.h"
+#include "hp/memory/swap_optimizer.h"
 #include "hp/optim/adamw.h"
 #include "hp/optim/chained.h"
 
@@ -69,10 +72,20 @@ Training build_training(const TrainConfig& cfg, const std::string& device) {
   t.params = t.model->parameters();
   optim::AdamWOptions adamw;
   adamw.lr = cfg.train.lr, adamw.weight_decay = cfg.train.weight_decay;
+  HP_CHECK(cfg.memory.optimizer_offload_dir.empty() || cfg.train.optimizer == "adamw")
+      << cfg.source << ": memory.optimizer_offload_dir needs train.optimizer = \"adamw\", not \""
+      << cfg.train.optimizer << "\" (Muon's state is not offloaded by hp train yet)";
   if (cfg.train.optimizer == "muon") {
     optim::MuonOptions muon;
     muon.lr = cfg.train.muon_lr, muon.weight_decay = cfg.train.weight_decay;
     t.opt = std::make_unique<optim::ChainedOptimizer>(optim::get_hyper_optimizer(*t.model, muon, adamw));
+  } else if (!cfg.memory.optimizer_offload_dir.empty()) {
+    memory::SwapOptimizerOptions so;
+    so.batch_bytes = cfg.memory.optimizer_offload_batch_mib << 20;
+    auto tier = std::make_shared<memory::FileTier>(cfg.memory.optimizer_offload_dir + "/rank" +
+                                                   std::to_string(comm::current_world()->rank()));
+    t.opt = std::make_unique<memory::SwapOptimizer>(
+        t.params, [adamw](std::vector<DTensor*> ps) { return std::make_unique<optim::AdamW>(ps, adamw); }, tier, so);
   } else {
     t.opt = std::make_unique<optim::AdamW>(t.params, adamw);
   }
