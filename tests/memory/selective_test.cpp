@@ -8,6 +8,8 @@
 
 #include <ATen/ATen.h>
 
+#include <stdlib.h>
+
 #include <atomic>
 
 #include "memory/llama_checkpoint.h"
@@ -51,6 +53,22 @@ TEST(SelectiveCheckpoint, RecomputeEverythingSingleProcess) {
 TEST(SelectiveCheckpoint, Budget50Tp2) { expect_same_as_without(Layout::Tp2, kBlocks, budget(0.5)); }
 TEST(SelectiveCheckpoint, Budget50Fsdp3Uneven) { expect_same_as_without(Layout::Fsdp3, kBlocks, budget(0.5)); }
 
+// MUST_SWAP for the matmuls: their outputs go to files after the forward and come back in
+// the replay; the numbers are those of the run without checkpointing.
+CheckpointOptions swap_matmuls() {
+  CheckpointOptions o;
+  o.policy = [](const CheckpointOp& op) {
+    return op.is_matmul() ? CheckpointPolicy::MUST_SWAP : save_matmuls_and_collectives(op);
+  };
+  char tmpl[] = "/tmp/hp_act_swap_XXXXXX";
+  HP_CHECK(::mkdtemp(tmpl) != nullptr) << "mkdtemp";
+  o.swap_tier = std::make_shared<memory::FileTier>(tmpl);
+  return o;
+}
+
+TEST(SelectiveCheckpoint, SwapMatmulsSingleProcess) { expect_same_as_without(Layout::Single, kBlocks, swap_matmuls()); }
+TEST(SelectiveCheckpoint, SwapMatmulsTp2) { expect_same_as_without(Layout::Tp2, kBlocks, swap_matmuls()); }
+
 TEST(SelectiveCheckpoint, KeepsBetweenFullAndNone) {
   const int64_t none = kept_after_forward({});
   const int64_t full = kept_after_forward(kBlocks);
@@ -58,14 +76,17 @@ TEST(SelectiveCheckpoint, KeepsBetweenFullAndNone) {
   const int64_t half = kept_after_forward(kBlocks, budget(0.5));
   const int64_t nothing = kept_after_forward(kBlocks, policy(CheckpointPolicy::MUST_RECOMPUTE));
   const int64_t all = kept_after_forward(kBlocks, policy(CheckpointPolicy::MUST_SAVE));
+  const int64_t swapped = kept_after_forward(kBlocks, swap_matmuls());
   const std::string figures = "none " + std::to_string(none) + ", full " + std::to_string(full) + ", selective " +
                               std::to_string(sel) + ", budget 0.5 " + std::to_string(half) + ", recompute all " +
-                              std::to_string(nothing) + ", save all " + std::to_string(all);
+                              std::to_string(nothing) + ", save all " + std::to_string(all) + ", swap matmuls " +
+                              std::to_string(swapped);
   EXPECT_LT(full, sel) << figures;
   EXPECT_LT(sel, none) << figures;
   EXPECT_LT(nothing, sel) << figures;
   EXPECT_LT(half, none) << figures;
   EXPECT_GE(all, none) << figures;  // every output kept, some beyond what autograd would save
+  EXPECT_LT(swapped, sel) << figures;  // the kept matmul outputs are in files
 }
 
 // The default policy keeps collective outputs: a step issues the same collectives as

@@ -208,6 +208,7 @@ DTensor selective_checkpoint(const std::function<DTensor(const DTensor&)>& fn, c
   o.policy = options.policy;
   o.memory_budget = options.memory_budget;
   o.replay_rng = options.preserve_rng_state;
+  o.swap_tier = options.swap_tier;
   auto region = std::make_shared<memory::SelectiveRegion>(o, std::move(replay));
   region->protect(input.to_local());
   for (DTensor* p : params) region->protect(p->to_local());

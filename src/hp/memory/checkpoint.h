@@ -26,10 +26,12 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "hp/memory/checkpoint_policy.h"
+#include "hp/memory/storage_tier.h"
 #include "hp/nn/module.h"
 #include "hp/tensor/dtensor.h"
 
@@ -48,6 +50,8 @@ struct CheckpointOptions {
   // collectives first, then matmuls, then the rest, smallest first within each. MUST_SAVE
   // ops that alone exceed the budget are an error. Without a policy, the default one's.
   std::optional<double> memory_budget;
+  // Where MUST_SWAP outputs go between forward and backward (e.g. a memory::FileTier).
+  std::shared_ptr<memory::StorageTier> swap_tier;
 };
 
 // fn(input) as a checkpointed region. `params` are the slots fn reads its trainable

@@ -16,7 +16,7 @@ enum class CheckpointPolicy {
   PREFER_SAVE,       // kept, unless a memory budget needs the room
   MUST_RECOMPUTE,    // recomputed, whatever the budget
   PREFER_RECOMPUTE,  // recomputed, unless a memory budget has room to keep it
-  MUST_SWAP,         // moved to a storage tier and brought back (not available yet: an error)
+  MUST_SWAP,         // written to CheckpointOptions::swap_tier after the forward, read back in the replay
 };
 
 // What a policy sees of one op of the region, after the forward ran it.

@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 
 #include "hp/base/error.h"
@@ -62,12 +63,23 @@ void install_saved_tensor_hooks_engine() {
 
 SelectiveRegion::SelectiveRegion(Options options, std::function<void()> replay)
     : options_(std::move(options)), replay_(std::move(replay)) {
+  static std::atomic<uint64_t> next_id{0};
+  id_ = next_id++;
   if (!options_.policy) options_.policy = save_matmuls_and_collectives;
   if (options_.memory_budget) {
     HP_CHECK(*options_.memory_budget >= 0 && *options_.memory_budget <= 1)
         << "checkpoint: memory_budget is a fraction of the region's activations, from 0 to 1; got "
         << *options_.memory_budget;
   }
+}
+
+SelectiveRegion::~SelectiveRegion() {
+  for (size_t k = 0; k < entries_.size(); ++k)
+    if (entries_[k].swapped) options_.swap_tier->remove(swap_key(k));
+}
+
+std::string SelectiveRegion::swap_key(size_t k) const {
+  return "activation." + std::to_string(id_) + "." + std::to_string(k);
 }
 
 void SelectiveRegion::protect(const at::Tensor& t) {
@@ -115,6 +127,7 @@ at::Tensor SelectiveRegion::run(const ObservedOp& op, const std::function<at::Te
       e.sizes = out.sizes().vec();
       e.strides = out.strides().vec();
       e.options = out.options();
+      e.offset = out.storage_offset();
     }
     e.owns_storage = s && !by_storage_.count(s);
     if (e.owns_storage) {
@@ -133,6 +146,12 @@ at::Tensor SelectiveRegion::run(const ObservedOp& op, const std::function<at::Te
       << (k < entries_.size() ? entries_[k].op.name : std::string("nothing"))
       << " (the region must run the same ops each time)";
   Entry& e = entries_[k];
+  if (e.keep && e.swapped) {  // the whole storage comes back: saved views index into it
+    at::Tensor flat = at::empty({e.op.bytes / static_cast<int64_t>(e.options.dtype().itemsize())}, e.options);
+    options_.swap_tier->read(swap_key(k), flat);
+    e.replayed = flat.as_strided(e.sizes, e.strides, e.offset);
+    return e.replayed;
+  }
   if (e.keep) return e.value;
   // A view costs nothing and reads its owner, which stands for it in the bookkeeping
   // (inputs are traced by storage): it always runs.
@@ -149,9 +168,10 @@ void SelectiveRegion::decide() {
     Entry& e = entries_[k];
     if (!e.owns_storage) continue;
     e.policy = options_.policy(e.op);
-    HP_CHECK(e.policy != CheckpointPolicy::MUST_SWAP)
-        << "checkpoint: the policy asks MUST_SWAP for " << e.op.name << ", and no storage tier is available yet";
+    HP_CHECK(e.policy != CheckpointPolicy::MUST_SWAP || options_.swap_tier)
+        << "checkpoint: the policy asks MUST_SWAP for " << e.op.name << ", and CheckpointOptions::swap_tier is unset";
     if (e.referenced) referenced += e.op.bytes;
+    if (e.policy == CheckpointPolicy::MUST_SWAP) e.keep = e.swapped = true;  // kept, but not in memory
     if (e.policy == CheckpointPolicy::MUST_SAVE) e.keep = true, must += e.op.bytes;
     if (e.policy == CheckpointPolicy::PREFER_SAVE || e.policy == CheckpointPolicy::PREFER_RECOMPUTE) {
       if (!options_.memory_budget) e.keep = e.policy == CheckpointPolicy::PREFER_SAVE;
@@ -177,10 +197,17 @@ void SelectiveRegion::decide() {
       }
   }
   mark_demanded();
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    Entry& e = entries_[k];
+    e.swapped = e.swapped && e.keep;
+    if (!e.swapped) continue;
+    const int64_t n = e.op.bytes / static_cast<int64_t>(e.value.itemsize());
+    options_.swap_tier->write(swap_key(k), e.value.new_empty({0}).set_(e.value.storage(), 0, {n}, {1}));
+  }
   for (Entry& e : entries_)
-    if (!e.keep) e.value = at::Tensor();
+    if (!e.keep || e.swapped) e.value = at::Tensor();
   for (auto& slot : slots_)
-    if (slot->entry >= 0 && !entries_[slot->entry].keep) slot->value = at::Tensor();
+    if (slot->entry >= 0 && (!entries_[slot->entry].keep || entries_[slot->entry].swapped)) slot->value = at::Tensor();
 }
 
 void SelectiveRegion::mark_demanded() {

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "hp/memory/checkpoint_policy.h"
+#include "hp/memory/storage_tier.h"
 #include "hp/tensor/op_observer.h"
 #include "hp/tensor/random.h"
 
@@ -45,9 +46,11 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
     CheckpointPolicyFn policy;
     std::optional<double> memory_budget;
     bool replay_rng = true;
+    std::shared_ptr<StorageTier> swap_tier;
   };
   // `replay` runs the region again (without gradients) as its forward did.
   SelectiveRegion(Options options, std::function<void()> replay);
+  ~SelectiveRegion() override;
 
   // Tensors whose storage belongs to no op of the region (its input, the parameters).
   void protect(const at::Tensor& t);
@@ -83,9 +86,11 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
     bool owns_storage = false;  // its output is new storage (not a view of another)
     bool referenced = false;    // autograd saved a tensor in it
     bool keep = false;
+    bool swapped = false;       // kept in the swap tier, not in memory
     bool demanded = false;      // the replay must produce it (for autograd, or for an op that must)
     std::vector<int> inputs;    // entries whose outputs it reads
     std::vector<int64_t> sizes, strides;
+    int64_t offset = 0;
     at::TensorOptions options;
     at::Tensor value;           // forward output (kept ones: until the region goes)
     at::Tensor replayed;
@@ -103,6 +108,7 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
   };
   void decide();
   void mark_demanded();
+  std::string swap_key(size_t k) const;
   void replay_once();
 
   Options options_;
@@ -114,7 +120,8 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
   std::unordered_map<const void*, int> by_storage_;  // StorageImpl* -> entry; -1: protected
   std::vector<std::shared_ptr<Slot>> slots_;
   bool replayed_ = false;
-  bool untracked_input_ = false;  // an op read a tensor of unknown origin: replay every op
+  bool untracked_input_ = false;
+  uint64_t id_;  // names its entries in the swap tier  // an op read a tensor of unknown origin: replay every op
 };
 
 }  // namespace hp::memory
