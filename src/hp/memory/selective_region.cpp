@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <future>
 #include <mutex>
 
 #include "hp/base/error.h"
@@ -20,6 +21,7 @@ namespace memory {
 namespace {
 
 thread_local SelectiveRegion* t_packing = nullptr;
+thread_local std::weak_ptr<SelectiveRegion> t_last_region;  // for prefetching one layer ahead
 
 const void* storage_of(const at::Tensor& t) {
   return t.defined() && t.has_storage() ? static_cast<const void*>(t.storage().unsafeGetStorageImpl()) : nullptr;
@@ -74,8 +76,10 @@ SelectiveRegion::SelectiveRegion(Options options, std::function<void()> replay)
 }
 
 SelectiveRegion::~SelectiveRegion() {
-  for (size_t k = 0; k < entries_.size(); ++k)
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    if (entries_[k].prefetched.valid()) entries_[k].prefetched.wait();  // before its file goes
     if (entries_[k].swapped) options_.swap_tier->remove(swap_key(k));
+  }
 }
 
 std::string SelectiveRegion::swap_key(size_t k) const {
@@ -88,6 +92,8 @@ void SelectiveRegion::protect(const at::Tensor& t) {
 
 SelectiveRegion::Recording::Recording(SelectiveRegion* r) : r_(r) {
   HP_CHECK(t_packing == nullptr) << "checkpoint: a selective region inside another one on the same thread";
+  r_->previous_ = t_last_region;
+  t_last_region = r_->weak_from_this();
   r_->rng_ = get_rng_state();
   t_packing = r_;
   observer_ = std::make_unique<ScopedOpObserver>(r_);
@@ -147,8 +153,13 @@ at::Tensor SelectiveRegion::run(const ObservedOp& op, const std::function<at::Te
       << " (the region must run the same ops each time)";
   Entry& e = entries_[k];
   if (e.keep && e.swapped) {  // the whole storage comes back: saved views index into it
-    at::Tensor flat = at::empty({e.op.bytes / static_cast<int64_t>(e.options.dtype().itemsize())}, e.options);
-    options_.swap_tier->read(swap_key(k), flat);
+    at::Tensor flat;
+    if (e.prefetched.valid()) {
+      flat = e.prefetched.get();
+    } else {
+      flat = at::empty({e.op.bytes / static_cast<int64_t>(e.options.dtype().itemsize())}, e.options);
+      options_.swap_tier->read(swap_key(k), flat);
+    }
     e.replayed = flat.as_strided(e.sizes, e.strides, e.offset);
     return e.replayed;
   }
@@ -251,8 +262,27 @@ at::Tensor SelectiveRegion::unpack(const Slot& slot) {
   return e.replayed.as_strided(slot.sizes, slot.strides, slot.offset);
 }
 
+void SelectiveRegion::prefetch_swapped() {
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    Entry& e = entries_[k];
+    if (!e.keep || !e.swapped || e.prefetched.valid()) continue;
+    std::shared_ptr<StorageTier> tier = options_.swap_tier;
+    const std::string key = swap_key(k);
+    const int64_t n = e.op.bytes / static_cast<int64_t>(e.options.dtype().itemsize());
+    const at::TensorOptions opts = e.options;
+    e.prefetched = std::async(std::launch::async, [tier, key, n, opts] {
+                     at::Tensor flat = at::empty({n}, opts);
+                     tier->read(key, flat);
+                     return flat;
+                   }).share();
+  }
+}
+
 void SelectiveRegion::replay_once() {
   if (replayed_) return;
+  // The layer before runs its backward next: its swapped outputs start coming back now.
+  if (auto previous = previous_.lock(); previous && previous->mode_ == Mode::Done && !previous->replayed_)
+    previous->prefetch_swapped();
   HP_CHECK(mode_ == Mode::Done) << "checkpoint: a saved tensor unpacked before the region's forward ended";
   const RngState outer = get_rng_state();
   mode_ = Mode::Replay;

@@ -25,6 +25,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <unordered_map>
@@ -87,6 +88,7 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
     bool referenced = false;    // autograd saved a tensor in it
     bool keep = false;
     bool swapped = false;       // kept in the swap tier, not in memory
+    std::shared_future<at::Tensor> prefetched;  // its storage, being read back
     bool demanded = false;      // the replay must produce it (for autograd, or for an op that must)
     std::vector<int> inputs;    // entries whose outputs it reads
     std::vector<int64_t> sizes, strides;
@@ -121,7 +123,11 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
   std::vector<std::shared_ptr<Slot>> slots_;
   bool replayed_ = false;
   bool untracked_input_ = false;
-  uint64_t id_;  // names its entries in the swap tier  // an op read a tensor of unknown origin: replay every op
+  uint64_t id_;  // names its entries in the swap tier
+  // The region made before this one on the thread (the layer before, in forward order): its
+  // swapped outputs are read back while this one's replay and backward run.
+  std::weak_ptr<SelectiveRegion> previous_;
+  void prefetch_swapped();  // an op read a tensor of unknown origin: replay every op
 };
 
 }  // namespace hp::memory
