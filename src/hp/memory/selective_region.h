@@ -13,7 +13,8 @@
 // was kept returns it without running (a matmul is not recomputed, a collective is not
 // issued again), an op that neither autograd nor a recomputed op reads returns zeros of
 // its shape, the others run. Kept outputs that nothing in the replay reads and autograd
-// did not save are released too. The saved tensor comes back as the same view of the
+// did not save are released too. MUST_SWAP outputs are kept in the swap tier instead of
+// memory; the previous region's start coming back when this one's replay begins. The saved tensor comes back as the same view of the
 // replayed output. The graph is the forward's, so gradients are bitwise those of a run
 // without checkpointing.
 //
