@@ -3,6 +3,7 @@
 
 #include "hp/checkpoint.h"
 #include "hp/comm.h"
+#include "hp/memory.h"
 #include "hp/nn.h"
 #include "hp/optim.h"
 #include "hp/parallel.h"

@@ -208,7 +208,8 @@ TEST(TrainConfig, UnknownSectionAndTopLevelKey) {
 
 TEST(TrainConfig, ErrorsListWhatTheTableKnows) {
   EXPECT_HAS(load_error("[optimizer]\nlr = 1.0\n"),
-             "known sections: [mesh], [pipeline], [model], [moe], [train], [data], [checkpoint], [low_precision], [monitor])");
+             "known sections: [mesh], [pipeline], [model], [moe], [train], [data], [checkpoint], [low_precision], "
+             "[memory], [monitor])");
   EXPECT_HAS(load_error("[mesh]\nfoo = 1\n"),
              "unknown key mesh.foo (known: context_parallel, cp_load_balance, data_parallel, names, sequence_parallel, shape)");
   EXPECT_HAS(load_error("[pipeline]\nstages = 2\n"),
@@ -276,6 +277,16 @@ TEST(TrainConfig, InconsistentValuesAreErrors) {
              "moe.num_experts = 2 is fewer than the ep mesh dim (4)");
   EXPECT_HAS(load_error("[mesh]\nshape = [2, 2]\nnames = [\"dp\", \"ep\"]\n[moe]\nnum_experts = 4\n[train]\nbatch = 6\n"),
              "divisible by the dp and ep mesh dims (2 x 2)");
+  EXPECT_HAS(load_error("[memory]\nactivation_checkpoint = \"some\"\n"),
+             "memory.activation_checkpoint = \"some\" must be");
+  EXPECT_HAS(load_error("[memory]\nactivation_checkpoint = \"selective\"\nmemory_budget = 1.5\n"),
+             "memory.memory_budget = 1.5 must be from 0 to 1");
+  EXPECT_HAS(load_error("[memory]\nactivation_checkpoint = \"full\"\nmemory_budget = 0.5\n"),
+             "memory.memory_budget needs memory.activation_checkpoint = \"selective\"");
+  EXPECT_HAS(load_error("[mesh]\nshape = [2]\nnames = [\"pp\"]\n[pipeline]\nschedule = \"zb-h1\"\n"
+                        "[memory]\nactivation_checkpoint = \"full\"\n"),
+             "a fully recomputed region cannot");
+  EXPECT_HAS(load_error("[memory]\noptimizer_offload_batch_mib = 0\n"), "memory.optimizer_offload_batch_mib = 0 must be >= 1");
 }
 
 // dualpipev puts two chunks on each pp rank and splits the backward, like zbv.
@@ -353,6 +364,11 @@ TrainConfig all_changed() {
   c.moe.load_balance_bias = true;
   c.moe.bias_update_rate = 0.002;
   c.moe.capacity_factor = 1.25;
+  c.memory.activation_checkpoint = "selective";
+  c.memory.checkpoint_modules = {"layers.*.mlp"};
+  c.memory.memory_budget = 0.5;
+  c.memory.optimizer_offload_dir = "/tmp/offload";
+  c.memory.optimizer_offload_batch_mib = 8;
   c.monitor.every = 10;
   c.monitor.file = "runs/monitor.jsonl";
   c.monitor.spike_factor = 2.5;
@@ -434,6 +450,11 @@ TEST(TrainConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(d.moe.load_balance_bias, c.moe.load_balance_bias);
   EXPECT_EQ(bits(d.moe.bias_update_rate), bits(c.moe.bias_update_rate));
   EXPECT_EQ(bits(d.moe.capacity_factor), bits(c.moe.capacity_factor));
+  EXPECT_EQ(d.memory.activation_checkpoint, c.memory.activation_checkpoint);
+  EXPECT_EQ(d.memory.checkpoint_modules, c.memory.checkpoint_modules);
+  EXPECT_EQ(bits(d.memory.memory_budget), bits(c.memory.memory_budget));
+  EXPECT_EQ(d.memory.optimizer_offload_dir, c.memory.optimizer_offload_dir);
+  EXPECT_EQ(d.memory.optimizer_offload_batch_mib, c.memory.optimizer_offload_batch_mib);
   EXPECT_EQ(d.monitor.every, c.monitor.every);
   EXPECT_EQ(d.monitor.file, c.monitor.file);
   EXPECT_EQ(bits(d.monitor.spike_factor), bits(c.monitor.spike_factor));
@@ -457,8 +478,9 @@ TEST(TrainConfig, PrinterPrintsTheTable) {
   }
   for (const auto& f : hp::train::config_fields()) table.push_back(f.section + "." + f.key);
   EXPECT_EQ(printed, table);
-  // 6 mesh, 4 pipeline, 10 model, 14 moe, 14 train, 1 data, 5 checkpoint, 3 low_precision, 4 monitor
-  EXPECT_EQ(table.size(), 61u);
+  // 6 mesh, 4 pipeline, 10 model, 14 moe, 14 train, 1 data, 5 checkpoint, 3 low_precision, 5 memory, 4 monitor
+  EXPECT_EQ(table.size(), 66u);
   EXPECT_EQ(hp::train::config_sections(), (std::vector<std::string>{"mesh", "pipeline", "model", "moe", "train", "data",
-                                                                    "checkpoint", "low_precision", "monitor"}));
+                                                                    "checkpoint", "low_precision", "memory",
+                                                                    "monitor"}));
 }

@@ -8,7 +8,7 @@ namespace hp::nn {
 DTensor Module::operator()(const DTensor& x) {
   DTensor in = x;
   for (auto& h : pre_hooks_) in = h(*this, in);
-  DTensor out = forward(in);
+  DTensor out = forward_wrapper_ ? forward_wrapper_(*this, in) : forward(in);
   if (!params_.empty() && WeightOutputRecorder::recording()) {  // before the hooks: W must not repeat theirs
     std::vector<at::Tensor> own;
     for (auto& [name, p] : params_)

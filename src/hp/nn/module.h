@@ -34,6 +34,12 @@ class Module {
   using PostHook = std::function<DTensor(Module&, const DTensor& input, const DTensor& output)>;
   void register_forward_pre_hook(PreHook hook) { pre_hooks_.push_back(std::move(hook)); }
   void register_forward_hook(PostHook hook) { post_hooks_.push_back(std::move(hook)); }
+  // How forward runs, between the pre-hooks and the post-hooks (activation checkpointing
+  // replaces it from outside: the hooks, e.g. fully_shard's gathers, stay outside the
+  // recomputed region). Unset: forward itself.
+  using ForwardWrapper = std::function<DTensor(Module&, const DTensor& input)>;
+  void set_forward_wrapper(ForwardWrapper wrapper) { forward_wrapper_ = std::move(wrapper); }
+  bool has_forward_wrapper() const { return static_cast<bool>(forward_wrapper_); }
 
  protected:
   // The returned reference stays valid; parallelization replaces the DTensor in place.
@@ -49,6 +55,7 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::vector<PreHook> pre_hooks_;
   std::vector<PostHook> post_hooks_;
+  ForwardWrapper forward_wrapper_;
 };
 
 // A trainable leaf: detached from any graph, requiring grad.

@@ -11,6 +11,7 @@
 #include "hp/comm/collectives.h"
 #include "hp/layout/sharding_propagation.h"
 #include "hp/tensor/meta_ops.h"
+#include "hp/tensor/op_observer.h"
 #include "hp/tensor/redistribute.h"
 
 namespace hp {
@@ -96,7 +97,10 @@ DTensor dispatch(const Op& op, const std::vector<DTensor>& inputs, const LocalKe
     }
     locals.push_back(x);
   }
-  at::Tensor out = kernel(locals, LocalContext{decision->inputs, decision->output, coord});
+  ObservedOp observed;
+  observed.op = op;
+  observed.inputs = &locals;
+  at::Tensor out = observe_op(observed, [&] { return kernel(locals, LocalContext{decision->inputs, decision->output, coord}); });
   return DTensor(out, mesh, decision->output);
 }
 

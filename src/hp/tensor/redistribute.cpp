@@ -8,6 +8,7 @@
 #include "hp/comm/autograd.h"
 #include "hp/comm/collectives.h"
 #include "hp/tensor/flattened_all_to_all.h"
+#include "hp/tensor/op_observer.h"
 
 namespace hp {
 namespace {
@@ -83,9 +84,22 @@ ShardSpec gradient_spec(const ShardSpec& spec) {
   return spec.with_placements(p);
 }
 
+// The plan run, with its backward attached (redistribute_local minus the observer).
+at::Tensor redistribute_planned(const at::Tensor& local, const ShardSpec& from, const ShardSpec& to,
+                                const DeviceMesh& mesh);
+
 at::Tensor redistribute_local(const at::Tensor& local, const ShardSpec& from, const ShardSpec& to,
                               const DeviceMesh& mesh) {
   if (from == to) return local;
+  ObservedOp observed;
+  observed.from = &from, observed.to = &to;
+  const std::vector<at::Tensor> inputs{local};
+  observed.inputs = &inputs;
+  return observe_op(observed, [&] { return redistribute_planned(local, from, to, mesh); });
+}
+
+at::Tensor redistribute_planned(const at::Tensor& local, const ShardSpec& from, const ShardSpec& to,
+                                const DeviceMesh& mesh) {
   at::Tensor out;
   {
     at::NoGradGuard no_grad;

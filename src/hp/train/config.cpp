@@ -295,6 +295,9 @@ void validate_pipeline(const TrainConfig& c) {
   HP_CHECK(!split_backward || dp == 1 || c.mesh.zero_stage() == 0)
       << src << ": schedule \"" << p.schedule << "\" splits the backward, which mesh.data_parallel = \"" << c.mesh.data_parallel
       << "\" (fully_shard) cannot reduce in; use gpipe, 1f1b or interleaved-1f1b, or data_parallel = \"ddp\" or \"replicate\"";
+  HP_CHECK(!split_backward || c.memory.activation_checkpoint != "full")
+      << src << ": schedule \"" << p.schedule << "\" splits the backward, which a fully recomputed region cannot; "
+      << "use gpipe, 1f1b or interleaved-1f1b";
 }
 
 }  // namespace
@@ -358,6 +361,20 @@ void validate(const TrainConfig& c) {
   HP_CHECK(!lp.delayed || lp.scaling == "tensorwise")
       << src << ": low_precision.delayed needs low_precision.scaling = \"tensorwise\", not \"" << lp.scaling << "\"";
   positive("low_precision.history_len", lp.history_len);
+  const auto& mem = c.memory;
+  HP_CHECK(mem.activation_checkpoint.empty() || mem.activation_checkpoint == "full" ||
+           mem.activation_checkpoint == "selective")
+      << src << ": memory.activation_checkpoint = \"" << mem.activation_checkpoint
+      << "\" must be \"\" (off), \"full\" or \"selective\"";
+  HP_CHECK(mem.memory_budget >= 0 && mem.memory_budget <= 1)
+      << src << ": memory.memory_budget = " << mem.memory_budget << " must be from 0 to 1";
+  HP_CHECK(mem.memory_budget == 0 || mem.activation_checkpoint == "selective")
+      << src << ": memory.memory_budget needs memory.activation_checkpoint = \"selective\", not \""
+      << mem.activation_checkpoint << "\"";
+  HP_CHECK(mem.activation_checkpoint.empty() || !mem.checkpoint_modules.empty())
+      << src << ": memory.checkpoint_modules is empty";
+  positive("memory.optimizer_offload_batch_mib", mem.optimizer_offload_batch_mib);
+
   const auto& mon = c.monitor;
   HP_CHECK(mon.every >= 0) << src << ": monitor.every = " << mon.every << " must be >= 0";
   HP_CHECK(mon.replica_check_every >= 0)

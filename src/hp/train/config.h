@@ -101,6 +101,17 @@ struct PrecisionConfig {
   int64_t history_len = 16;
 };
 
+// Activation checkpointing (hp::checkpoint_wrapper) of the modules named, applied after
+// tensor parallelism and before data parallelism; off while activation_checkpoint is "".
+// Optimizer state offloaded to files (hp::memory::SwapOptimizer); off while the dir is "".
+struct MemoryConfig {
+  std::string activation_checkpoint;                   // "" = off; full or selective
+  std::vector<std::string> checkpoint_modules{"layers.*"};
+  double memory_budget = 0;  // selective: fraction of each region's activations kept; 0 = the policy decides
+  std::string optimizer_offload_dir;    // AdamW state in files here between steps (a dir per rank); "" = off
+  int64_t optimizer_offload_batch_mib = 64;  // parameters per streamed batch
+};
+
 // The precision monitor (monitor.h): each part is off at 0 and costs nothing then.
 struct MonitorConfig {
   int64_t every = 0;               // steps between per-module norm and non-finite checks; 0 = off
@@ -120,6 +131,7 @@ struct TrainConfig {
   DataConfig data;
   CheckpointConfig checkpoint;
   PrecisionConfig low_precision;
+  MemoryConfig memory;
   MonitorConfig monitor;
   std::string source = "<defaults>";  // file it was read from, for messages
 

@@ -25,6 +25,7 @@ using Ckpt = CheckpointConfig;
 using Precision = PrecisionConfig;
 using Mon = MonitorConfig;
 using MoE = MoEConfig;
+using Mem = MemoryConfig;
 
 std::vector<Field> make_fields() {
   return {
@@ -99,6 +100,16 @@ std::vector<Field> make_fields() {
        at<&T::low_precision, &Precision::scaling>()},
       {"low_precision", "delayed", "tensorwise scales from an amax history", at<&T::low_precision, &Precision::delayed>()},
       {"low_precision", "history_len", "steps in the amax history", at<&T::low_precision, &Precision::history_len>()},
+      {"memory", "activation_checkpoint", "recompute activations in backward: full, selective; \"\" = off",
+       at<&T::memory, &Mem::activation_checkpoint>()},
+      {"memory", "checkpoint_modules", "name patterns of the checkpointed modules",
+       at<&T::memory, &Mem::checkpoint_modules>()},
+      {"memory", "memory_budget", "selective: fraction of activations kept, 0 to 1; 0 = the policy decides",
+       at<&T::memory, &Mem::memory_budget>()},
+      {"memory", "optimizer_offload_dir", "AdamW state in files here between steps; \"\" = off",
+       at<&T::memory, &Mem::optimizer_offload_dir>()},
+      {"memory", "optimizer_offload_batch_mib", "parameters per streamed batch of optimizer state",
+       at<&T::memory, &Mem::optimizer_offload_batch_mib>()},
       {"monitor", "every", "steps between per-module norm and non-finite checks; 0 = off",
        at<&T::monitor, &Mon::every>()},
       {"monitor", "file", "JSON lines of norms and spikes; \"\" = none", at<&T::monitor, &Mon::file>()},

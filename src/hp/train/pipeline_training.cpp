@@ -54,6 +54,7 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
   nn::Llama whole(cfg.model, sm);
   if (dims.tp > 1) parallelize_llama(whole, sm["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
   apply_precision(whole, cfg);
+  apply_activation_checkpointing(whole, cfg);
   const bool dp = dims.dp > 1;
   auto group = comm::current_world()->world_group(t.mesh.device_type());
   auto mine = std::make_shared<nn::Sequential>();

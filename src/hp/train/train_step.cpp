@@ -3,7 +3,11 @@
 #include <ATen/ATen.h>
 
 
+#include "hp/base/error.h"
 #include "hp/comm/collectives.h"
+#include "hp/comm/world.h"
+#include "hp/memory/checkpoint.h"
+#include "hp/memory/swap_optimizer.h"
 #include "hp/optim/adamw.h"
 #include "hp/optim/chained.h"
 
@@ -42,6 +46,7 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
     parallelize_module(model, mesh["cp"], {{"layers.*.attn", ContextParallel(cp)}});
   }
   detail::apply_precision(model, cfg);
+  detail::apply_activation_checkpointing(model, cfg);
   // Data parallelism from outside the model, after tensor parallelism.
   if (dims.dp > 1 && cfg.mesh.data_parallel == "ddp")
     t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh["dp"]));
@@ -59,6 +64,15 @@ void detail::apply_precision(nn::Module& model, const TrainConfig& cfg) {
   c.delayed = p.delayed;
   c.history_len = static_cast<int>(p.history_len);
   apply_low_precision(model, c);
+}
+
+void detail::apply_activation_checkpointing(nn::Module& model, const TrainConfig& cfg) {
+  const MemoryConfig& m = cfg.memory;
+  if (m.activation_checkpoint.empty()) return;
+  CheckpointOptions o;
+  if (m.activation_checkpoint == "selective") o.policy = save_matmuls_and_collectives;
+  if (m.memory_budget > 0) o.memory_budget = m.memory_budget;
+  checkpoint_wrapper(model, m.checkpoint_modules, o);
 }
 
 std::vector<Placement> batch_placements(const DeviceMesh& stage_mesh, bool sequence_sharded) {
@@ -86,10 +100,20 @@ Training build_training(const TrainConfig& cfg, const std::string& device) {
   t.params = t.model->parameters();
   optim::AdamWOptions adamw;
   adamw.lr = cfg.train.lr, adamw.weight_decay = cfg.train.weight_decay;
+  HP_CHECK(cfg.memory.optimizer_offload_dir.empty() || cfg.train.optimizer == "adamw")
+      << cfg.source << ": memory.optimizer_offload_dir needs train.optimizer = \"adamw\", not \""
+      << cfg.train.optimizer << "\" (Muon's state is not offloaded by hp train yet)";
   if (cfg.train.optimizer == "muon") {
     optim::MuonOptions muon;
     muon.lr = cfg.train.muon_lr, muon.weight_decay = cfg.train.weight_decay;
     t.opt = std::make_unique<optim::ChainedOptimizer>(optim::get_hyper_optimizer(*t.model, muon, adamw));
+  } else if (!cfg.memory.optimizer_offload_dir.empty()) {
+    memory::SwapOptimizerOptions so;
+    so.batch_bytes = cfg.memory.optimizer_offload_batch_mib << 20;
+    auto tier = std::make_shared<memory::FileTier>(cfg.memory.optimizer_offload_dir + "/rank" +
+                                                   std::to_string(comm::current_world()->rank()));
+    t.opt = std::make_unique<memory::SwapOptimizer>(
+        t.params, [adamw](std::vector<DTensor*> ps) { return std::make_unique<optim::AdamW>(ps, adamw); }, tier, so);
   } else {
     t.opt = std::make_unique<optim::AdamW>(t.params, adamw);
   }

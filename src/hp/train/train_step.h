@@ -63,6 +63,8 @@ namespace detail {
 void build_pipeline(Training& t, const TrainConfig& cfg);
 // [low_precision]: FP8 on the block Linears of `model` (tensor-parallel or not); nothing when off.
 void apply_precision(nn::Module& model, const TrainConfig& cfg);
+// [memory]'s activation checkpointing, after tensor parallelism and before data parallelism.
+void apply_activation_checkpointing(nn::Module& model, const TrainConfig& cfg);
 }  // namespace detail
 
 }  // namespace hp::train

@@ -1,0 +1,191 @@
+// Activation checkpointing and optimizer-state offload: memory and step time of one
+// training step, by mode:
+//   bench_memory [LAYERS] [BATCH] [ROUNDS] [STEPS]      (default 4 8 3 2; one process)
+// The 3.03M Llama of configs/bench_3m.toml (vocab 256, dim 256, 8 heads / 4 kv heads, SwiGLU
+// 688, sequence 256) with LAYERS blocks, BATCH sequences, float32. Modes: none (AdamW in
+// memory), full (every block recomputed), selective (save_matmuls_and_collectives), budget
+// 0.5, offload (SwapOptimizer over AdamW, state in files under $TMPDIR or /tmp, 8 batches,
+// prefetch) and offload_noprefetch. One model: each round runs every mode in turn (first
+// mode rotating), each with a fresh optimizer (one untimed step allocates its state), so
+// all modes see the same machine and model.
+//
+// Per step: wall time; the activation peak, the high-water mark of the counted CPU storage
+// (hp::track_cpu_memory) during forward + backward above what was allocated before the
+// forward; and the step's peak, the high-water mark of all counted storage over forward,
+// backward and the optimizer step (parameters, gradients, optimizer state, activations).
+// Per mode: the process's peak RSS over its steps (VmHWM, reset through
+// /proc/self/clear_refs). Medians over all steps of a mode; ratios against none. The
+// planner's figures for the same model (plan/memory.h, plan/estimator.h) are printed
+// beside them. RESULT lines last.
+#include <ATen/ATen.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "hp/base/error.h"
+#include "hp/memory.h"
+#include "hp/nn.h"
+#include "hp/optim/adamw.h"
+#include "hp/plan/estimator.h"
+#include "hp/plan/memory.h"
+#include "hp/plan/model_desc.h"
+#include "hp/tensor/memory_stats.h"
+#include "hp/tensor/random.h"
+
+using namespace hp;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Peak RSS in bytes since the last reset_peak_rss().
+double peak_rss() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) * 1024.0;
+  return 0;
+}
+void reset_peak_rss() { std::ofstream("/proc/self/clear_refs") << "5"; }
+
+struct Mode {
+  std::string name;
+  bool checkpointed = false;
+  CheckpointOptions options;
+  int offload = 0;  // 0: AdamW in memory; 1: SwapOptimizer with prefetch; 2: without
+};
+
+std::vector<Mode> modes() {
+  Mode none{"none"}, full{"full", true}, sel{"selective", true}, half{"budget50", true};
+  sel.options.policy = save_matmuls_and_collectives;
+  half.options.memory_budget = 0.5;
+  Mode off{"offload"}, off_np{"offload_noprefetch"};
+  off.offload = 1, off_np.offload = 2;
+  return {none, full, sel, half, off, off_np};
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(nn::Llama& model, int offload, int64_t batch_bytes) {
+  optim::AdamWOptions ao;
+  ao.lr = 1e-3;
+  if (offload == 0) return std::make_unique<optim::AdamW>(model.parameters(), ao);
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir = std::string(tmp ? tmp : "/tmp") + "/hp_bench_memory_XXXXXX";
+  HP_CHECK(::mkdtemp(dir.data()) != nullptr) << "mkdtemp " << dir;
+  memory::SwapOptimizerOptions so;
+  so.batch_bytes = batch_bytes;
+  so.prefetch = offload == 1;
+  return std::make_unique<memory::SwapOptimizer>(
+      model.parameters(), [ao](std::vector<DTensor*> ps) { return std::make_unique<optim::AdamW>(ps, ao); },
+      std::make_shared<memory::FileTier>(dir), so);
+}
+
+void set_mode(nn::Llama& model, const Mode& m) {
+  for (auto& [name, mod] : model.named_modules())
+    if (name.rfind("layers.", 0) == 0 && name.find('.', 7) == std::string::npos) {
+      mod->set_forward_wrapper(nullptr);
+      if (m.checkpointed) checkpoint_wrapper(*mod, m.options);
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t layers = argc > 1 ? std::stoll(argv[1]) : 4;
+  const int64_t batch = argc > 2 ? std::stoll(argv[2]) : 8;
+  const int rounds = argc > 3 ? std::stoi(argv[3]) : 3;
+  const int steps = argc > 4 ? std::stoi(argv[4]) : 2;
+  const int64_t seq = 256;
+  comm::run_local_ranks(1, [&](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    manual_seed(0);
+    nn::LlamaConfig c;
+    c.vocab = 256, c.dim = 256, c.layers = layers, c.heads = 8, c.kv_heads = 4, c.ffn_dim = 688, c.max_seq = seq;
+    nn::Llama model(c, mesh);
+    int64_t param_bytes = 0;
+    for (DTensor* p : model.parameters()) param_bytes += static_cast<int64_t>(p->to_local().nbytes());
+    std::unique_ptr<optim::Optimizer> opt;
+    const at::Tensor tokens = (rand({batch, seq + 1}, at::kDouble) * c.vocab).floor().to(at::kLong);
+    DTensor ids = distribute_tensor(tokens.narrow(1, 0, seq).contiguous(), mesh, {Replicate()});
+    DTensor targets = distribute_tensor(tokens.narrow(1, 1, seq).contiguous(), mesh, {Replicate()});
+    track_cpu_memory();
+    struct Step {
+      double time, act, peak;
+    };
+    auto step = [&]() {
+      reset_cpu_memory_peak();
+      const int64_t before = cpu_memory_allocated();
+      auto t0 = Clock::now();
+      model.loss(ids, targets).to_local().backward();
+      const double act = double(cpu_memory_peak() - before);
+      opt->step();
+      for (DTensor* p : model.parameters()) p->to_local().mutable_grad().zero_();  // stay allocated
+      return Step{std::chrono::duration<double>(Clock::now() - t0).count(), act, double(cpu_memory_peak())};
+    };
+    const std::vector<Mode> ms = modes();
+    std::map<std::string, std::vector<double>> time, act, peak, rss;
+    for (int r = 0; r < rounds; ++r)
+      for (size_t i = 0; i < ms.size(); ++i) {
+        const Mode& m = ms[(i + r) % ms.size()];
+        set_mode(model, m);
+        opt.reset();
+        opt = make_optimizer(model, m.offload, param_bytes / 8);
+        step();  // allocates gradients and optimizer state
+        reset_peak_rss();
+        for (int s = 0; s < steps; ++s) {
+          Step st = step();
+          time[m.name].push_back(st.time);
+          act[m.name].push_back(st.act);
+          peak[m.name].push_back(st.peak);
+        }
+        rss[m.name].push_back(peak_rss());
+      }
+    opt.reset();
+    plan::ModelDesc d;
+    d.name = "bench", d.layers = layers, d.hidden = c.dim, d.heads = c.heads, d.kv_heads = c.kv_heads;
+    d.ffn = c.ffn_dim, d.vocab = c.vocab, d.seq_len = seq;
+    const double layer_none = plan::layer_activation_bytes_per_token(d, false, plan::Recompute::None);
+    const double layer_sel = plan::layer_activation_bytes_per_token(d, false, plan::Recompute::Selective);
+    const double layer_full = plan::layer_activation_bytes_per_token(d, false, plan::Recompute::Full);
+    const double planned_sel_time = 1 + plan::EstimatorOptions().selective_recompute_cost;
+
+    std::printf("Llama %lld layers, dim 256, batch %lld x seq %lld, %d rounds x %d steps per mode\n",
+                (long long)layers, (long long)batch, (long long)seq, rounds, steps);
+    std::printf("%-19s %9s %7s %13s %7s %14s %13s\n", "mode", "step ms", "ratio", "act peak MiB", "ratio",
+                "step peak MiB", "peak RSS MiB");
+    const double t0 = median(time["none"]), a0 = median(act["none"]), p0 = median(peak["none"]);
+    for (const Mode& m : ms)
+      std::printf("%-19s %9.1f %7.3f %13.1f %7.3f %14.1f %13.1f\n", m.name.c_str(), 1e3 * median(time[m.name]),
+                  median(time[m.name]) / t0, median(act[m.name]) / (1 << 20), median(act[m.name]) / a0,
+                  median(peak[m.name]) / (1 << 20), median(rss[m.name]) / (1 << 20));
+    const double state = 2.0 * double(param_bytes);  // AdamW's exp_avg and exp_avg_sq
+    std::printf("AdamW state %.1f MiB; offload lowers the step peak by %.1f MiB (%.2f of it)\n", state / (1 << 20),
+                (p0 - median(peak["offload"])) / (1 << 20), (p0 - median(peak["offload"])) / state);
+    std::printf("planner, per layer's saved activations: selective %.3f, full %.3f of none; step time "
+                "selective %.2fx, full %.2fx (one more forward: 4/3)\n",
+                layer_sel / layer_none, layer_full / layer_none, planned_sel_time, 4.0 / 3.0);
+    std::printf("target full: activation peak <= 1/L + one layer = %.3f of none\n", 2.0 / double(layers));
+    const std::string tag = "L" + std::to_string(layers);
+    for (const Mode& m : ms) {
+      if (m.name == "none" || m.offload) continue;
+      std::printf("RESULT memory_%s_act_peak_ratio_%s %.3f\n", m.name.c_str(), tag.c_str(), median(act[m.name]) / a0);
+      std::printf("RESULT memory_%s_step_time_ratio_%s %.3f\n", m.name.c_str(), tag.c_str(),
+                  median(time[m.name]) / t0);
+    }
+    std::printf("RESULT memory_offload_peak_drop_of_state_%s %.3f\n", tag.c_str(), (p0 - median(peak["offload"])) / state);
+    std::printf("RESULT memory_offload_step_time_ratio_%s %.3f\n", tag.c_str(), median(time["offload"]) / t0);
+    std::printf("RESULT memory_offload_noprefetch_step_time_ratio_%s %.3f\n", tag.c_str(),
+                median(time["offload_noprefetch"]) / t0);
+    std::printf("RESULT memory_none_act_peak_mib_%s %.1f\n", tag.c_str(), a0 / (1 << 20));
+  });
+  return 0;
+}

@@ -1,0 +1,80 @@
+// Activation checkpointing: a region runs its forward without keeping what its backward
+// needs (only its input), and its backward runs the forward again, with gradients on,
+// first. Memory falls from every activation inside the region to its input; time grows by
+// one forward of the region.
+//
+// The region is a custom autograd node whose inputs are the region's input and the
+// parameters it reads, so their gradients flow on through the ordinary graph: into
+// AccumulateGrad for plain parameters, into fully_shard's reduce-scatter node for
+// gathered ones, into the previous region's node. The recompute replays hp's
+// counter-based RNG from the state the forward started at, so dropout draws the same mask.
+// Everything inside the region runs again, collectives of tensor-parallel layers included
+// (every rank recomputes the same regions in the same order, so they pair up).
+//
+// LibTorch's C++ API has no torch.utils.checkpoint, so full checkpointing here is the
+// reentrant form: tensors the region reads must be its input or a listed parameter, and a
+// region that reaches any other tensor needing a gradient is an error at backward, naming
+// the node, instead of a silently missing gradient.
+//
+// Selective checkpointing (a policy, or a memory budget) is the non-reentrant form
+// (selective_region.h): the forward records its graph, the tensors it saves for backward
+// are dropped or kept per op, and the first backward that needs a dropped one replays the
+// region without gradients, handing back the kept outputs (no matmul or collective runs
+// again when the policy kept it).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hp/memory/checkpoint_policy.h"
+#include "hp/memory/storage_tier.h"
+#include "hp/nn/module.h"
+#include "hp/tensor/dtensor.h"
+
+namespace hp {
+
+struct CheckpointOptions {
+  CheckpointOptions() {}  // not an aggregate: checkpoint_wrapper(root, {"layers.*"}) must pick the patterns
+  // Replay hp's RNG (random.h) in the recompute, so dropout-like draws repeat exactly.
+  bool preserve_rng_state = true;
+  // Selective checkpointing: decides per op of the region whether its output is kept or
+  // recomputed (save_matmuls_and_collectives, or the user's). Unset, and no budget: the
+  // whole region is recomputed.
+  CheckpointPolicyFn policy;
+  // Memory-budget mode: keep at most this fraction (0 to 1) of the region's activation bytes
+  // (the op outputs its backward reads), choosing what to keep among the PREFER_ ops:
+  // collectives first, then matmuls, then the rest, smallest first within each. MUST_SAVE
+  // ops that alone exceed the budget are an error. Without a policy, the default one's.
+  std::optional<double> memory_budget;
+  // Where MUST_SWAP outputs go between forward and backward (e.g. a memory::FileTier).
+  std::shared_ptr<memory::StorageTier> swap_tier;
+};
+
+// fn(input) as a checkpointed region. `params` are the slots fn reads its trainable
+// tensors from (e.g. module.parameters()); the recompute puts fresh leaves in them for
+// its duration.
+DTensor checkpoint(const std::function<DTensor(const DTensor&)>& fn, const DTensor& input,
+                   const std::vector<DTensor*>& params, const CheckpointOptions& options = {});
+at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& input,
+                      const std::vector<at::Tensor*>& params, const CheckpointOptions& options = {});
+
+// module(input) with module.forward as the region: the module's own hooks (fully_shard's
+// gather and reshard, a tensor-parallel style's input and output layouts) run once,
+// outside it; the hooks of the modules inside run again in the recompute.
+DTensor checkpoint(nn::Module& module, const DTensor& input, const CheckpointOptions& options = {});
+
+// Makes every call of `module` checkpointed (from outside the model, as parallelism is).
+// Apply before or after parallelize_module and fully_shard: the wrapper sits between a
+// module's hooks and its forward either way.
+void checkpoint_wrapper(nn::Module& module, const CheckpointOptions& options = {});
+// The modules under `root` whose names match one of `patterns` ("layers.*", as the
+// tensor-parallel plan's). A pattern matching no module, or nested matches (a region
+// inside a region recomputes twice), are errors.
+void checkpoint_wrapper(nn::Module& root, const std::vector<std::string>& patterns,
+                        const CheckpointOptions& options = {});
+
+}  // namespace hp

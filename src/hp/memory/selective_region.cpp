@@ -1,0 +1,322 @@
+#include "hp/memory/selective_region.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/saved_variable_hooks.h>
+
+#include <algorithm>
+#include <atomic>
+#include <future>
+#include <mutex>
+
+#include "hp/base/error.h"
+
+namespace hp {
+
+CheckpointPolicy save_matmuls_and_collectives(const CheckpointOp& op) {
+  return op.is_matmul() || op.collective ? CheckpointPolicy::PREFER_SAVE : CheckpointPolicy::PREFER_RECOMPUTE;
+}
+
+namespace memory {
+namespace {
+
+thread_local SelectiveRegion* t_packing = nullptr;
+thread_local std::weak_ptr<SelectiveRegion> t_last_region;  // for prefetching one layer ahead
+
+const void* storage_of(const at::Tensor& t) {
+  return t.defined() && t.has_storage() ? static_cast<const void*>(t.storage().unsafeGetStorageImpl()) : nullptr;
+}
+
+struct RegionHooks : torch::autograd::SavedVariableHooks {
+  explicit RegionHooks(std::shared_ptr<SelectiveRegion> r) : region(std::move(r)) {}
+  void call_pack_hook(const at::Tensor& t) override { slot = region->pack(t); }
+  at::Tensor call_unpack_hook() override { return region->unpack(*slot); }
+  std::shared_ptr<SelectiveRegion> region;
+  std::shared_ptr<SelectiveRegion::Slot> slot;
+};
+
+struct HooksEngine : torch::autograd::Engine {
+  std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks() override {
+    if (!t_packing) return nullptr;
+    return std::make_unique<RegionHooks>(t_packing->shared_from_this());
+  }
+};
+
+torch::autograd::Engine& hooks_engine() {
+  static HooksEngine engine;
+  return engine;
+}
+
+// Which kept outputs a budget prefers: collectives, then matmuls, then the rest.
+int keep_rank(const CheckpointOp& op) { return op.collective ? 0 : op.is_matmul() ? 1 : 2; }
+
+}  // namespace
+
+void install_saved_tensor_hooks_engine() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    using torch::autograd::Engine;
+    HP_CHECK(&Engine::get_default_engine() == &Engine::get_base_engine())
+        << "selective checkpointing needs LibTorch's C++ autograd engine, and another one (Python's?) is "
+        << "installed; use full checkpointing (no policy, no budget)";
+    torch::autograd::set_default_engine_stub(hooks_engine);
+  });
+}
+
+SelectiveRegion::SelectiveRegion(Options options, std::function<void()> replay)
+    : options_(std::move(options)), replay_(std::move(replay)) {
+  static std::atomic<uint64_t> next_id{0};
+  id_ = next_id++;
+  if (!options_.policy) options_.policy = save_matmuls_and_collectives;
+  if (options_.memory_budget) {
+    HP_CHECK(*options_.memory_budget >= 0 && *options_.memory_budget <= 1)
+        << "checkpoint: memory_budget is a fraction of the region's activations, from 0 to 1; got "
+        << *options_.memory_budget;
+  }
+}
+
+SelectiveRegion::~SelectiveRegion() {
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    if (entries_[k].prefetched.valid()) entries_[k].prefetched.wait();  // before its file goes
+    if (entries_[k].swapped) options_.swap_tier->remove(swap_key(k));
+  }
+}
+
+std::string SelectiveRegion::swap_key(size_t k) const {
+  return "activation." + std::to_string(id_) + "." + std::to_string(k);
+}
+
+void SelectiveRegion::protect(const at::Tensor& t) {
+  if (const void* s = storage_of(t)) by_storage_.emplace(s, -1);
+}
+
+SelectiveRegion::Recording::Recording(SelectiveRegion* r) : r_(r) {
+  HP_CHECK(t_packing == nullptr) << "checkpoint: a selective region inside another one on the same thread";
+  r_->previous_ = t_last_region;
+  t_last_region = r_->weak_from_this();
+  r_->rng_ = get_rng_state();
+  t_packing = r_;
+  observer_ = std::make_unique<ScopedOpObserver>(r_);
+}
+
+SelectiveRegion::Recording::~Recording() {
+  if (finished_) return;
+  observer_.reset();
+  t_packing = nullptr;
+}
+
+void SelectiveRegion::Recording::finish() {
+  observer_.reset();
+  t_packing = nullptr;
+  finished_ = true;
+  r_->mode_ = Mode::Done;
+  r_->decide();
+}
+
+at::Tensor SelectiveRegion::run(const ObservedOp& op, const std::function<at::Tensor()>& compute) {
+  if (mode_ == Mode::Forward) {
+    at::Tensor out = compute();
+    Entry e;
+    e.op.name = op.name();
+    e.op.kind = op.op ? std::optional<OpKind>(op.op->kind) : std::nullopt;
+    e.op.collective = op.communicates();
+    if (op.inputs)
+      for (const at::Tensor& t : *op.inputs) {
+        auto it = by_storage_.find(storage_of(t));
+        if (it == by_storage_.end())
+          untracked_input_ = untracked_input_ || storage_of(t) != nullptr;
+        else if (it->second >= 0)
+          e.inputs.push_back(it->second);
+      }
+    const void* s = storage_of(out);
+    if (out.defined()) {
+      e.sizes = out.sizes().vec();
+      e.strides = out.strides().vec();
+      e.options = out.options();
+      e.offset = out.storage_offset();
+    }
+    e.owns_storage = s && !by_storage_.count(s);
+    if (e.owns_storage) {
+      e.op.bytes = static_cast<int64_t>(out.storage().nbytes());
+      by_storage_[s] = static_cast<int>(entries_.size());
+      e.value = out.detach();
+    }
+    entries_.push_back(std::move(e));
+    return out;
+  }
+  HP_CHECK(mode_ == Mode::Replay) << "checkpoint: an op observed outside the region's forward and replay";
+  const size_t k = cursor_++;
+  const std::string name = op.name();
+  HP_CHECK(k < entries_.size() && entries_[k].op.name == name)
+      << "checkpoint: the recompute ran " << name << " as op " << k << " where the forward ran "
+      << (k < entries_.size() ? entries_[k].op.name : std::string("nothing"))
+      << " (the region must run the same ops each time)";
+  Entry& e = entries_[k];
+  if (e.keep && e.swapped) {  // the whole storage comes back: saved views index into it
+    at::Tensor flat;
+    if (e.prefetched.valid()) {
+      flat = e.prefetched.get();
+    } else {
+      flat = at::empty({e.op.bytes / static_cast<int64_t>(e.options.dtype().itemsize())}, e.options);
+      options_.swap_tier->read(swap_key(k), flat);
+    }
+    e.replayed = flat.as_strided(e.sizes, e.strides, e.offset);
+    return e.replayed;
+  }
+  if (e.keep) return e.value;
+  // A view costs nothing and reads its owner, which stands for it in the bookkeeping
+  // (inputs are traced by storage): it always runs.
+  if (!e.demanded && e.owns_storage) return at::empty_strided(e.sizes, e.strides, e.options).zero_();
+  at::Tensor out = compute();
+  if (e.owns_storage) e.replayed = out;
+  return out;
+}
+
+void SelectiveRegion::decide() {
+  int64_t referenced = 0, must = 0;
+  std::vector<size_t> prefer;
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    Entry& e = entries_[k];
+    if (!e.owns_storage) continue;
+    e.policy = options_.policy(e.op);
+    HP_CHECK(e.policy != CheckpointPolicy::MUST_SWAP || options_.swap_tier)
+        << "checkpoint: the policy asks MUST_SWAP for " << e.op.name << ", and CheckpointOptions::swap_tier is unset";
+    if (e.referenced) referenced += e.op.bytes;
+    if (e.policy == CheckpointPolicy::MUST_SWAP) e.keep = e.swapped = true;  // kept, but not in memory
+    if (e.policy == CheckpointPolicy::MUST_SAVE) e.keep = true, must += e.op.bytes;
+    if (e.policy == CheckpointPolicy::PREFER_SAVE || e.policy == CheckpointPolicy::PREFER_RECOMPUTE) {
+      if (!options_.memory_budget) e.keep = e.policy == CheckpointPolicy::PREFER_SAVE;
+      prefer.push_back(k);
+    }
+  }
+  if (options_.memory_budget) {
+    const double allowed = *options_.memory_budget * static_cast<double>(referenced);
+    HP_CHECK(static_cast<double>(must) <= allowed)
+        << "checkpoint: memory budget " << *options_.memory_budget << " of the region's " << referenced
+        << " bytes of activations allows " << static_cast<int64_t>(allowed) << " bytes, but its MUST_SAVE ops alone keep "
+        << must << " bytes";
+    std::stable_sort(prefer.begin(), prefer.end(), [&](size_t a, size_t b) {
+      const Entry &x = entries_[a], &y = entries_[b];
+      if (keep_rank(x.op) != keep_rank(y.op)) return keep_rank(x.op) < keep_rank(y.op);
+      return x.op.bytes < y.op.bytes;
+    });
+    double used = static_cast<double>(must);
+    for (size_t k : prefer)
+      if (used + static_cast<double>(entries_[k].op.bytes) <= allowed) {
+        entries_[k].keep = true;
+        used += static_cast<double>(entries_[k].op.bytes);
+      }
+  }
+  mark_demanded();
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    Entry& e = entries_[k];
+    e.swapped = e.swapped && e.keep;
+    if (!e.swapped) continue;
+    const int64_t n = e.op.bytes / static_cast<int64_t>(e.value.itemsize());
+    options_.swap_tier->write(swap_key(k), e.value.new_empty({0}).set_(e.value.storage(), 0, {n}, {1}));
+  }
+  for (Entry& e : entries_)
+    if (!e.keep || e.swapped) e.value = at::Tensor();
+  for (auto& slot : slots_)
+    if (slot->entry >= 0 && (!entries_[slot->entry].keep || entries_[slot->entry].swapped)) slot->value = at::Tensor();
+}
+
+void SelectiveRegion::mark_demanded() {
+  // An op's output (or the storage it views) is read by autograd, or by a recomputed op;
+  // walking back from the last op, a kept output ends the chain.
+  std::vector<bool> feeds(entries_.size(), false);
+  for (size_t i = entries_.size(); i-- > 0;) {
+    Entry& e = entries_[i];
+    e.demanded = untracked_input_ || e.referenced || feeds[i];
+    if (!e.demanded) {
+      e.keep = false;  // nothing reads it: neither kept nor recomputed
+      continue;
+    }
+    if (e.keep) continue;
+    for (int j : e.inputs) feeds[j] = true;
+  }
+}
+
+std::shared_ptr<SelectiveRegion::Slot> SelectiveRegion::pack(const at::Tensor& t) {
+  auto slot = std::make_shared<Slot>();
+  slot->value = t.detach();
+  auto it = by_storage_.find(storage_of(t));
+  if (it != by_storage_.end() && it->second >= 0) {
+    slot->entry = it->second;
+    entries_[it->second].referenced = true;
+    slot->sizes = t.sizes().vec();
+    slot->strides = t.strides().vec();
+    slot->offset = t.storage_offset();
+  }
+  slots_.push_back(slot);
+  return slot;
+}
+
+at::Tensor SelectiveRegion::unpack(const Slot& slot) {
+  if (slot.value.defined()) return slot.value;
+  replay_once();
+  const Entry& e = entries_.at(slot.entry);
+  HP_CHECK(e.replayed.defined() && static_cast<int64_t>(e.replayed.storage().nbytes()) == e.op.bytes)
+      << "checkpoint: the recompute of " << e.op.name << " did not give an output like the forward's (" << e.op.bytes
+      << " bytes)";
+  return e.replayed.as_strided(slot.sizes, slot.strides, slot.offset);
+}
+
+void SelectiveRegion::prefetch_swapped() {
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    Entry& e = entries_[k];
+    if (!e.keep || !e.swapped || e.prefetched.valid()) continue;
+    std::shared_ptr<StorageTier> tier = options_.swap_tier;
+    const std::string key = swap_key(k);
+    const int64_t n = e.op.bytes / static_cast<int64_t>(e.options.dtype().itemsize());
+    const at::TensorOptions opts = e.options;
+    e.prefetched = std::async(std::launch::async, [tier, key, n, opts] {
+                     at::Tensor flat = at::empty({n}, opts);
+                     tier->read(key, flat);
+                     return flat;
+                   }).share();
+  }
+}
+
+void SelectiveRegion::replay_once() {
+  if (replayed_) return;
+  // The layer before runs its backward next: its swapped outputs start coming back now.
+  if (auto previous = previous_.lock(); previous && previous->mode_ == Mode::Done && !previous->replayed_)
+    previous->prefetch_swapped();
+  HP_CHECK(mode_ == Mode::Done) << "checkpoint: a saved tensor unpacked before the region's forward ended";
+  const RngState outer = get_rng_state();
+  mode_ = Mode::Replay;
+  cursor_ = 0;
+  try {
+    ScopedOpObserver observer(this);
+    at::NoGradGuard no_grad;
+    if (options_.replay_rng) set_rng_state(rng_);
+    replay_();
+  } catch (...) {
+    set_rng_state(outer);
+    mode_ = Mode::Done;
+    throw;
+  }
+  set_rng_state(outer);
+  mode_ = Mode::Done;
+  HP_CHECK(cursor_ == entries_.size()) << "checkpoint: the recompute ran " << cursor_ << " ops where the forward ran "
+                                       << entries_.size() << " (the region must run the same ops each time)";
+  replayed_ = true;
+}
+
+int64_t SelectiveRegion::kept_bytes() const {
+  int64_t n = 0;
+  for (const Entry& e : entries_)
+    if (e.owns_storage && e.keep) n += e.op.bytes;
+  return n;
+}
+
+int64_t SelectiveRegion::released_bytes() const {
+  int64_t n = 0;
+  for (const Entry& e : entries_)
+    if (e.owns_storage && !e.keep) n += e.op.bytes;
+  return n;
+}
+
+}  // namespace memory
+}  // namespace hp

@@ -1,0 +1,134 @@
+// The non-reentrant checkpointed region behind selective policies and memory budgets.
+//
+// Forward runs with gradients on and records, through the thread's OpObserver, every DTensor
+// op and redistribution in order, keeping each output until the region ends. Meanwhile
+// saved-tensor hooks see every tensor autograd saves: one whose storage an op of the
+// region created is tied to that op; others (the region's input, parameters, a kernel's
+// internal temporaries) are kept as autograd would. When the forward ends, the policy
+// (and budget) decides per op: kept outputs stay, the rest are released, with every saved
+// tensor that points into them.
+//
+// The first backward that unpacks a released tensor replays the region once, without
+// gradients, with the RNG and the parameters as the forward saw them: an op whose output
+// was kept returns it without running (a matmul is not recomputed, a collective is not
+// issued again), an op that neither autograd nor a recomputed op reads returns zeros of
+// its shape, the others run. Kept outputs that nothing in the replay reads and autograd
+// did not save are released too. MUST_SWAP outputs are kept in the swap tier instead of
+// memory; the previous region's start coming back when this one's replay begins. The saved tensor comes back as the same view of the
+// replayed output. The graph is the forward's, so gradients are bitwise those of a run
+// without checkpointing.
+//
+// LibTorch's default saved-tensor hooks are a Python stack; a C++ program gets them by
+// installing an autograd engine whose get_default_saved_variable_hooks returns ours while
+// a region's forward runs on the thread (install_saved_tensor_hooks_engine).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "hp/memory/checkpoint_policy.h"
+#include "hp/memory/storage_tier.h"
+#include "hp/tensor/op_observer.h"
+#include "hp/tensor/random.h"
+
+namespace hp::memory {
+
+// Once per process; an error where another engine (Python's) is installed already.
+void install_saved_tensor_hooks_engine();
+
+class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<SelectiveRegion> {
+ public:
+  struct Options {
+    CheckpointPolicyFn policy;
+    std::optional<double> memory_budget;
+    bool replay_rng = true;
+    std::shared_ptr<StorageTier> swap_tier;
+  };
+  // `replay` runs the region again (without gradients) as its forward did.
+  SelectiveRegion(Options options, std::function<void()> replay);
+  ~SelectiveRegion() override;
+
+  // Tensors whose storage belongs to no op of the region (its input, the parameters).
+  void protect(const at::Tensor& t);
+  // Runs the forward with the region recording; then decides and releases.
+  template <typename F>
+  auto forward(F&& f) {
+    Recording rec(this);
+    auto out = f();
+    rec.finish();
+    return out;
+  }
+
+  // The saved-tensor hooks' two halves.
+  struct Slot {
+    int entry = -1;        // the op whose output holds it; -1: kept as is
+    at::Tensor value;      // undefined once released
+    std::vector<int64_t> sizes, strides;
+    int64_t offset = 0;
+  };
+  std::shared_ptr<Slot> pack(const at::Tensor& t);
+  at::Tensor unpack(const Slot& slot);
+
+  at::Tensor run(const ObservedOp& op, const std::function<at::Tensor()>& compute) override;
+
+  // After the forward: bytes of op outputs kept, and of those released.
+  int64_t kept_bytes() const;
+  int64_t released_bytes() const;
+
+ private:
+  struct Entry {
+    CheckpointOp op;
+    CheckpointPolicy policy = CheckpointPolicy::PREFER_RECOMPUTE;
+    bool owns_storage = false;  // its output is new storage (not a view of another)
+    bool referenced = false;    // autograd saved a tensor in it
+    bool keep = false;
+    bool swapped = false;       // kept in the swap tier, not in memory
+    std::shared_future<at::Tensor> prefetched;  // its storage, being read back
+    bool demanded = false;      // the replay must produce it (for autograd, or for an op that must)
+    std::vector<int> inputs;    // entries whose outputs it reads
+    std::vector<int64_t> sizes, strides;
+    int64_t offset = 0;
+    at::TensorOptions options;
+    at::Tensor value;           // forward output (kept ones: until the region goes)
+    at::Tensor replayed;
+  };
+  class Recording {
+   public:
+    explicit Recording(SelectiveRegion* r);
+    ~Recording();
+    void finish();
+
+   private:
+    SelectiveRegion* r_;
+    std::unique_ptr<ScopedOpObserver> observer_;
+    bool finished_ = false;
+  };
+  void decide();
+  void mark_demanded();
+  std::string swap_key(size_t k) const;
+  void replay_once();
+
+  Options options_;
+  std::function<void()> replay_;
+  RngState rng_;
+  enum class Mode { Forward, Done, Replay } mode_ = Mode::Forward;
+  std::vector<Entry> entries_;
+  size_t cursor_ = 0;
+  std::unordered_map<const void*, int> by_storage_;  // StorageImpl* -> entry; -1: protected
+  std::vector<std::shared_ptr<Slot>> slots_;
+  bool replayed_ = false;
+  bool untracked_input_ = false;
+  uint64_t id_;  // names its entries in the swap tier
+  // The region made before this one on the thread (the layer before, in forward order): its
+  // swapped outputs are read back while this one's replay and backward run.
+  std::weak_ptr<SelectiveRegion> previous_;
+  void prefetch_swapped();  // an op read a tensor of unknown origin: replay every op
+};
+
+}  // namespace hp::memory

@@ -1,0 +1,86 @@
+#include "hp/memory/storage_tier.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "hp/base/error.h"
+
+namespace hp::memory {
+namespace {
+
+// Closes a file descriptor when it goes.
+struct Fd {
+  int fd;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+FileTier::FileTier(std::string dir) : dir_(std::move(dir)) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  HP_CHECK(!ec) << "FileTier: cannot create " << dir_ << ": " << ec.message();
+}
+
+FileTier::~FileTier() {
+  for (const std::string& key : written_) ::unlink(path(key).c_str());
+  ::rmdir(dir_.c_str());
+}
+
+void FileTier::write(const std::string& key, const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  const std::string p = path(key);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    written_.insert(key);
+  }
+  Fd f{::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)};
+  HP_CHECK(f.fd >= 0) << "FileTier: cannot open " << p << " for writing: " << std::strerror(errno);
+  const char* data = static_cast<const char*>(c.data_ptr());
+  const int64_t n = static_cast<int64_t>(c.nbytes());
+  int64_t done = 0;
+  while (done < n) {
+    const ssize_t w = ::pwrite(f.fd, data + done, static_cast<size_t>(n - done), done);
+    if (w < 0 && errno == EINTR) continue;
+    HP_CHECK(w > 0) << "FileTier: writing " << n << " bytes to " << p << " stopped after " << done
+                    << ": " << (w < 0 ? std::strerror(errno) : "no progress") << " (the tensor stays in memory)";
+    done += w;
+  }
+}
+
+void FileTier::read(const std::string& key, at::Tensor& into) {
+  HP_CHECK(into.is_contiguous()) << "FileTier: reading " << key << " into a non-contiguous tensor";
+  const std::string p = path(key);
+  Fd f{::open(p.c_str(), O_RDONLY | O_CLOEXEC)};
+  HP_CHECK(f.fd >= 0) << "FileTier: the offload file " << p << " cannot be opened: " << std::strerror(errno)
+                      << " (removed or moved while in use?)";
+  struct stat st;
+  HP_CHECK(::fstat(f.fd, &st) == 0) << "FileTier: stat " << p << ": " << std::strerror(errno);
+  const int64_t n = static_cast<int64_t>(into.nbytes());
+  HP_CHECK(st.st_size == n) << "FileTier: the offload file " << p << " holds " << st.st_size << " bytes, expected " << n;
+  char* data = static_cast<char*>(into.data_ptr());
+  int64_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(f.fd, data + done, static_cast<size_t>(n - done), done);
+    if (r < 0 && errno == EINTR) continue;
+    HP_CHECK(r > 0) << "FileTier: reading " << p << " stopped after " << done << " of " << n
+                    << " bytes: " << (r < 0 ? std::strerror(errno) : "end of file");
+    done += r;
+  }
+}
+
+void FileTier::remove(const std::string& key) {
+  ::unlink(path(key).c_str());
+  std::lock_guard<std::mutex> lock(mu_);
+  written_.erase(key);
+}
+
+}  // namespace hp::memory

@@ -1,0 +1,38 @@
+#include "hp/tensor/op_observer.h"
+
+namespace hp {
+namespace {
+
+thread_local OpObserver* t_observer = nullptr;
+thread_local int t_depth = 0;
+
+}  // namespace
+
+bool ObservedOp::communicates() const {
+  if (op || !from || !to) return false;
+  for (int k = 0; k < static_cast<int>(from->placements().size()); ++k) {
+    const Placement& a = from->placement(k);
+    const Placement& b = to->placement(k);
+    if (!(a == b) && !a.is_replicate()) return true;  // from Replicate: a local slice
+  }
+  return false;
+}
+
+std::string ObservedOp::name() const {
+  if (op) return op->to_string();
+  return "redistribute " + (from ? from->to_string() : "?") + " -> " + (to ? to->to_string() : "?");
+}
+
+ScopedOpObserver::ScopedOpObserver(OpObserver* observer) : previous_(t_observer) { t_observer = observer; }
+ScopedOpObserver::~ScopedOpObserver() { t_observer = previous_; }
+
+at::Tensor observe_op(const ObservedOp& op, const std::function<at::Tensor()>& compute) {
+  if (!t_observer || t_depth > 0) return compute();
+  struct Depth {
+    Depth() { ++t_depth; }
+    ~Depth() { --t_depth; }
+  } depth;
+  return t_observer->run(op, compute);
+}
+
+}  // namespace hp

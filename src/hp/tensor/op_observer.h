@@ -1,0 +1,51 @@
+// The tensor ops a thread runs, seen from outside: every DTensor op's local kernel and
+// every redistribution between two layouts runs through the thread's observer when one is
+// set. Activation checkpointing records them in forward, and in its recompute hands back
+// what it kept (a matmul's output, a collective's result) instead of running them again.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "hp/layout/shard_spec.h"
+#include "hp/layout/sharding_rules.h"
+
+namespace hp {
+
+struct ObservedOp {
+  std::optional<Op> op;                 // a DTensor op's kernel; unset: a redistribution
+  const ShardSpec* from = nullptr;      // a redistribution's layouts
+  const ShardSpec* to = nullptr;
+  const std::vector<at::Tensor>* inputs = nullptr;  // the local tensors it reads
+  bool communicates() const;            // a redistribution that moves data between ranks
+  std::string name() const;             // "Linear", "redistribute P(sum) -> R"
+};
+
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  // Returns the op's output: compute()'s, or one kept from an earlier run.
+  virtual at::Tensor run(const ObservedOp& op, const std::function<at::Tensor()>& compute) = 0;
+};
+
+// Sets this thread's observer until destroyed (the previous one resumes).
+class ScopedOpObserver {
+ public:
+  explicit ScopedOpObserver(OpObserver* observer);
+  ~ScopedOpObserver();
+  ScopedOpObserver(const ScopedOpObserver&) = delete;
+  ScopedOpObserver& operator=(const ScopedOpObserver&) = delete;
+
+ private:
+  OpObserver* previous_;
+};
+
+// compute() through the observer; ops nested inside an observed one are not observed
+// (their outer op stands for them).
+at::Tensor observe_op(const ObservedOp& op, const std::function<at::Tensor()>& compute);
+
+}  // namespace hp

@@ -1,0 +1,117 @@
+// Activation checkpointing against the same run without it, on the same layout, seed and
+// data: the loss of every step, every gradient of the first step and every parameter
+// after 5 AdamW steps. The recompute runs the same kernels on the same numbers in the same
+// order, so the runs must agree bitwise (at::equal), on every rank. Layouts: one process,
+// tp=2 (sequence parallel, loss parallel), fully_shard over 3 ranks (uneven shards),
+// fully_shard x tp on 2x2; regions: whole blocks, or attention and MLP separately.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include "hp/tensor/memory_stats.h"
+#include "memory/llama_checkpoint.h"
+
+using namespace hp;
+using hp::testing::LlamaRun;
+using hp::testing::LlamaRunSpec;
+
+namespace {
+
+using hp::testing::expect_same_as_without;
+using hp::testing::Layout;
+
+const std::vector<std::string> kBlocks{"layers.*"};
+const std::vector<std::string> kHalves{"layers.*.attn", "layers.*.mlp"};
+
+}  // namespace
+
+TEST(Checkpoint, SingleProcessBlocks) { expect_same_as_without(Layout::Single, kBlocks); }
+TEST(Checkpoint, SingleProcessAttentionAndMlp) { expect_same_as_without(Layout::Single, kHalves); }
+TEST(Checkpoint, Tp2Blocks) { expect_same_as_without(Layout::Tp2, kBlocks); }
+TEST(Checkpoint, Fsdp3UnevenBlocks) { expect_same_as_without(Layout::Fsdp3, kBlocks); }
+TEST(Checkpoint, Fsdp3UnevenAttentionAndMlp) { expect_same_as_without(Layout::Fsdp3, kHalves); }
+TEST(Checkpoint, Fsdp2Tp2Blocks) { expect_same_as_without(Layout::Fsdp2Tp2, kBlocks); }
+
+namespace {
+
+// Linear, dropout, tanh: the mask comes from hp's RNG, so the recompute must replay it.
+class DropoutBlock : public nn::Module {
+ public:
+  DropoutBlock(int64_t dim, const DeviceMesh& mesh) { lin_ = register_module("lin", std::make_shared<nn::Linear>(dim, dim, mesh)); }
+  DTensor forward(const DTensor& x) override {
+    return map(dropout((*lin_)(x), 0.5), [](const at::Tensor& t) { return at::tanh(t); });
+  }
+
+ private:
+  std::shared_ptr<nn::Linear> lin_;
+};
+
+// Loss and gradients of two stacked blocks, the second checkpointed or not.
+std::vector<at::Tensor> dropout_run(bool checkpointed, CheckpointOptions options = {}) {
+  std::vector<at::Tensor> out;
+  comm::run_local_ranks(1, [&](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    manual_seed(7);
+    DropoutBlock a(8, mesh), b(8, mesh);
+    if (checkpointed) checkpoint_wrapper(b, options);
+    DTensor x = randn({4, 8}, mesh, {Replicate()});
+    DTensor y = a(b(a(x)));  // draws after the region too: the replay must not shift them
+    at::Tensor loss = y.to_local().pow(2).sum();
+    loss.backward();
+    out = {loss.detach(), a.parameters()[0]->to_local().grad(), b.parameters()[0]->to_local().grad()};
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST(Checkpoint, DropoutReplaysTheSameMask) {
+  auto ref = dropout_run(false), got = dropout_run(true);
+  for (size_t i = 0; i < ref.size(); ++i) EXPECT_TRUE(at::equal(got[i], ref[i])) << "output " << i;
+  // Without the replay the recompute draws a different mask: the gradients differ.
+  CheckpointOptions no_replay;
+  no_replay.preserve_rng_state = false;
+  auto wrong = dropout_run(true, no_replay);
+  EXPECT_TRUE(at::equal(wrong[0], ref[0]));
+  EXPECT_FALSE(at::equal(wrong[2], ref[2]));
+}
+
+// What the checkpointing is for: the activations kept between forward and backward.
+TEST(Checkpoint, KeepsOnlyTheBlockInputs) {
+  const int64_t full = hp::testing::kept_after_forward({}), ckpt = hp::testing::kept_after_forward({"layers.*"});
+  // Per block: about 20 saved tensors of [4, 64, 32..96] without, one input with.
+  EXPECT_LT(ckpt * 4, full) << "kept " << ckpt << " bytes with checkpointing, " << full << " without";
+}
+
+TEST(Checkpoint, BadPatternsAndUnlistedTensorsAreErrors) {
+  comm::run_local_ranks(1, [&](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    manual_seed(1);
+    nn::Llama model(hp::testing::tiny_llama(), mesh);
+    EXPECT_THROW(checkpoint_wrapper(model, {"layers.*.atn"}), hp::Error);   // matches nothing
+    EXPECT_THROW(checkpoint_wrapper(model, {"layers.*", "layers.*.mlp"}), hp::Error);  // nested
+    checkpoint_wrapper(model, {"layers.0"});
+    EXPECT_THROW(checkpoint_wrapper(model, {"layers.0"}), hp::Error);  // twice
+
+    // A region that reads a tensor needing a gradient it was not given.
+    DTensor w = randn({4, 4}, mesh, {Replicate()});
+    w.requires_grad_();
+    DTensor x = randn({2, 4}, mesh, {Replicate()});
+    x.requires_grad_();
+    DTensor y = checkpoint([&](const DTensor& in) { return linear(in, w); }, x, {});
+    try {
+      y.to_local().sum().backward();
+      ADD_FAILURE() << "expected an error";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("neither its input nor one of its parameters"), std::string::npos)
+          << e.what();
+    }
+    // Listed, it works and matches the plain gradient.
+    DTensor y2 = checkpoint([&](const DTensor& in) { return linear(in, w); }, x, {&w});
+    y2.to_local().sum().backward();
+    at::Tensor gw = w.to_local().grad().clone();
+    w.to_local().mutable_grad().reset();
+    linear(x, w).to_local().sum().backward();
+    EXPECT_TRUE(at::equal(gw, w.to_local().grad()));
+  });
+}

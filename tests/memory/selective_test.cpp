@@ -1,0 +1,129 @@
+// Selective activation checkpointing (a per-op policy, or a memory budget) against the same
+// run without checkpointing, on the same layout, seed and data: the loss of every step,
+// every gradient of the first step and every parameter after 5 AdamW steps, bitwise on
+// every rank (the backward runs the forward's own graph on replayed values). Layouts: one
+// process, tp=2 (sequence and loss parallel), fully_shard over 3 ranks (uneven), fully_shard
+// x tp on 2x2. Also: what each mode keeps, collectives not issued twice, and the errors.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <stdlib.h>
+
+#include <atomic>
+
+#include "memory/llama_checkpoint.h"
+
+using namespace hp;
+using hp::testing::expect_same_as_without;
+using hp::testing::kept_after_forward;
+using hp::testing::Layout;
+
+namespace {
+
+const std::vector<std::string> kBlocks{"layers.*"};
+
+CheckpointOptions selective() {
+  CheckpointOptions o;
+  o.policy = save_matmuls_and_collectives;
+  return o;
+}
+
+CheckpointOptions budget(double fraction) {
+  CheckpointOptions o;
+  o.memory_budget = fraction;
+  return o;
+}
+
+CheckpointOptions policy(CheckpointPolicy p) {
+  CheckpointOptions o;
+  o.policy = [p](const CheckpointOp&) { return p; };
+  return o;
+}
+
+}  // namespace
+
+TEST(SelectiveCheckpoint, SingleProcess) { expect_same_as_without(Layout::Single, kBlocks, selective()); }
+TEST(SelectiveCheckpoint, Tp2) { expect_same_as_without(Layout::Tp2, kBlocks, selective()); }
+TEST(SelectiveCheckpoint, Fsdp3Uneven) { expect_same_as_without(Layout::Fsdp3, kBlocks, selective()); }
+TEST(SelectiveCheckpoint, Fsdp2Tp2) { expect_same_as_without(Layout::Fsdp2Tp2, kBlocks, selective()); }
+TEST(SelectiveCheckpoint, RecomputeEverythingSingleProcess) {
+  expect_same_as_without(Layout::Single, kBlocks, policy(CheckpointPolicy::MUST_RECOMPUTE));
+}
+TEST(SelectiveCheckpoint, Budget50Tp2) { expect_same_as_without(Layout::Tp2, kBlocks, budget(0.5)); }
+TEST(SelectiveCheckpoint, Budget50Fsdp3Uneven) { expect_same_as_without(Layout::Fsdp3, kBlocks, budget(0.5)); }
+
+// MUST_SWAP for the matmuls: their outputs go to files after the forward and come back in
+// the replay; the numbers are those of the run without checkpointing.
+CheckpointOptions swap_matmuls() {
+  CheckpointOptions o;
+  o.policy = [](const CheckpointOp& op) {
+    return op.is_matmul() ? CheckpointPolicy::MUST_SWAP : save_matmuls_and_collectives(op);
+  };
+  char tmpl[] = "/tmp/hp_act_swap_XXXXXX";
+  HP_CHECK(::mkdtemp(tmpl) != nullptr) << "mkdtemp";
+  o.swap_tier = std::make_shared<memory::FileTier>(tmpl);
+  return o;
+}
+
+TEST(SelectiveCheckpoint, SwapMatmulsSingleProcess) { expect_same_as_without(Layout::Single, kBlocks, swap_matmuls()); }
+TEST(SelectiveCheckpoint, SwapMatmulsTp2) { expect_same_as_without(Layout::Tp2, kBlocks, swap_matmuls()); }
+
+TEST(SelectiveCheckpoint, KeepsBetweenFullAndNone) {
+  const int64_t none = kept_after_forward({});
+  const int64_t full = kept_after_forward(kBlocks);
+  const int64_t sel = kept_after_forward(kBlocks, selective());
+  const int64_t half = kept_after_forward(kBlocks, budget(0.5));
+  const int64_t nothing = kept_after_forward(kBlocks, policy(CheckpointPolicy::MUST_RECOMPUTE));
+  const int64_t all = kept_after_forward(kBlocks, policy(CheckpointPolicy::MUST_SAVE));
+  const int64_t swapped = kept_after_forward(kBlocks, swap_matmuls());
+  const std::string figures = "none " + std::to_string(none) + ", full " + std::to_string(full) + ", selective " +
+                              std::to_string(sel) + ", budget 0.5 " + std::to_string(half) + ", recompute all " +
+                              std::to_string(nothing) + ", save all " + std::to_string(all) + ", swap matmuls " +
+                              std::to_string(swapped);
+  EXPECT_LT(full, sel) << figures;
+  EXPECT_LT(sel, none) << figures;
+  EXPECT_LT(nothing, sel) << figures;
+  EXPECT_LT(half, none) << figures;
+  EXPECT_GE(all, none) << figures;  // every output kept, some beyond what autograd would save
+  EXPECT_LT(swapped, sel) << figures;  // the kept matmul outputs are in files
+}
+
+// The default policy keeps collective outputs: a step issues the same collectives as
+// without checkpointing, where full checkpointing issues the recomputed ones again.
+TEST(SelectiveCheckpoint, CollectivesAreNotIssuedTwice) {
+  auto collectives = [](std::vector<std::string> checkpointed, CheckpointOptions o) {
+    hp::testing::LlamaRunSpec spec = hp::testing::checkpointed_llama(Layout::Tp2, checkpointed, o);
+    spec.steps = 1;
+    std::atomic<size_t> n{0};
+    auto inner = spec.parallelize;
+    spec.parallelize = [inner](nn::Llama& m, const DeviceMesh& mesh) {
+      comm::current_world()->collective_log().clear();
+      comm::current_world()->collective_log().enable();
+      return inner(m, mesh);
+    };
+    spec.after_backward = [&n](nn::Llama&, int64_t) {
+      auto& log = comm::current_world()->collective_log();
+      n = log.records().size();  // rank 0 and 1 issue the same list
+      log.enable(false);
+    };
+    hp::testing::train_llama(spec);
+    return n.load();
+  };
+  const size_t none = collectives({}, {}), sel = collectives(kBlocks, selective()), full = collectives(kBlocks, {});
+  EXPECT_EQ(sel, none);
+  EXPECT_GT(full, none);
+}
+
+TEST(SelectiveCheckpoint, ImpossibleBudgetAndSwapAreErrors) {
+  CheckpointOptions o = policy(CheckpointPolicy::MUST_SAVE);
+  o.memory_budget = 0.1;
+  try {
+    kept_after_forward(kBlocks, o);
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("memory budget 0.1"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(kept_after_forward(kBlocks, budget(1.5)), hp::Error);
+  EXPECT_THROW(kept_after_forward(kBlocks, policy(CheckpointPolicy::MUST_SWAP)), hp::Error);
+}
