@@ -33,7 +33,7 @@ void checkpoint_stages(std::vector<pipeline::PipelineStage>& stages) {
     st.forward = [p](const at::Tensor& x) {
       std::vector<at::Tensor*> slots;
       for (at::Tensor& t : *p) slots.push_back(&t);
-      return checkpoint([p](const at::Tensor& in) { return run_blocks(*p, in); }, x, slots);
+      return memory::checkpoint([p](const at::Tensor& in) { return run_blocks(*p, in); }, x, slots);
     };
   }
 }

@@ -98,7 +98,7 @@ TEST(Checkpoint, BadPatternsAndUnlistedTensorsAreErrors) {
     w.requires_grad_();
     DTensor x = randn({2, 4}, mesh, {Replicate()});
     x.requires_grad_();
-    DTensor y = checkpoint([&](const DTensor& in) { return linear(in, w); }, x, {});
+    DTensor y = memory::checkpoint([&](const DTensor& in) { return linear(in, w); }, x, {});
     try {
       y.to_local().sum().backward();
       ADD_FAILURE() << "expected an error";
@@ -107,7 +107,7 @@ TEST(Checkpoint, BadPatternsAndUnlistedTensorsAreErrors) {
           << e.what();
     }
     // Listed, it works and matches the plain gradient.
-    DTensor y2 = checkpoint([&](const DTensor& in) { return linear(in, w); }, x, {&w});
+    DTensor y2 = memory::checkpoint([&](const DTensor& in) { return linear(in, w); }, x, {&w});
     y2.to_local().sum().backward();
     at::Tensor gw = w.to_local().grad().clone();
     w.to_local().mutable_grad().reset();

@@ -217,7 +217,7 @@ DTensor selective_checkpoint(const std::function<DTensor(const DTensor&)>& fn, c
 
 }  // namespace
 
-DTensor checkpoint(const std::function<DTensor(const DTensor&)>& fn, const DTensor& input,
+DTensor memory::checkpoint(const std::function<DTensor(const DTensor&)>& fn, const DTensor& input,
                    const std::vector<DTensor*>& params, const CheckpointOptions& options) {
   if (is_selective(options)) return selective_checkpoint(fn, input, params, options);
   std::vector<DTensor> at_forward;
@@ -242,7 +242,7 @@ DTensor checkpoint(const std::function<DTensor(const DTensor&)>& fn, const DTens
   return DTensor(out, like.device_mesh(), like.spec());
 }
 
-at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& input,
+at::Tensor memory::checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& input,
                       const std::vector<at::Tensor*>& params, const CheckpointOptions& options) {
   HP_CHECK(!is_selective(options)) << "checkpoint: a selective policy or memory budget chooses among hp's DTensor "
                                    << "ops, and a region on plain tensors runs none; checkpoint it whole";
@@ -261,12 +261,12 @@ at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, co
 namespace {
 
 DTensor checkpointed_forward(nn::Module& m, const DTensor& input, const CheckpointOptions& options) {
-  return checkpoint([&m](const DTensor& x) { return m.forward(x); }, input, m.parameters(), options);
+  return memory::checkpoint([&m](const DTensor& x) { return m.forward(x); }, input, m.parameters(), options);
 }
 
 }  // namespace
 
-DTensor checkpoint(nn::Module& module, const DTensor& input, const CheckpointOptions& options) {
+DTensor memory::checkpoint(nn::Module& module, const DTensor& input, const CheckpointOptions& options) {
   if (module.has_forward_wrapper()) return module(input);
   module.set_forward_wrapper(
       [options](nn::Module& m, const DTensor& x) { return checkpointed_forward(m, x, options); });

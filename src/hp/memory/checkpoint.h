@@ -54,6 +54,9 @@ struct CheckpointOptions {
   std::shared_ptr<memory::StorageTier> swap_tier;
 };
 
+// In hp::memory because hp::checkpoint is the namespace of distributed checkpoints.
+namespace memory {
+
 // fn(input) as a checkpointed region. `params` are the slots fn reads its trainable
 // tensors from (e.g. module.parameters()); the recompute puts fresh leaves in them for
 // its duration.
@@ -66,6 +69,8 @@ at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, co
 // gather and reshard, a tensor-parallel style's input and output layouts) run once,
 // outside it; the hooks of the modules inside run again in the recompute.
 DTensor checkpoint(nn::Module& module, const DTensor& input, const CheckpointOptions& options = {});
+
+}  // namespace memory
 
 // Makes every call of `module` checkpointed (from outside the model, as parallelism is).
 // Apply before or after parallelize_module and fully_shard: the wrapper sits between a
