@@ -31,29 +31,6 @@
 using namespace hp;
 using namespace hp::comm;
 
-namespace {
-
-std::vector<double> median_seconds(const Group& g, int iters, int calls, const std::vector<std::function<void()>>& ops) {
-  for (int i = 0; i < 3; ++i)
-    for (const auto& op : ops) op();
-  std::vector<double> t;
-  for (int i = 0; i < iters; ++i)
-    for (const auto& op : ops) {
-      if (symm::shm_collectives_enabled(g)) {
-        symm::barrier(g);
-        symm::barrier(g);
-      } else {
-        barrier(g);
-      }
-      auto s = std::chrono::steady_clock::now();
-      for (int c = 0; c < calls; ++c) op();
-      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - s).count() / calls);
-    }
-  return slowest_rank_medians(g, t, iters, ops.size());
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   auto world = init_distributed();
   auto g = world->world_group();

@@ -10,6 +10,7 @@
 
 #include "hp/comm/local_ranks.h"
 #include "hp/train/trainer.h"
+#include "train/trainer_runs.h"
 
 using namespace hp;
 
@@ -28,12 +29,7 @@ train::TrainConfig config(const std::string& dim, const std::string& dp) {
   return c;
 }
 
-std::vector<double> losses(const train::TrainConfig& c) {
-  std::vector<train::TrainResult> results(c.world_size());
-  comm::run_local_ranks(static_cast<int>(c.world_size()), [&](int rank) { results[rank] = train::run_training(c); });
-  for (size_t r = 1; r < results.size(); ++r) EXPECT_EQ(results[r].losses, results[0].losses) << "rank " << r;
-  return results[0].losses;
-}
+std::vector<double> losses(const train::TrainConfig& c) { return hp::testing::run_on_all_ranks(c).losses; }
 
 void expect_same(const std::string& dim, const std::string& dp, const std::string& mode, double budget = 0,
                  bool offload = false) {

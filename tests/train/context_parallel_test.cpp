@@ -20,6 +20,7 @@
 #include "hp/parallel/context_parallel_layout.h"
 #include "hp/train/data.h"
 #include "hp/train/trainer.h"
+#include "train/trainer_runs.h"
 
 using namespace hp;
 namespace fs = std::filesystem;
@@ -35,11 +36,7 @@ struct Layout {
   std::string data_parallel = "ddp";
 };
 
-std::string fresh_dir(const std::string& tag) {
-  auto dir = fs::path(::testing::TempDir()) / ("hp_cp_" + tag + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  return dir.string();
-}
+std::string fresh_dir(const std::string& tag) { return hp::testing::fresh_dir("hp_cp", tag); }
 
 train::TrainConfig config(const Layout& l, const std::string& dir) {
   train::TrainConfig c;
@@ -54,12 +51,7 @@ train::TrainConfig config(const Layout& l, const std::string& dir) {
   return c;
 }
 
-train::TrainResult run(const train::TrainConfig& c) {
-  std::vector<train::TrainResult> results(c.world_size());
-  comm::run_local_ranks(static_cast<int>(c.world_size()), [&](int rank) { results[rank] = train::run_training(c); });
-  for (size_t r = 1; r < results.size(); ++r) EXPECT_EQ(results[r].losses, results[0].losses) << "rank " << r;
-  return results[0];
-}
+using hp::testing::run_on_all_ranks;
 
 struct Reference {
   train::TrainResult result;
@@ -70,7 +62,7 @@ const Reference& reference() {
   static const Reference ref = [] {
     Reference r;
     r.dir = fresh_dir("reference");
-    r.result = run(config({{1}, {"dp"}}, r.dir));
+    r.result = run_on_all_ranks(config({{1}, {"dp"}}, r.dir));
     return r;
   }();
   return ref;
@@ -79,20 +71,11 @@ const Reference& reference() {
 void expect_matches_single_process(const Layout& l) {
   const std::string dir = fresh_dir("layout");
   const Reference& ref = reference();
-  train::TrainResult got = run(config(l, dir));
-  ASSERT_EQ(got.losses.size(), ref.result.losses.size());
-  for (size_t k = 0; k < got.losses.size(); ++k)
-    EXPECT_NEAR(got.losses[k], ref.result.losses[k], kRtol * std::abs(ref.result.losses[k])) << "step " << k;
+  train::TrainResult got = run_on_all_ranks(config(l, dir));
+  hp::testing::expect_close_losses(got.losses, ref.result.losses, kRtol, "");
   EXPECT_LT(ref.result.losses.back(), ref.result.losses.front());
-  const std::string a = checkpoint::step_dir(ref.dir, 5), b = checkpoint::step_dir(dir, 5);
-  int n = 0;
-  for (const auto& [name, _] : checkpoint::read_metadata(a).tensors) {
-    if (name.rfind("model.", 0) != 0) continue;
-    at::Tensor x = checkpoint::read_tensor(a, name), y = checkpoint::read_tensor(b, name);
-    EXPECT_TRUE(at::allclose(x, y, kRtol, kParamAtol))
-        << name << " differs by " << (x - y).abs().max().item<double>();
-    ++n;
-  }
+  const int n = hp::testing::expect_close_params(checkpoint::step_dir(ref.dir, 5), checkpoint::step_dir(dir, 5), kRtol,
+                                                 kParamAtol, "");
   EXPECT_EQ(n, 2 + 2 * 9 + 1);  // embedding, head; 9 per block; final norm
   fs::remove_all(dir);
 }

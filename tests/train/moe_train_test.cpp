@@ -17,6 +17,7 @@
 #include "hp/checkpoint.h"
 #include "hp/comm/local_ranks.h"
 #include "hp/train/trainer.h"
+#include "train/trainer_runs.h"
 
 using namespace hp;
 namespace fs = std::filesystem;
@@ -50,18 +51,9 @@ train::TrainConfig config(const Layout& l, const std::string& dir) {
   return c;
 }
 
-std::string fresh_dir(const std::string& tag) {
-  auto dir = fs::path(::testing::TempDir()) / ("hp_moe_train_" + tag + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  return dir.string();
-}
+std::string fresh_dir(const std::string& tag) { return hp::testing::fresh_dir("hp_moe_train", tag); }
 
-train::TrainResult run(const train::TrainConfig& c) {
-  std::vector<train::TrainResult> results(c.world_size());
-  comm::run_local_ranks(static_cast<int>(c.world_size()), [&](int rank) { results[rank] = train::run_training(c); });
-  for (size_t r = 1; r < results.size(); ++r) EXPECT_EQ(results[r].losses, results[0].losses) << "rank " << r;
-  return results[0];
-}
+using hp::testing::run_on_all_ranks;
 
 struct Reference {
   train::TrainResult result;
@@ -72,7 +64,7 @@ const Reference& reference() {
   static Reference r = [] {
     Reference ref;
     ref.dir = fresh_dir("reference");
-    ref.result = run(config(Layout{{1}, {"dp"}}, ref.dir));
+    ref.result = run_on_all_ranks(config(Layout{{1}, {"dp"}}, ref.dir));
     return ref;
   }();
   return r;
@@ -84,22 +76,11 @@ TEST_P(MoETraining, MatchesSingleProcess) {
   const Layout& l = GetParam();
   const std::string where = describe(l), dir = fresh_dir("layout");
   const Reference& ref = reference();
-  const train::TrainResult got = run(config(l, dir));
-  ASSERT_EQ(got.losses.size(), ref.result.losses.size()) << where;
+  const train::TrainResult got = run_on_all_ranks(config(l, dir));
+  hp::testing::expect_close_losses(got.losses, ref.result.losses, 1e-5, where);
   EXPECT_LT(ref.result.losses.back(), ref.result.losses.front());
-  for (size_t k = 0; k < got.losses.size(); ++k)
-    EXPECT_NEAR(got.losses[k], ref.result.losses[k], 1e-5 * std::abs(ref.result.losses[k])) << where << ", step " << k;
-  const std::string a = checkpoint::step_dir(ref.dir, 5), b = checkpoint::step_dir(dir, 5);
-  int compared = 0;
-  const auto mb = checkpoint::read_metadata(b);
-  for (const auto& [name, _] : checkpoint::read_metadata(a).tensors) {
-    if (name.rfind("model.", 0) != 0) continue;
-    ASSERT_TRUE(mb.tensors.count(name)) << where << ": " << name << " missing";
-    at::Tensor x = checkpoint::read_tensor(a, name), y = checkpoint::read_tensor(b, name);
-    EXPECT_TRUE(at::allclose(x, y, 1e-5, 5e-6)) << where << ": " << name << " differs by "
-                                                << (x - y).abs().max().item<double>();
-    ++compared;
-  }
+  const int compared = hp::testing::expect_close_params(checkpoint::step_dir(ref.dir, 5), checkpoint::step_dir(dir, 5),
+                                                        1e-5, 5e-6, where);
   // embedding, head, final norm; dense block 9; MoE block: 2 norms, 4 attention, gate, w1-w3
   EXPECT_EQ(compared, 3 + 9 + 10) << where;
   fs::remove_all(dir);

@@ -12,13 +12,16 @@
 #include <map>
 
 #include "hp/checkpoint.h"
-#include "hp/comm/local_ranks.h"
 #include "hp/train/trainer.h"
+#include "train/trainer_runs.h"
 
 using namespace hp;
 namespace fs = std::filesystem;
 
 namespace {
+
+using hp::testing::run_on_all_ranks;
+std::string fresh_dir(const std::string& tag) { return hp::testing::fresh_dir("hp_pipeline", tag); }
 
 constexpr double kRtol = 1e-5, kAtol = 1e-6;
 
@@ -31,12 +34,6 @@ struct Layout {
   bool sequence_parallel = false;
   std::vector<int64_t> split;
 };
-
-std::string fresh_dir(const std::string& tag) {
-  auto dir = fs::path(::testing::TempDir()) / ("hp_pipeline_" + tag + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  return dir.string();
-}
 
 train::TrainConfig config(const Layout& l, const std::string& dir) {
   train::TrainConfig c;
@@ -63,37 +60,6 @@ std::string describe(const Layout& l) {
 
 void PrintTo(const Layout& l, std::ostream* os) { *os << describe(l); }
 
-// Every rank's losses, checked equal across ranks bitwise (the pipeline broadcasts them).
-train::TrainResult run(const train::TrainConfig& c) {
-  std::vector<train::TrainResult> results(c.world_size());
-  comm::run_local_ranks(static_cast<int>(c.world_size()), [&](int rank) { results[rank] = train::run_training(c); });
-  for (size_t r = 1; r < results.size(); ++r) EXPECT_EQ(results[r].losses, results[0].losses) << "rank " << r;
-  return results[0];
-}
-
-void expect_close_losses(const std::vector<double>& got, const std::vector<double>& want, size_t offset,
-                         const std::string& where) {
-  ASSERT_EQ(got.size() + offset, want.size()) << where;
-  for (size_t k = 0; k < got.size(); ++k)
-    EXPECT_NEAR(got[k], want[offset + k], kRtol * std::abs(want[offset + k])) << where << ", step " << offset + k;
-}
-
-// Every model parameter of two checkpoints; returns how many were compared.
-int expect_close_params(const std::string& a, const std::string& b, const std::string& where) {
-  int n = 0;
-  const auto mb = checkpoint::read_metadata(b);
-  for (const auto& [name, _] : checkpoint::read_metadata(a).tensors) {
-    if (name.rfind("model.", 0) != 0) continue;
-    EXPECT_TRUE(mb.tensors.count(name)) << where << ": " << name << " missing";
-    if (!mb.tensors.count(name)) continue;
-    at::Tensor x = checkpoint::read_tensor(a, name), y = checkpoint::read_tensor(b, name);
-    EXPECT_TRUE(at::allclose(x, y, kRtol, kAtol))
-        << where << ": " << name << " differs by " << (x - y).abs().max().item<double>();
-    ++n;
-  }
-  return n;
-}
-
 struct Reference {
   train::TrainResult result;
   std::string dir;
@@ -112,7 +78,7 @@ const Reference& reference(const Layout& l) {
   if (!cache.count(key)) {
     Reference& r = cache[key];
     r.dir = fresh_dir("reference_" + std::to_string(cache.size()));
-    r.result = run(config(flat, r.dir));
+    r.result = run_on_all_ranks(config(flat, r.dir));
   }
   return cache.at(key);
 }
@@ -124,9 +90,9 @@ TEST_P(PipelineTraining, MatchesSingleProcess) {
   const std::string dir = fresh_dir("layout");
   const std::string where = describe(l);
   const Reference& ref = reference(l);
-  train::TrainResult got = run(config(l, dir));
-  expect_close_losses(got.losses, ref.result.losses, 0, where);
-  const int n = expect_close_params(checkpoint::step_dir(ref.dir, 5), checkpoint::step_dir(dir, 5), where);
+  train::TrainResult got = run_on_all_ranks(config(l, dir));
+  hp::testing::expect_close_losses(got.losses, ref.result.losses, kRtol, where);
+  const int n = hp::testing::expect_close_params(checkpoint::step_dir(ref.dir, 5), checkpoint::step_dir(dir, 5), kRtol, kAtol, where);
   EXPECT_EQ(n, 2 + 8 * 9 + 1) << where;  // embedding, head; 9 per block; final norm
   fs::remove_all(dir);
 }
@@ -152,20 +118,20 @@ TEST(PipelineTrainingResume, ACheckpointFromPp2ResumesAtPp1AndPp4) {
   // the position comes back): both end as the uninterrupted single process does.
   train::TrainConfig ref_cfg = config({{1}, {"dp"}}, fresh_dir("resume_ref"));
   ref_cfg.train.steps = 6;
-  const train::TrainResult ref = run(ref_cfg);
+  const train::TrainResult ref = run_on_all_ranks(ref_cfg);
   for (const Layout& later : {Layout{{1}, {"dp"}}, Layout{{4}, {"pp"}, "1f1b"}}) {
     const std::string dir = fresh_dir("resume");
     train::TrainConfig first = config({{2}, {"pp"}}, dir);
     first.train.steps = 6, first.checkpoint.every = 3;
-    run(first);
+    run_on_all_ranks(first);
     fs::remove_all(checkpoint::step_dir(dir, 6));
     train::TrainConfig second = config(later, dir);
     second.train.steps = 6, second.checkpoint.every = 3;
-    train::TrainResult resumed = run(second);
+    train::TrainResult resumed = run_on_all_ranks(second);
     EXPECT_EQ(resumed.first_step, 3) << describe(later);
-    expect_close_losses(resumed.losses, ref.losses, 3, "resumed at " + describe(later));
-    expect_close_params(checkpoint::step_dir(ref_cfg.checkpoint.dir, 6), checkpoint::step_dir(dir, 6),
-                        "resumed at " + describe(later));
+    hp::testing::expect_close_losses(resumed.losses, ref.losses, kRtol, "resumed at " + describe(later), 3);
+    hp::testing::expect_close_params(checkpoint::step_dir(ref_cfg.checkpoint.dir, 6), checkpoint::step_dir(dir, 6),
+                                     kRtol, kAtol, "resumed at " + describe(later));
     fs::remove_all(dir);
   }
 }
@@ -178,10 +144,10 @@ TEST(PipelineTrainingResume, DeterministicPp2x2RunsAgreeAndResumeBitwise) {
   train::TrainConfig a = config(l, a_dir), b = config(l, b_dir);
   a.train.steps = b.train.steps = 6;
   a.checkpoint.every = b.checkpoint.every = 3;
-  const train::TrainResult ra = run(a), rb = run(b);
+  const train::TrainResult ra = run_on_all_ranks(a), rb = run_on_all_ranks(b);
   EXPECT_EQ(ra.losses, rb.losses);
   fs::remove_all(checkpoint::step_dir(b_dir, 6));
-  const train::TrainResult resumed = run(b);
+  const train::TrainResult resumed = run_on_all_ranks(b);
   EXPECT_EQ(resumed.first_step, 3);
   EXPECT_EQ(resumed.losses, std::vector<double>(ra.losses.begin() + 3, ra.losses.end()));
   const auto ma = checkpoint::read_metadata(checkpoint::step_dir(a_dir, 6));
