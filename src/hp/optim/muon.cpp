@@ -173,17 +173,16 @@ struct Muon::Exchange {
     // Whole matrices on their owners; split ones together, in blocks of their wide form.
     std::vector<at::Tensor> ortho(E), blocks;
     std::vector<size_t> split;
+    auto wide = [&](size_t e, const at::Tensor& t) { return shapes[e][0] > shapes[e][1] ? t.t() : t; };
     for (size_t e = 0; e < E; ++e) {
-      const bool tall = shapes[e][0] > shapes[e][1];
       if (owner[e] == me) ortho[e] = newton_schulz(region[e], ns_steps);
       if (owner[e] >= 0) continue;
       split.push_back(e);
-      blocks.push_back(tall ? region[e].t() : region[e]);
+      blocks.push_back(wide(e, region[e]));
     }
     if (!split.empty()) {
       std::vector<at::Tensor> done = newton_schulz_blocks(std::move(blocks), ns_steps, *group);
-      for (size_t i = 0; i < split.size(); ++i)
-        ortho[split[i]] = shapes[split[i]][0] > shapes[split[i]][1] ? done[i].t() : done[i];
+      for (size_t i = 0; i < split.size(); ++i) ortho[split[i]] = wide(split[i], done[i]);  // transposing back
     }
     for (size_t e = 0; e < E; ++e)
       if (ortho[e].defined())
