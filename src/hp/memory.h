@@ -3,5 +3,6 @@
 
 #include "hp/memory/checkpoint.h"
 #include "hp/memory/checkpoint_policy.h"
+#include "hp/memory/host_tier.h"
 #include "hp/memory/storage_tier.h"
 #include "hp/memory/swap_optimizer.h"

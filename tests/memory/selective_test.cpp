@@ -3,7 +3,8 @@
 // every gradient of the first step and every parameter after 5 AdamW steps, bitwise on
 // every rank (the backward runs the forward's own graph on replayed values). Layouts: one
 // process, tp=2 (sequence and loss parallel), fully_shard over 3 ranks (uneven), fully_shard
-// x tp on 2x2. Also: what each mode keeps, collectives not issued twice, and the errors.
+// x tp on 2x2. Also: what each mode keeps, collectives not issued twice, the errors, and
+// swap_wrapper (every activation to files or host memory and back) with the host tier.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -87,6 +88,55 @@ TEST(SelectiveCheckpoint, KeepsBetweenFullAndNone) {
   EXPECT_LT(half, none) << figures;
   EXPECT_GE(all, none) << figures;  // every output kept, some beyond what autograd would save
   EXPECT_LT(swapped, sel) << figures;  // the kept matmul outputs are in files
+}
+
+// swap_wrapper: every activation a block's backward reads goes to the tier and comes back;
+// bitwise equal to the run without, on files and in host memory, alone, under tp and under
+// fully_shard over 3 uneven ranks.
+std::shared_ptr<memory::FileTier> swap_files() {
+  char tmpl[] = "/tmp/hp_act_swap_XXXXXX";
+  HP_CHECK(::mkdtemp(tmpl) != nullptr) << "mkdtemp";
+  return std::make_shared<memory::FileTier>(tmpl);
+}
+
+TEST(SwapWrapper, FilesSingleProcess) {
+  expect_same_as_without(Layout::Single, kBlocks, swap_options(swap_files()));
+}
+TEST(SwapWrapper, HostMemoryTp2) {
+  expect_same_as_without(Layout::Tp2, kBlocks, swap_options(std::make_shared<memory::HostTier>()));
+}
+TEST(SwapWrapper, HostMemoryFsdp3Uneven) {
+  expect_same_as_without(Layout::Fsdp3, kBlocks, swap_options(std::make_shared<memory::HostTier>()));
+}
+
+// With files, a forward keeps none of the blocks' op outputs in memory: no more than
+// swapping the matmuls and recomputing the rest, less than keeping them. (Tensors a
+// backward saves that are no op's output, such as attention's log-sum-exp, stay.)
+TEST(SwapWrapper, KeepsNoOpOutputInMemory) {
+  const int64_t none = kept_after_forward({});
+  const int64_t sel = kept_after_forward(kBlocks, selective());
+  const int64_t matmuls = kept_after_forward(kBlocks, swap_matmuls());
+  const int64_t swapped = kept_after_forward(kBlocks, swap_options(swap_files()));
+  const std::string figures = "none " + std::to_string(none) + ", selective " + std::to_string(sel) +
+                              ", swap matmuls " + std::to_string(matmuls) + ", swap all " + std::to_string(swapped);
+  EXPECT_LE(swapped, matmuls) << figures;
+  EXPECT_LT(swapped, sel) << figures;
+}
+
+TEST(SwapWrapper, HostTierRoundTripsAndNamesBadReads) {
+  memory::HostTier tier;
+  at::Tensor a = at::arange(12, at::kFloat).view({3, 4}).t();  // not contiguous: stored as its values
+  tier.write("a", a);
+  EXPECT_EQ(tier.resident_bytes(), 48);
+  at::Tensor back = at::empty({4, 3});
+  tier.read("a", back);
+  EXPECT_TRUE(at::equal(back, a));
+  at::Tensor wrong = at::empty({5});
+  EXPECT_THROW(tier.read("a", wrong), hp::Error);
+  EXPECT_THROW(tier.read("b", back), hp::Error);
+  tier.remove("a");
+  EXPECT_EQ(tier.resident_bytes(), 0);
+  EXPECT_THROW(tier.read("a", back), hp::Error);
 }
 
 // The default policy keeps collective outputs: a step issues the same collectives as

@@ -1,4 +1,4 @@
-// SwapOptimizer (optimizer state in files between steps, streamed in byte-balanced batches)
+// SwapOptimizer (optimizer state in files or host memory between steps, streamed in byte-balanced batches)
 // against the same optimizer kept in memory, on the same model, seed and data: the loss of
 // every step, every gradient of the first step and every parameter after 5 steps, bitwise
 // on every rank (the inner optimizers update each parameter from its own state, as the
@@ -39,25 +39,30 @@ memory::OptimizerFactory adamw() {
   return [](std::vector<DTensor*> ps) { return std::make_unique<optim::AdamW>(ps, adamw_options()); };
 }
 
-LlamaRunSpec with_optimizer(LlamaRunSpec spec, bool swapped, memory::SwapOptimizerOptions o = {}) {
-  spec.optimizer = [swapped, o](nn::Llama& m) -> std::unique_ptr<optim::Optimizer> {
-    if (!swapped) return adamw()(m.parameters());
-    return std::make_unique<memory::SwapOptimizer>(m.parameters(), adamw(),
-                                                    std::make_shared<memory::FileTier>(fresh_dir()), o);
+enum class Tier { None, Files, Host };
+
+LlamaRunSpec with_optimizer(LlamaRunSpec spec, Tier tier, memory::SwapOptimizerOptions o = {}) {
+  spec.optimizer = [tier, o](nn::Llama& m) -> std::unique_ptr<optim::Optimizer> {
+    if (tier == Tier::None) return adamw()(m.parameters());
+    std::shared_ptr<memory::StorageTier> store;
+    if (tier == Tier::Files) store = std::make_shared<memory::FileTier>(fresh_dir());
+    else store = std::make_shared<memory::HostTier>();
+    return std::make_unique<memory::SwapOptimizer>(m.parameters(), adamw(), store, o);
   };
   return spec;
 }
 
-void expect_same_as_in_memory(hp::testing::Layout layout, memory::SwapOptimizerOptions o) {
+void expect_same_as_in_memory(hp::testing::Layout layout, memory::SwapOptimizerOptions o, Tier tier = Tier::Files) {
   LlamaRunSpec base = hp::testing::checkpointed_llama(layout, {});
-  LlamaRun ref = hp::testing::train_llama(with_optimizer(base, false));
-  hp::testing::expect_identical(hp::testing::train_llama(with_optimizer(base, true, o)), ref);
+  LlamaRun ref = hp::testing::train_llama(with_optimizer(base, Tier::None));
+  hp::testing::expect_identical(hp::testing::train_llama(with_optimizer(base, tier, o)), ref);
 }
 
-memory::SwapOptimizerOptions batches_of(int64_t bytes, bool prefetch = true) {
+memory::SwapOptimizerOptions batches_of(int64_t bytes, bool prefetch = true, bool write_behind = true) {
   memory::SwapOptimizerOptions o;
   o.batch_bytes = bytes;
   o.prefetch = prefetch;
+  o.write_behind = write_behind;
   return o;
 }
 
@@ -67,7 +72,13 @@ TEST(SwapOptimizer, AdamWSingleProcess) { expect_same_as_in_memory(hp::testing::
 TEST(SwapOptimizer, AdamWSingleProcessNoPrefetch) {
   expect_same_as_in_memory(hp::testing::Layout::Single, batches_of(4096, false));
 }
+TEST(SwapOptimizer, AdamWSingleProcessNoWriteBehind) {
+  expect_same_as_in_memory(hp::testing::Layout::Single, batches_of(4096, true, false));
+}
 TEST(SwapOptimizer, AdamWFsdp3Uneven) { expect_same_as_in_memory(hp::testing::Layout::Fsdp3, batches_of(2048)); }
+TEST(SwapOptimizer, AdamWFsdp3UnevenInHostMemory) {
+  expect_same_as_in_memory(hp::testing::Layout::Fsdp3, batches_of(2048), Tier::Host);
+}
 
 TEST(SwapOptimizer, MuonSingleProcess) {
   auto muon = [](std::vector<DTensor*> ps) {

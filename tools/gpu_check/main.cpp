@@ -1,6 +1,7 @@
 // What scripts/gpu_check runs on a machine with a GPU (built with HP_CUDA): DTensor ops and
 // a tensor-parallel Llama step on the GPU against the same on the CPU, the NCCL process
-// group with world size 1, and a bf16 training step. Prints one line per check and
+// group with world size 1, a bf16 training step, and activations swapped to pinned host
+// memory through a copy stream (memory::HostTier). Prints one line per check and
 // `RESULT gpu_check pass|fail` last.
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -56,14 +57,18 @@ struct Step {
   std::map<std::string, at::Tensor> grads, params;
 };
 
-Step llama_step(const DeviceMesh& mesh, const std::map<std::string, at::Tensor>& init, bool bf16) {
+Step llama_step(const DeviceMesh& mesh, const std::map<std::string, at::Tensor>& init, bool bf16,
+                bool swap = false) {
   nn::Llama model(tiny(), mesh);
   parallelize_llama(model, mesh["tp"]);
+  if (swap) swap_wrapper(model, {"layers.*"}, std::make_shared<memory::HostTier>());
   for (auto& [name, p] : model.named_parameters()) {
     at::NoGradGuard no_grad;
     p->to_local().copy_(init.at(name));
   }
-  optim::AdamW opt(model.parameters(), {.lr = 1e-2});
+  optim::AdamWOptions adamw;
+  adamw.lr = 1e-2;
+  optim::AdamW opt(model.parameters(), adamw);
   manual_seed(3);
   at::Tensor tokens = (hp::rand({4, 33}, at::kDouble) * 64).floor().to(at::kLong);
   if (mesh.device_type() == "cuda") tokens = tokens.cuda();
@@ -101,10 +106,27 @@ void llama(const DeviceMesh& cpu, const DeviceMesh& gpu) {
   for (auto& [name, p] : want.params) params = params && close(got.params.at(name), p, 1e-4, 1e-5);
   check(grads, "TP Llama gradients on cuda equal cpu");
   check(params, "TP Llama parameters after an AdamW step on cuda equal cpu");
+  Step swapped = llama_step(gpu, init, false, /*swap=*/true);
+  bool same = std::abs(swapped.loss - got.loss) <= 1e-6 * std::abs(got.loss);
+  for (auto& [name, g] : got.grads) same = same && close(swapped.grads.at(name), g, 1e-6, 1e-7);
+  for (auto& [name, p] : got.params) same = same && close(swapped.params.at(name), p, 1e-6, 1e-7);
+  check(same, "activations swapped to pinned host memory (HostTier, copy stream): the step's numbers unchanged");
   Step half = llama_step(gpu, init, true);
   check(std::isfinite(half.loss) && std::abs(half.loss - want.loss) < 0.02 * want.loss,
         "bf16 (autocast) Llama step: loss " + std::to_string(half.loss) + " near float32 " +
             std::to_string(want.loss));
+}
+
+// A device tensor through the host tier: pinned, copied on the copy stream, back in order.
+void host_tier() {
+  memory::HostTier tier;
+  at::Tensor t = at::randn({1 << 20}, at::TensorOptions().device(at::kCUDA));
+  const at::Tensor want = t.cpu();
+  tier.write("t", t * 1);  // a temporary: the allocator must keep it until the copy ends
+  at::Tensor back = at::empty_like(t);
+  tier.read("t", back);
+  check(at::equal(back.cpu(), want) && tier.resident_bytes() == 4 << 20,
+        "HostTier: a CUDA tensor to pinned host memory and back");
 }
 
 void nccl() {
@@ -128,6 +150,7 @@ int main() {
         DeviceMesh gpu = init_device_mesh("cuda", {1, 1}, {"dp", "tp"});
         ops(cpu["tp"], gpu["tp"]);
         llama(cpu, gpu);
+        host_tier();
         nccl();
       });
     }

@@ -306,4 +306,21 @@ void checkpoint_wrapper(nn::Module& root, const std::vector<std::string>& patter
   }
 }
 
+CheckpointOptions swap_options(std::shared_ptr<memory::StorageTier> tier) {
+  HP_CHECK(tier) << "swap_wrapper: no storage tier";
+  CheckpointOptions o;
+  o.policy = [](const CheckpointOp&) { return CheckpointPolicy::MUST_SWAP; };
+  o.swap_tier = std::move(tier);
+  return o;
+}
+
+void swap_wrapper(nn::Module& module, std::shared_ptr<memory::StorageTier> tier) {
+  checkpoint_wrapper(module, swap_options(std::move(tier)));
+}
+
+void swap_wrapper(nn::Module& root, const std::vector<std::string>& patterns,
+                  std::shared_ptr<memory::StorageTier> tier) {
+  checkpoint_wrapper(root, patterns, swap_options(std::move(tier)));
+}
+
 }  // namespace hp

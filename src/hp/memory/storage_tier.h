@@ -1,7 +1,7 @@
 // Where tensors go when they leave memory: a storage tier keeps tensors under string keys
 // and brings them back into tensors of the same shape. FileTier: one file per key in a
-// directory on local disk, on this CPU machine. (The host-memory tier for device tensors,
-// pinned buffers and a copy stream, is still to come.)
+// directory on local disk; HostTier (host_tier.h): host memory, pinned buffers and a copy
+// stream for device tensors.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <exception>
+#include <functional>
 #include <future>
 
 #include "hp/base/error.h"
@@ -65,24 +67,54 @@ void SwapOptimizer::install(size_t b, std::vector<at::Tensor> state) {
   batch.resident = true;
 }
 
-void SwapOptimizer::evict(size_t b) {
-  Batch& batch = batches_[b];
-  if (!batch.resident) return;
+void SwapOptimizer::write(size_t b) const {
+  const Batch& batch = batches_[b];
   for (size_t j = 0; j < batch.entries.size(); ++j) tier_->write(key(b, j), *batch.entries[j].local);
-  // Every write went through: only now is the memory given up.
-  for (const optim::StateEntry& e : batch.entries) *e.local = at::Tensor();
-  batch.resident = false;
+}
+
+// Only once every write of the batch went through is its memory given up.
+void SwapOptimizer::release(size_t b) {
+  for (const optim::StateEntry& e : batches_[b].entries) *e.local = at::Tensor();
+  batches_[b].resident = false;
+}
+
+void SwapOptimizer::evict(size_t b) {
+  if (!batches_[b].resident) return;
+  write(b);
+  release(b);
 }
 
 void SwapOptimizer::step() {
   std::future<std::vector<at::Tensor>> next;
+  std::future<void> writing;  // of batch `written`
+  size_t written = 0;
+  std::exception_ptr failure;  // the first failed write: thrown once every batch is updated
+  auto finish = [&](size_t b, const std::function<void()>& write_out) {
+    try {
+      write_out();
+      release(b);
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  };
+  auto finish_writing = [&] {
+    if (writing.valid()) finish(written, [&] { writing.get(); });
+  };
   for (size_t b = 0; b < batches_.size(); ++b) {
     if (!batches_[b].resident) install(b, next.valid() ? next.get() : load(b));
     if (options_.prefetch && b + 1 < batches_.size() && !batches_[b + 1].resident)
       next = std::async(std::launch::async, [this, b] { return load(b + 1); });
     batches_[b].inner->step();
-    evict(b);
+    finish_writing();  // the batch before: at most three batches in memory
+    if (options_.write_behind) {
+      writing = std::async(std::launch::async, [this, b] { write(b); });
+      written = b;
+    } else {
+      finish(b, [&] { write(b); });
+    }
   }
+  finish_writing();
+  if (failure) std::rethrow_exception(failure);
 }
 
 void SwapOptimizer::set_lr(double lr) {

@@ -5,11 +5,13 @@
 // by the factory (AdamW, Muon: anything whose update of a parameter reads only that
 // parameter's own state, so batching changes no number). A step streams the batches: load
 // batch n's state, update, write it back and free it; with prefetch, batch n+1's state is
-// read on another thread while n updates. Resident optimizer state is then at most two
-// batches' instead of all of it.
+// read on another thread while n updates, and with write-behind batch n is written on
+// another thread while n+1 updates. Resident optimizer state is then at most three
+// batches' (two without write-behind) instead of all of it.
 //
-// A failed write (a full disk) is an error naming the file, and the state it was writing
-// stays in memory: nothing is lost, and the next step writes it again. A file that
+// A failed write (a full disk) is an error naming the file, thrown once every batch of the
+// step is updated; the state it was writing stays in memory: nothing is lost, and the next
+// step writes it again. A file that
 // disappears is an error naming it at the next read. state() (checkpoints) brings every
 // batch back into memory; the next step sends them out again.
 #pragma once
@@ -26,6 +28,7 @@ namespace hp::memory {
 struct SwapOptimizerOptions {
   int64_t batch_bytes = int64_t{64} << 20;  // of parameters per batch
   bool prefetch = true;                     // read batch n+1 while batch n updates
+  bool write_behind = true;                 // write batch n while batch n+1 updates
 };
 
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(std::vector<DTensor*>)>;
@@ -59,6 +62,8 @@ class SwapOptimizer : public optim::Optimizer {
   std::vector<at::Tensor> load(size_t b) const;
   void install(size_t b, std::vector<at::Tensor> state);
   void evict(size_t b);
+  void write(size_t b) const;
+  void release(size_t b);
 
   std::vector<DTensor*> params_;
   std::shared_ptr<StorageTier> tier_;
