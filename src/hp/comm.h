@@ -9,6 +9,7 @@
 #include "hp/comm/fake_backend.h"
 #include "hp/comm/local_ranks.h"
 #include "hp/comm/symm/symm.h"
+#include "hp/comm/trace.h"
 #include "hp/comm/world.h"
 
 namespace hp {

@@ -18,6 +18,7 @@ void add_schedule_command(CLI::App& app);
 void add_plan_commands(CLI::App& app);  // dryrun, plan
 void add_plot_command(CLI::App& app);   // the metrics file of hp train
 void add_monitor_commands(CLI::App& app);  // monitor plot, diff: the monitor file of hp train
+void add_trace_command(CLI::App& app);     // the timelines HP_TRACE writes
 void add_train_command(CLI::App& app);    // only when built with LibTorch
 void add_convert_command(CLI::App& app);  // only when built with LibTorch
 

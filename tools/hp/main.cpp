@@ -1,4 +1,4 @@
-// hp: the HyperParallel command line (schedule, dryrun, plan, train, plot, monitor, diff, convert).
+// hp: the HyperParallel command line (schedule, dryrun, plan, train, plot, monitor, diff, trace, convert).
 #include <CLI/CLI.hpp>
 #include <iostream>
 
@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   hp::cli::add_plan_commands(app);
   hp::cli::add_plot_command(app);
   hp::cli::add_monitor_commands(app);
+  hp::cli::add_trace_command(app);
 #ifdef HP_WITH_TRAIN
   hp::cli::add_train_command(app);
   hp::cli::add_convert_command(app);

@@ -10,7 +10,9 @@
 #include "hp/comm/engine.h"
 #include "hp/comm/hier/hier.h"
 #include "hp/comm/symm/collectives.h"
+#include "hp/comm/trace.h"
 #include "hp/comm/transport.h"
+#include "hp/comm/world.h"
 
 namespace hp::comm {
 namespace {
@@ -94,6 +96,9 @@ at::Tensor output_buffer(const Group& g, Transport tr, int64_t numel, const at::
   return g.buffer(numel, options);
 }
 
+// A collective's span in the trace: "all_reduce (shared memory)".
+std::string span_name(const char* op, Transport tr) { return std::string(op) + " (" + to_string(tr) + ")"; }
+
 // Runs `body`, a shared-memory or hierarchical collective, after every collective this
 // rank issued before it: asynchronous ones on the progress engine (returning at once),
 // synchronous ones here once the engine has drained. `result` finishes on the waiter.
@@ -111,11 +116,18 @@ Pending run_in_order(const char* op, Transport tr, const Group& g, bool async, B
       hier::host_levels(g);
     }
     std::string name = w();
-    return Pending(e->submit(std::function<void()>(std::forward<Body>(body)), name),
-                   std::function<at::Tensor()>(std::forward<Result>(result)), name, g.timeout());
+    std::function<void()> job(std::forward<Body>(body));
+    if (trace::enabled())
+      job = [job, span = span_name(op, tr), rank = is_initialized() ? current_world()->rank() : 0] {
+        trace::Span s("comm", span, rank, trace::kEngine);
+        job();
+      };
+    return Pending(e->submit(std::move(job), name), std::function<at::Tensor()>(std::forward<Result>(result)), name,
+                   g.timeout());
   }
   if (e) e->drain();
   try {
+    trace::Span s("comm", trace::enabled() ? span_name(op, tr) : std::string());
     body();
   } catch (const std::exception& ex) {
     HP_FAIL() << w() << " failed: " << ex.what();

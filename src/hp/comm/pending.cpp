@@ -2,6 +2,7 @@
 
 #include "hp/base/error.h"
 #include "hp/comm/engine.h"
+#include "hp/comm/trace.h"
 
 namespace hp::comm {
 
@@ -31,6 +32,8 @@ Pending Pending::then(std::function<at::Tensor(at::Tensor)> next, std::string wh
 
 at::Tensor Pending::wait() {
   if (finished_) return result_;
+  // Blocking here is communication the caller did not hide.
+  trace::Span span("wait", trace::enabled() && !ready() ? "wait " + what_ : std::string());
   if (job_) {
     try {
       job_->wait(timeout_);

@@ -10,6 +10,7 @@
 
 #include "hp/base/error.h"
 #include "hp/comm/collectives.h"
+#include "hp/comm/trace.h"
 #include "hp/pipeline/wire.h"
 #include "hp/schedule/lower.h"
 #include "hp/schedule/validate.h"
@@ -107,6 +108,7 @@ class StepRun {
 
   void execute(const Action& a, StepStats& stats) {
     Key k{a.stage, a.microbatch};
+    trace::Span span("compute", trace::enabled() ? to_string(a) : std::string());
     double t0 = now_s();
     waited_ = 0;
     switch (a.type) {

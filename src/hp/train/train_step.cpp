@@ -5,6 +5,7 @@
 
 #include "hp/base/error.h"
 #include "hp/comm/collectives.h"
+#include "hp/comm/trace.h"
 #include "hp/comm/world.h"
 #include "hp/memory/checkpoint.h"
 #include "hp/memory/swap_optimizer.h"
@@ -137,16 +138,25 @@ StepOutput train_step(Training& t, const TrainConfig& cfg, const at::Tensor& inp
                       double lr, const std::function<void()>& before_update) {
   t.opt->set_lr(lr);
   StepOutput out;
+  auto phase = [](const char* name) { return trace::Span("compute", trace::enabled() ? name : ""); };
   if (t.pipeline) {
     out.loss = t.pipeline->step(inputs, targets);
     out.bubble = t.pipeline->last_stats().idle_fraction();
   } else {
     DTensor ids = DTensor::from_local(inputs, t.stage_mesh, t.rows, t.global);
     DTensor tgt = DTensor::from_local(targets, t.stage_mesh, t.rows, t.global);
-    DTensor loss = t.moe_llama ? t.moe_llama->loss(ids, tgt) : t.llama->loss(ids, tgt);
-    loss.to_local().backward();
+    DTensor loss;
+    {
+      auto span = phase("forward");
+      loss = t.moe_llama ? t.moe_llama->loss(ids, tgt) : t.llama->loss(ids, tgt);
+    }
+    {
+      auto span = phase("backward");
+      loss.to_local().backward();
+    }
     out.loss = loss.to_local();
   }
+  auto span = phase("optimizer");
   if (cfg.train.grad_clip > 0) out.grad_norm = optim::clip_grad_norm_(t.params, cfg.train.grad_clip, t.other_stages);
   if (before_update) before_update();
   t.opt->step();
