@@ -7,16 +7,30 @@
 // A large all-reduce is a reduce-scatter (each rank folds its 1/n of every chunk, reading
 // its peers' inputs in place) followed by an all-gather of the folded slices.
 //
-// Buffers in the symmetric heap on every rank (hp::symm::empty) skip the windows: from
-// 256 KiB (or one step), ranks publish where their buffers lie and, if all are in the
-// heap, read each other's in place, one copy per byte; broadcast then spreads the copying
-// over all ranks, the root included. Otherwise (a buffer is private on some rank) the
-// windows carry it, but for all-gather and all-to-all outputs in the heap, which senders
-// write into, cross-memory reads and writes (cross_memory.h) for all-to-all and
-// broadcast, whose root then copies a share into every receiver. From 4 steps (1 MiB),
-// all-reduce may first stage a private tensor in the heap, where there is room (one
-// copy), and then read it in place: whether it does is timed per message size
-// (HP_SHM_STAGING=1 always, 0 never).
+// Which path a call takes (each collective's file says how each works). "Heap" means
+// hp::symm memory (hp::symm::empty, or hp::comm's outputs and staged copies); the choice
+// is made from the call's size alone, or, from 256 KiB (or one step), also from where
+// every rank's buffers lie, which the ranks publish under the call's first barrier:
+//
+//   collective      path          when
+//   all_reduce      one shot      up to 256 KiB (or one step)
+//                   in heap       every rank's tensor in the heap (a private one staged
+//                                 there from 4 steps, as staging_choice.h decides)
+//                   windows       otherwise
+//   reduce_scatter  in heap       from 256 KiB, every rank's pieces back to back in the heap
+//                   windows       otherwise
+//   all_gather      in place      from 256 KiB, each piece's input or output in the heap
+//                   windows       otherwise
+//   all_to_all      single copy   largest piece from 64 KiB, and cross-memory copies work
+//                                 or each piece's input or output is in the heap
+//                   windows       otherwise
+//   broadcast       in heap       from 256 KiB, every rank's tensor in the heap
+//                   split         from 256 KiB, the root's tensor readable by every
+//                                 receiver (in the heap, or by cross-memory reads)
+//                   windows       otherwise
+//
+// The windows path works for any buffers; the others move each byte once instead of
+// twice (through a window), and take fewer barriers for large messages.
 //
 // Every rank must make the same calls in the same order with the same sizes, reduce op,
 // dtype and root. Each call checks so at its first barrier, before any data moves between
