@@ -3,11 +3,13 @@
 //
 // Ranks are threads of this process (run_local_ranks, real Gloo over loopback),
 // each with one intra-op thread. The model is an MLP of 8 Linear+tanh blocks
-// (float32), split evenly over the schedule's stages. Unit costs F, B, I, W are
-// calibrated by timing one middle stage alone through the runtime's own stage code,
-// then fed to simulate() as a uniform cost model.
+// (float32), split evenly over the schedule's stages. The costs F, B, I, W of the first,
+// a middle and the last stage are calibrated by timing each alone through the runtime's
+// own stage code, then fed to simulate() per stage (the "uniform" column costs every
+// stage as a middle one).
 //
 //   bench_pipeline [ranks=4] [microbatches=8] [dim=512] [rows per microbatch=128] [device ms=0]
+//                  [schedules, comma-separated: default all]
 //
 // With fewer cores than ranks the ranks share cores and the measured times exceed
 // the prediction by up to ranks/cores: the table prints the core count, and a
@@ -17,8 +19,13 @@
 // device ms > 0 emulates a device per rank: each block still does its (small) arithmetic,
 // and its forward, input-gradient and weight-gradient parts each also wait that many ms
 // without using a core, as a host thread waits on its accelerator's kernels. The ranks
-// then no longer compete for cores, so the table measures what the schedule and the
-// runtime (dependencies, transfers, bookkeeping) make of fixed unit costs.
+// then compete for cores only with their arithmetic, so the table measures what the
+// schedule and the runtime (dependencies, transfers, bookkeeping) make of fixed unit
+// costs, as long as that arithmetic is small: the "arith" column gives its share of a
+// stage's F + B. With more ranks than cores a large share is no longer fixed: ranks whose
+// arithmetic coincides slow each other, most in the schedules that keep every rank busy
+// (zbv, dualpipev), and the step exceeds the costs timed alone. At dim 128 the share is a
+// few percent; at 512 it is about a sixth on this machine's cores.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -33,6 +40,7 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "hp/base/strings.h"
 #include "hp/comm.h"
 #include "hp/pipeline.h"
 #include "hp/schedule.h"
@@ -112,14 +120,14 @@ double median_time(int reps, Fn fn) {
   return t[reps / 2];
 }
 
-// F, B, I, W of one middle stage of a `num_stages` split, each phase timed alone.
-schedule::StageCost calibrate(const Config& c, int num_stages, std::shared_ptr<const comm::Group> g) {
-  // Stage 1 of 3: neither first (it has an input grad) nor last (no loss).
-  auto st = make_stage(c, 1, 3, kBlocks / num_stages, g);
-  at::Tensor x = at::randn({c.rows, c.dim}), gy = at::ones({c.rows, c.dim});
+// F, B, I, W of stage `s` of 3 (0: the first, no input gradient; 1: a middle one; 2: the
+// last, with the loss), `blocks` blocks, each phase timed alone.
+schedule::StageCost calibrate(const Config& c, int s, int blocks, std::shared_ptr<const comm::Group> g) {
+  auto st = make_stage(c, s, 3, blocks, g);
+  at::Tensor x = at::randn({c.rows, c.dim}), gy = at::ones({c.rows, c.dim}), target = at::randn({c.rows, c.dim});
   auto fwd = [&](bool split = false) {  // split: recorded for I then W, as the runtime does
-    auto w = pipeline::detail::run_forward(st, x, {}, 1.0, split);
-    w.grad_output = gy;
+    auto w = pipeline::detail::run_forward(st, x, st.is_last() ? target : at::Tensor(), 1.0, split);
+    if (!st.is_last()) w.grad_output = gy;
     return w;
   };
   const int reps = 15;
@@ -151,12 +159,29 @@ schedule::StageCost calibrate(const Config& c, int num_stages, std::shared_ptr<c
   return cost;
 }
 
+// Every stage's costs, timed alone: the first stage computes no input gradient (the
+// block nearest the input has less to do) and the last adds the loss, so they differ
+// from the middle ones.
+std::vector<schedule::StageCost> calibrate_stages(const Config& c, int num_stages, std::shared_ptr<const comm::Group> g) {
+  const int blocks = kBlocks / num_stages;
+  const schedule::StageCost first = calibrate(c, 0, blocks, g), middle = calibrate(c, 1, blocks, g),
+                            last = calibrate(c, 2, blocks, g);
+  std::vector<schedule::StageCost> out(num_stages, middle);
+  out.front() = first;
+  if (num_stages > 1) out.back() = last;
+  return out;
+}
+
 struct Row {
   std::string kind;
   int stages = 0;
-  schedule::StageCost unit;
+  schedule::StageCost unit;                  // a middle stage's
+  std::vector<schedule::StageCost> per_stage;  // every stage's, fed to the simulator
   double latency = 0;  // measured point to point, fed to the simulator
   double predicted = 0, sim_bubble = 0, measured = 0;
+  double predicted_uniform = 0;  // every stage costed as a middle one
+  double arithmetic = 0;         // share of a middle stage's F + B that is host arithmetic
+  std::vector<double> sim_idle;  // per rank, simulated
   schedule::StageCost in_step;  // unit costs as measured inside the steps (all ranks)
   double predicted_in_step = 0;
   std::vector<double> idle;
@@ -169,7 +194,7 @@ double p2p_latency(const Config& c, const comm::Group& g) {
   double one_way = 0;
   if (g.rank() < 2) {
     const int peer = 1 - g.rank();
-    one_way = median_time(15, [&] {
+    one_way = median_time(41, [&] {
       double t0 = now_s();
       if (g.rank() == 0) {
         comm::send_async(t, g, peer, 0).wait();
@@ -198,7 +223,14 @@ Row run_kind(const Config& c, const std::string& kind) {
   comm::run_local_ranks(c.ranks, [&](int rank) {
     at::set_num_threads(1);
     auto group = comm::current_world()->world_group();
-    if (rank == 0) row.unit = calibrate(c, sched.num_stages, group);
+    if (rank == 0) {
+      row.per_stage = calibrate_stages(c, sched.num_stages, group);
+      Config host = c;
+      host.device_ms = 0;
+      const schedule::StageCost a = calibrate(host, 1, kBlocks / sched.num_stages, group);
+      const schedule::StageCost& m = row.per_stage[sched.num_stages > 2 ? 1 : 0];
+      row.arithmetic = (a.f + a.b) / (m.f + m.b);
+    }
     comm::barrier(*group);  // calibration alone on the machine
     const double latency = p2p_latency(c, *group);
     if (rank == 0) row.latency = latency;
@@ -227,12 +259,17 @@ Row run_kind(const Config& c, const std::string& kind) {
     }
   });
   row.measured = *std::max_element(wall.begin(), wall.end());
+  row.unit = row.per_stage[sched.num_stages > 2 ? 1 : 0];
   schedule::CostModel cm;
-  cm.uniform = row.unit;
+  cm.per_stage = row.per_stage;
   cm.latency = row.latency;
   auto sim = schedule::simulate(sched, cm);
   row.predicted = sim.makespan;
   row.sim_bubble = sim.bubble_ratio;
+  for (double busy : sim.busy) row.sim_idle.push_back(1 - busy / sim.makespan);
+  cm.per_stage.clear();
+  cm.uniform = row.unit;
+  row.predicted_uniform = schedule::simulate(sched, cm).makespan;
   row.in_step = {f.mean(), b.mean(), i.mean(), w.mean()};
   cm.uniform = row.in_step;
   row.predicted_in_step = schedule::simulate(sched, cm).makespan;
@@ -248,6 +285,8 @@ int main(int argc, char** argv) {
   if (argc > 3) c.dim = std::atoi(argv[3]);
   if (argc > 4) c.rows = std::atoi(argv[4]);
   if (argc > 5) c.device_ms = std::atof(argv[5]);
+  std::vector<std::string> kinds = schedule::schedule_kinds();
+  if (argc > 6) kinds = split(argv[6], ',');
   at::manual_seed(0);
   std::printf("pipeline bench: %d ranks as threads, %d microbatches, MLP %d blocks of %dx%d, %d rows per "
               "microbatch, float32, %u cores\n",
@@ -255,11 +294,11 @@ int main(int argc, char** argv) {
   if (c.device_ms > 0)
     std::printf("emulated devices: every block's forward, input-gradient and weight-gradient parts wait %.2f ms\n",
                 c.device_ms);
-  std::printf("%-17s %6s %22s %7s %8s %8s %8s %8s %22s %8s  %s\n", "schedule", "stages", "alone: unit ms F/B/I/W",
-              "p2p ms", "sim ms", "meas ms", "meas/sim", "sim idle", "in step: unit ms", "sim ms",
-              "measured idle per rank");
+  std::printf("%-17s %6s %22s %12s %6s %7s %8s %8s %8s %8s %8s %22s %8s  %s\n", "schedule", "stages",
+              "alone: unit ms F/B/I/W", "first B/I ms", "arith", "p2p ms", "sim ms", "meas ms", "meas/sim", "sim idle",
+              "uniform", "in step: unit ms", "sim ms", "measured idle per rank (simulated)");
   std::vector<std::string> results;
-  for (const auto& kind : schedule::schedule_kinds()) {
+  for (const auto& kind : kinds) {
     if (kind == "dualpipev" && c.microbatches < 2 * c.ranks) {
       std::printf("%-17s skipped: needs at least %d microbatches\n", kind.c_str(), 2 * c.ranks);
       continue;
@@ -270,10 +309,13 @@ int main(int argc, char** argv) {
       std::snprintf(buf, sizeof buf, "%.2f/%.2f/%.2f/%.2f", u.f * 1e3, u.b * 1e3, u.i * 1e3, u.w * 1e3);
       return std::string(buf);
     };
-    std::printf("%-17s %6d %22s %7.2f %8.1f %8.1f %8.2f %8.2f %22s %8.1f ", r.kind.c_str(), r.stages,
-                units(r.unit).c_str(), r.latency * 1e3, r.predicted * 1e3, r.measured * 1e3,
-                r.measured / r.predicted, r.sim_bubble, units(r.in_step).c_str(), r.predicted_in_step * 1e3);
-    for (double i : r.idle) std::printf(" %.2f", i);
+    char first[32];
+    std::snprintf(first, sizeof first, "%.2f/%.2f", r.per_stage[0].b * 1e3, r.per_stage[0].i * 1e3);
+    std::printf("%-17s %6d %22s %12s %5.0f%% %7.2f %8.1f %8.1f %8.2f %8.2f %8.1f %22s %8.1f ", r.kind.c_str(),
+                r.stages, units(r.unit).c_str(), first, r.arithmetic * 100, r.latency * 1e3, r.predicted * 1e3, r.measured * 1e3,
+                r.measured / r.predicted, r.sim_bubble, r.predicted_uniform * 1e3, units(r.in_step).c_str(),
+                r.predicted_in_step * 1e3);
+    for (size_t k = 0; k < r.idle.size(); ++k) std::printf(" %.2f (%.2f)", r.idle[k], r.sim_idle[k]);
     std::printf("\n");
     char line[160];
     std::snprintf(line, sizeof line, "RESULT %s_measured_over_simulated %.3f", r.kind.c_str(), r.measured / r.predicted);
