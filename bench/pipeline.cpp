@@ -22,10 +22,11 @@
 // then compete for cores only with their arithmetic, so the table measures what the
 // schedule and the runtime (dependencies, transfers, bookkeeping) make of fixed unit
 // costs, as long as that arithmetic is small: the "arith" column gives its share of a
-// stage's F + B. With more ranks than cores a large share is no longer fixed: ranks whose
-// arithmetic coincides slow each other, most in the schedules that keep every rank busy
-// (zbv, dualpipev), and the step exceeds the costs timed alone. At dim 128 the share is a
-// few percent; at 512 it is about a sixth on this machine's cores.
+// stage's F + B (a few percent at dim 128, about a sixth at 512 on a quiet 2-core
+// machine). With more ranks than cores a large share is no longer fixed: ranks whose
+// arithmetic coincides slow each other. Such delays, and late wake-ups on a loaded
+// machine, cost most in the schedules that leave no rank idle (zbv, dualpipev), where
+// nearly every path is critical; compare the in-step column with the one timed alone.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -159,13 +160,11 @@ schedule::StageCost calibrate(const Config& c, int s, int blocks, std::shared_pt
   return cost;
 }
 
-// Every stage's costs, timed alone: the first stage computes no input gradient (the
-// block nearest the input has less to do) and the last adds the loss, so they differ
-// from the middle ones.
-std::vector<schedule::StageCost> calibrate_stages(const Config& c, int num_stages, std::shared_ptr<const comm::Group> g) {
-  const int blocks = kBlocks / num_stages;
-  const schedule::StageCost first = calibrate(c, 0, blocks, g), middle = calibrate(c, 1, blocks, g),
-                            last = calibrate(c, 2, blocks, g);
+// Every stage's costs from those of the first, a middle and the last stage: the first
+// computes no input gradient (the block nearest the input has less to do) and the last
+// adds the loss, so they differ from the middle ones.
+std::vector<schedule::StageCost> stage_costs(int num_stages, const schedule::StageCost& first,
+                                             const schedule::StageCost& middle, const schedule::StageCost& last) {
   std::vector<schedule::StageCost> out(num_stages, middle);
   out.front() = first;
   if (num_stages > 1) out.back() = last;
@@ -175,7 +174,7 @@ std::vector<schedule::StageCost> calibrate_stages(const Config& c, int num_stage
 struct Row {
   std::string kind;
   int stages = 0;
-  schedule::StageCost unit;                  // a middle stage's
+  schedule::StageCost first, unit, last;       // each timed alone; unit: a middle stage's
   std::vector<schedule::StageCost> per_stage;  // every stage's, fed to the simulator
   double latency = 0;  // measured point to point, fed to the simulator
   double predicted = 0, sim_bubble = 0, measured = 0;
@@ -224,12 +223,14 @@ Row run_kind(const Config& c, const std::string& kind) {
     at::set_num_threads(1);
     auto group = comm::current_world()->world_group();
     if (rank == 0) {
-      row.per_stage = calibrate_stages(c, sched.num_stages, group);
+      const int blocks = kBlocks / sched.num_stages;
+      row.first = calibrate(c, 0, blocks, group);
+      row.unit = calibrate(c, 1, blocks, group);
+      row.last = calibrate(c, 2, blocks, group);
       Config host = c;
       host.device_ms = 0;
-      const schedule::StageCost a = calibrate(host, 1, kBlocks / sched.num_stages, group);
-      const schedule::StageCost& m = row.per_stage[sched.num_stages > 2 ? 1 : 0];
-      row.arithmetic = (a.f + a.b) / (m.f + m.b);
+      const schedule::StageCost a = calibrate(host, 1, blocks, group);
+      row.arithmetic = (a.f + a.b) / (row.unit.f + row.unit.b);
     }
     comm::barrier(*group);  // calibration alone on the machine
     const double latency = p2p_latency(c, *group);
@@ -259,7 +260,7 @@ Row run_kind(const Config& c, const std::string& kind) {
     }
   });
   row.measured = *std::max_element(wall.begin(), wall.end());
-  row.unit = row.per_stage[sched.num_stages > 2 ? 1 : 0];
+  row.per_stage = stage_costs(sched.num_stages, row.first, row.unit, row.last);
   schedule::CostModel cm;
   cm.per_stage = row.per_stage;
   cm.latency = row.latency;
@@ -310,7 +311,7 @@ int main(int argc, char** argv) {
       return std::string(buf);
     };
     char first[32];
-    std::snprintf(first, sizeof first, "%.2f/%.2f", r.per_stage[0].b * 1e3, r.per_stage[0].i * 1e3);
+    std::snprintf(first, sizeof first, "%.2f/%.2f", r.first.b * 1e3, r.first.i * 1e3);
     std::printf("%-17s %6d %22s %12s %5.0f%% %7.2f %8.1f %8.1f %8.2f %8.2f %8.1f %22s %8.1f ", r.kind.c_str(),
                 r.stages, units(r.unit).c_str(), first, r.arithmetic * 100, r.latency * 1e3, r.predicted * 1e3, r.measured * 1e3,
                 r.measured / r.predicted, r.sim_bubble, r.predicted_uniform * 1e3, units(r.in_step).c_str(),
