@@ -44,6 +44,7 @@
 #include "hp/base/strings.h"
 #include "hp/comm.h"
 #include "hp/pipeline.h"
+#include "hp/pipeline/wire.h"
 #include "hp/schedule.h"
 #include "hp/tensor/weight_outputs.h"
 
@@ -176,7 +177,7 @@ struct Row {
   int stages = 0;
   schedule::StageCost first, unit, last;       // each timed alone; unit: a middle stage's
   std::vector<schedule::StageCost> per_stage;  // every stage's, fed to the simulator
-  double latency = 0;  // measured point to point, fed to the simulator
+  double latency = 0, activation_latency = 0;  // measured point to point, fed to the simulator
   double predicted = 0, sim_bubble = 0, measured = 0;
   double predicted_uniform = 0;  // every stage costed as a middle one
   double arithmetic = 0;         // share of a middle stage's F + B that is host arithmetic
@@ -186,21 +187,33 @@ struct Row {
   std::vector<double> idle;
 };
 
-// One-way time of an activation between two ranks (ping-pong, median), called by every
-// rank; ranks 0 and 1 measure, the rest wait at the barrier.
-double p2p_latency(const Config& c, const comm::Group& g) {
+// One-way time of a message between two ranks (ping-pong, median), called by every rank;
+// ranks 0 and 1 measure, the rest wait at the barrier. `activation`: as the runtime sends
+// a forward activation (a shape header whose receive is posted early, then the data, whose
+// receive is posted once the header has landed); else as it sends a gradient (one message,
+// its receive posted early).
+double p2p_latency(const Config& c, const comm::Group& g, bool activation) {
   at::Tensor t = at::zeros({c.rows, c.dim});
   double one_way = 0;
   if (g.rank() < 2) {
     const int peer = 1 - g.rank();
+    auto send = [&](int tag) {
+      for (auto& p : pipeline::detail::send_activation(t, g, peer, 2 * tag, 2 * tag + 1, activation)) p.wait();
+    };
+    auto recv = [&](int tag) {
+      if (activation)
+        pipeline::detail::ActivationRecv(g, peer, 2 * tag, 2 * tag + 1).wait();
+      else
+        comm::recv_async(t, g, peer, 2 * tag + 1).wait();
+    };
     one_way = median_time(41, [&] {
       double t0 = now_s();
       if (g.rank() == 0) {
-        comm::send_async(t, g, peer, 0).wait();
-        comm::recv_async(t, g, peer, 1).wait();
+        send(0);
+        recv(1);
       } else {
-        comm::recv_async(t, g, peer, 0).wait();
-        comm::send_async(t, g, peer, 1).wait();
+        recv(0);
+        send(1);
       }
       return (now_s() - t0) / 2;
     });
@@ -233,8 +246,8 @@ Row run_kind(const Config& c, const std::string& kind) {
       row.arithmetic = (a.f + a.b) / (row.unit.f + row.unit.b);
     }
     comm::barrier(*group);  // calibration alone on the machine
-    const double latency = p2p_latency(c, *group);
-    if (rank == 0) row.latency = latency;
+    const double latency = p2p_latency(c, *group, false), activation_latency = p2p_latency(c, *group, true);
+    if (rank == 0) row.latency = latency, row.activation_latency = activation_latency;
     std::vector<pipeline::PipelineStage> stages;
     for (int s : sched.stages_of(rank)) stages.push_back(make_stage(c, s, sched.num_stages, kBlocks / sched.num_stages, group));
     pipeline::PipelineRuntime rt(stages, sched);
@@ -264,6 +277,7 @@ Row run_kind(const Config& c, const std::string& kind) {
   schedule::CostModel cm;
   cm.per_stage = row.per_stage;
   cm.latency = row.latency;
+  cm.activation_latency = row.activation_latency;
   auto sim = schedule::simulate(sched, cm);
   row.predicted = sim.makespan;
   row.sim_bubble = sim.bubble_ratio;
@@ -295,8 +309,8 @@ int main(int argc, char** argv) {
   if (c.device_ms > 0)
     std::printf("emulated devices: every block's forward, input-gradient and weight-gradient parts wait %.2f ms\n",
                 c.device_ms);
-  std::printf("%-17s %6s %22s %12s %6s %7s %8s %8s %8s %8s %8s %22s %8s  %s\n", "schedule", "stages",
-              "alone: unit ms F/B/I/W", "first B/I ms", "arith", "p2p ms", "sim ms", "meas ms", "meas/sim", "sim idle",
+  std::printf("%-17s %6s %22s %12s %6s %11s %8s %8s %8s %8s %8s %22s %8s  %s\n", "schedule", "stages",
+              "alone: unit ms F/B/I/W", "first B/I ms", "arith", "p2p ms B/F", "sim ms", "meas ms", "meas/sim", "sim idle",
               "uniform", "in step: unit ms", "sim ms", "measured idle per rank (simulated)");
   std::vector<std::string> results;
   for (const auto& kind : kinds) {
@@ -312,8 +326,10 @@ int main(int argc, char** argv) {
     };
     char first[32];
     std::snprintf(first, sizeof first, "%.2f/%.2f", r.first.b * 1e3, r.first.i * 1e3);
-    std::printf("%-17s %6d %22s %12s %5.0f%% %7.2f %8.1f %8.1f %8.2f %8.2f %8.1f %22s %8.1f ", r.kind.c_str(),
-                r.stages, units(r.unit).c_str(), first, r.arithmetic * 100, r.latency * 1e3, r.predicted * 1e3, r.measured * 1e3,
+    char p2p[32];
+    std::snprintf(p2p, sizeof p2p, "%.2f/%.2f", r.latency * 1e3, r.activation_latency * 1e3);
+    std::printf("%-17s %6d %22s %12s %5.0f%% %11s %8.1f %8.1f %8.2f %8.2f %8.1f %22s %8.1f ", r.kind.c_str(),
+                r.stages, units(r.unit).c_str(), first, r.arithmetic * 100, p2p, r.predicted * 1e3, r.measured * 1e3,
                 r.measured / r.predicted, r.sim_bubble, r.predicted_uniform * 1e3, units(r.in_step).c_str(),
                 r.predicted_in_step * 1e3);
     for (size_t k = 0; k < r.idle.size(); ++k) std::printf(" %.2f (%.2f)", r.idle[k], r.sim_idle[k]);

@@ -17,6 +17,15 @@ TEST(ScheduleSimulate, LatencyAddsToEachHop) {
   EXPECT_DOUBLE_EQ(r.bubble_ratio, 1 - 6.0 / (2 * 7));
 }
 
+TEST(ScheduleSimulate, ActivationsMayTakeTheirOwnLatency) {
+  // The same hops, the forward one slower: F, 1.5, F, B, 0.5, B.
+  CostModel c;
+  c.uniform = {1, 2, 1, 1};
+  c.latency = 0.5;
+  c.activation_latency = 1.5;
+  EXPECT_DOUBLE_EQ(simulate(make_schedule("1f1b", 2, 1), c).makespan, 1 + 1.5 + 1 + 2 + 0.5 + 2);
+}
+
 TEST(ScheduleSimulate, TimelineFollowsListOrder) {
   const Schedule s = make_schedule("gpipe", 3, 4);
   const SimResult r = simulate(s);
