@@ -6,7 +6,8 @@
 // (float32), split evenly over the schedule's stages. The costs F, B, I, W of the first,
 // a middle and the last stage are calibrated by timing each alone through the runtime's
 // own stage code, then fed to simulate() per stage (the "uniform" column costs every
-// stage as a middle one).
+// stage as a middle one), with two hop latencies measured between two ranks: a gradient's
+// and a forward activation's, each sent as the runtime sends it ("p2p ms B/F").
 //
 //   bench_pipeline [ranks=4] [microbatches=8] [dim=512] [rows per microbatch=128] [device ms=0]
 //                  [schedules, comma-separated: default all]
