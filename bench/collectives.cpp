@@ -1,7 +1,11 @@
 // hp's collectives over shared memory (hp/comm/symm, chosen for groups on one host)
 // against the same calls over Gloo (HP_SHM_COLLECTIVES=0), and against raw c10d Gloo
 // where c10d has the collective, in the same run. Run under hprun:
-//   hprun --nproc-per-node 4 build/bin/bench_collectives [max MiB]
+//   hprun --nproc-per-node 4 build/bin/bench_collectives [max MiB] [collectives]
+// `collectives`: a comma-separated subset to run (default all), e.g. reduce_scatter, whose
+// block also times what a reduce-scatter replaces, an all-reduce and a slice, on both
+// transports (RESULT all_reduce_slice_over_reduce_scatter_*: the all-reduce + slice time
+// over the reduce-scatter's).
 // Bus bandwidth follows nccl-tests: algbw * 2(n-1)/n for all-reduce, * (n-1)/n otherwise
 // (broadcast: * 1). The ratio is Gloo's median time over shared memory's. One copy of
 // the message on every rank at once (memcpy, and hp's streamed copy_large), per size, is
@@ -21,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "hp/base/strings.h"
 #include "hp/comm.h"
 #include "hp/comm/symm/collectives.h"
 #include "hp/comm/symm/stream_copy.h"
@@ -94,6 +99,12 @@ int main(int argc, char** argv) {
 
   int64_t max_bytes = int64_t(64) << 20;
   if (argc > 1) max_bytes = int64_t(std::atoll(argv[1])) << 20;
+  std::vector<std::string> only;  // empty: every collective
+  if (argc > 2)
+    for (const std::string& c : split(argv[2], ','))
+      if (!c.empty()) only.push_back(c);
+  auto wanted = [&](const char* name) { return only.empty() || std::find(only.begin(), only.end(), name) != only.end(); };
+  std::vector<std::string> results;
   ::setenv("HP_SHM_COLLECTIVES", "1", 1);
   for (int64_t bytes = 1 << 10; bytes <= max_bytes; bytes *= 4) {
     const int64_t numel = bytes / 4;
@@ -126,7 +137,7 @@ int main(int argc, char** argv) {
     // A copy of `t` in the symmetric heap (hp::symm::empty): its collectives read peers'
     // buffers in place.
     auto in_heap = [&](const at::Tensor& t) { return symm::empty(t.sizes(), t.scalar_type(), *g).copy_(t); };
-    {  // all_reduce (Avg keeps the values bounded over the repetitions)
+    if (wanted("all_reduce")) {  // Avg keeps the values bounded over the repetitions
       std::vector<at::Tensor> v{x};
       c10d::AllreduceOptions o;
       at::Tensor s = in_heap(x);
@@ -138,14 +149,31 @@ int main(int argc, char** argv) {
                              staging("0", hp_call)}),
              2 * ring, true, {"_symm", "_staged", "_windows"});
     }
-    {  // reduce_scatter of a `bytes` input (c10d's Gloo has none)
+    if (wanted("reduce_scatter")) {  // of a `bytes` input (c10d's Gloo has none)
       at::Tensor s = in_heap(x);
       auto hp_call = [&] { reduce_scatter(x, *g); };
-      report("reduce_scatter", bytes,
-             median_seconds(*g, iters, calls, {on_gloo(hp_call), hp_call, [&] { reduce_scatter(s, *g); }}), ring,
-             false, {"_symm"});
+      const int64_t piece = numel / n;  // what the reduce-scatter leaves this rank
+      auto all_reduce_slice = [&] { all_reduce(x, *g).narrow(0, rank * piece, piece).contiguous(); };
+      std::vector<double> t = median_seconds(
+          *g, iters, calls,
+          {on_gloo(hp_call), hp_call, [&] { reduce_scatter(s, *g); }, on_gloo(all_reduce_slice), all_reduce_slice});
+      report("reduce_scatter", bytes, {t[0], t[1], t[2]}, ring, false, {"_symm"});
+      if (rank == 0) {
+        std::printf("%-19s %8s %10s %10.1f %10.1f %29s %7.2fx (gloo %.2fx)\n", "all_reduce+slice",
+                    size_name(bytes).c_str(), "", t[3] * 1e6, t[4] * 1e6, "reduce_scatter speedup:", t[4] / t[1],
+                    t[3] / t[0]);
+        std::string size = size_name(bytes);
+        size.erase(std::remove(size.begin(), size.end(), ' '), size.end());
+        for (auto [via, ratio] : {std::pair<const char*, double>{"shm", t[4] / t[1]}, {"gloo", t[3] / t[0]}}) {
+          char line[160];
+          std::snprintf(line, sizeof line, "RESULT all_reduce_slice_over_reduce_scatter_%s_%dr_%s %.3f", via, n,
+                        size.c_str(), ratio);
+          results.push_back(line);
+        }
+        std::fflush(stdout);
+      }
     }
-    {  // all_gather to a `bytes` output, against c10d's list all-gather
+    if (wanted("all_gather")) {  // to a `bytes` output, against c10d's list all-gather
       at::Tensor part = x.narrow(0, 0, numel / n).clone(), s = in_heap(part);
       std::vector<std::vector<at::Tensor>> outs{std::vector<at::Tensor>(n)};
       for (auto& o : outs[0]) o = at::empty_like(part);
@@ -157,7 +185,7 @@ int main(int argc, char** argv) {
                              [&] { all_gather(s, *g); }}),
              ring, true, {"_symm"});
     }
-    {  // all_to_all, equal splits
+    if (wanted("all_to_all")) {  // equal splits
       at::Tensor out = at::empty_like(x);
       std::vector<int64_t> none;
       c10d::AllToAllOptions o;
@@ -169,7 +197,7 @@ int main(int argc, char** argv) {
                              [&] { all_to_all(s, *g, 0, 0); }}),
              ring, true, {"_symm"});
     }
-    {  // all_to_all with uneven splits: rank r sends piece s of (r + s + 1) units, `bytes` on average
+    if (wanted("all_to_all_v")) {  // uneven splits: rank r sends piece s of (r + s + 1) units, `bytes` on average
       std::vector<int64_t> send(n), recv(n);
       const int64_t unit = std::max<int64_t>(1, numel / (n * n));
       int64_t units = 0;
@@ -182,7 +210,7 @@ int main(int argc, char** argv) {
       auto hp_call = [&] { all_to_all_single_async(out, in, *g, recv, send).wait(); };
       report("all_to_all_v", bytes, median_seconds(*g, iters, calls, {on_gloo(hp_call), hp_call}), ring, false, {});
     }
-    {  // broadcast from rank 0
+    if (wanted("broadcast")) {  // from rank 0
       std::vector<at::Tensor> v{x};
       c10d::BroadcastOptions o;
       at::Tensor s = in_heap(x);
@@ -194,5 +222,6 @@ int main(int argc, char** argv) {
              1.0, true, {"_symm"});
     }
   }
+  for (const std::string& line : results) std::printf("%s\n", line.c_str());
   return 0;
 }

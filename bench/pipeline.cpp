@@ -3,11 +3,14 @@
 //
 // Ranks are threads of this process (run_local_ranks, real Gloo over loopback),
 // each with one intra-op thread. The model is an MLP of 8 Linear+tanh blocks
-// (float32), split evenly over the schedule's stages. Unit costs F, B, I, W are
-// calibrated by timing one middle stage alone through the runtime's own stage code,
-// then fed to simulate() as a uniform cost model.
+// (float32), split evenly over the schedule's stages. The costs F, B, I, W of the first,
+// a middle and the last stage are calibrated by timing each alone through the runtime's
+// own stage code, then fed to simulate() per stage (the "uniform" column costs every
+// stage as a middle one), with two hop latencies measured between two ranks: a gradient's
+// and a forward activation's, each sent as the runtime sends it ("p2p ms B/F").
 //
 //   bench_pipeline [ranks=4] [microbatches=8] [dim=512] [rows per microbatch=128] [device ms=0]
+//                  [schedules, comma-separated: default all]
 //
 // With fewer cores than ranks the ranks share cores and the measured times exceed
 // the prediction by up to ranks/cores: the table prints the core count, and a
@@ -17,8 +20,14 @@
 // device ms > 0 emulates a device per rank: each block still does its (small) arithmetic,
 // and its forward, input-gradient and weight-gradient parts each also wait that many ms
 // without using a core, as a host thread waits on its accelerator's kernels. The ranks
-// then no longer compete for cores, so the table measures what the schedule and the
-// runtime (dependencies, transfers, bookkeeping) make of fixed unit costs.
+// then compete for cores only with their arithmetic, so the table measures what the
+// schedule and the runtime (dependencies, transfers, bookkeeping) make of fixed unit
+// costs, as long as that arithmetic is small: the "arith" column gives its share of a
+// stage's F + B (a few percent at dim 128, about a sixth at 512 on a quiet 2-core
+// machine). With more ranks than cores a large share is no longer fixed: ranks whose
+// arithmetic coincides slow each other. Such delays, and late wake-ups on a loaded
+// machine, cost most in the schedules that leave no rank idle (zbv, dualpipev), where
+// nearly every path is critical; compare the in-step column with the one timed alone.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -33,8 +42,10 @@
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "hp/base/strings.h"
 #include "hp/comm.h"
 #include "hp/pipeline.h"
+#include "hp/pipeline/wire.h"
 #include "hp/schedule.h"
 #include "hp/tensor/weight_outputs.h"
 
@@ -112,14 +123,14 @@ double median_time(int reps, Fn fn) {
   return t[reps / 2];
 }
 
-// F, B, I, W of one middle stage of a `num_stages` split, each phase timed alone.
-schedule::StageCost calibrate(const Config& c, int num_stages, std::shared_ptr<const comm::Group> g) {
-  // Stage 1 of 3: neither first (it has an input grad) nor last (no loss).
-  auto st = make_stage(c, 1, 3, kBlocks / num_stages, g);
-  at::Tensor x = at::randn({c.rows, c.dim}), gy = at::ones({c.rows, c.dim});
+// F, B, I, W of stage `s` of 3 (0: the first, no input gradient; 1: a middle one; 2: the
+// last, with the loss), `blocks` blocks, each phase timed alone.
+schedule::StageCost calibrate(const Config& c, int s, int blocks, std::shared_ptr<const comm::Group> g) {
+  auto st = make_stage(c, s, 3, blocks, g);
+  at::Tensor x = at::randn({c.rows, c.dim}), gy = at::ones({c.rows, c.dim}), target = at::randn({c.rows, c.dim});
   auto fwd = [&](bool split = false) {  // split: recorded for I then W, as the runtime does
-    auto w = pipeline::detail::run_forward(st, x, {}, 1.0, split);
-    w.grad_output = gy;
+    auto w = pipeline::detail::run_forward(st, x, st.is_last() ? target : at::Tensor(), 1.0, split);
+    if (!st.is_last()) w.grad_output = gy;
     return w;
   };
   const int reps = 15;
@@ -151,32 +162,59 @@ schedule::StageCost calibrate(const Config& c, int num_stages, std::shared_ptr<c
   return cost;
 }
 
+// Every stage's costs from those of the first, a middle and the last stage: the first
+// computes no input gradient (the block nearest the input has less to do) and the last
+// adds the loss, so they differ from the middle ones.
+std::vector<schedule::StageCost> stage_costs(int num_stages, const schedule::StageCost& first,
+                                             const schedule::StageCost& middle, const schedule::StageCost& last) {
+  std::vector<schedule::StageCost> out(num_stages, middle);
+  out.front() = first;
+  if (num_stages > 1) out.back() = last;
+  return out;
+}
+
 struct Row {
   std::string kind;
   int stages = 0;
-  schedule::StageCost unit;
-  double latency = 0;  // measured point to point, fed to the simulator
+  schedule::StageCost first, unit, last;       // each timed alone; unit: a middle stage's
+  std::vector<schedule::StageCost> per_stage;  // every stage's, fed to the simulator
+  double latency = 0, activation_latency = 0;  // measured point to point, fed to the simulator
   double predicted = 0, sim_bubble = 0, measured = 0;
+  double predicted_uniform = 0;  // every stage costed as a middle one
+  double arithmetic = 0;         // share of a middle stage's F + B that is host arithmetic
+  std::vector<double> sim_idle;  // per rank, simulated
   schedule::StageCost in_step;  // unit costs as measured inside the steps (all ranks)
   double predicted_in_step = 0;
   std::vector<double> idle;
 };
 
-// One-way time of an activation between two ranks (ping-pong, median), called by every
-// rank; ranks 0 and 1 measure, the rest wait at the barrier.
-double p2p_latency(const Config& c, const comm::Group& g) {
+// One-way time of a message between two ranks (ping-pong, median), called by every rank;
+// ranks 0 and 1 measure, the rest wait at the barrier. `activation`: as the runtime sends
+// a forward activation (a shape header whose receive is posted early, then the data, whose
+// receive is posted once the header has landed); else as it sends a gradient (one message,
+// its receive posted early).
+double p2p_latency(const Config& c, const comm::Group& g, bool activation) {
   at::Tensor t = at::zeros({c.rows, c.dim});
   double one_way = 0;
   if (g.rank() < 2) {
     const int peer = 1 - g.rank();
-    one_way = median_time(15, [&] {
+    auto send = [&](int tag) {
+      for (auto& p : pipeline::detail::send_activation(t, g, peer, 2 * tag, 2 * tag + 1, activation)) p.wait();
+    };
+    auto recv = [&](int tag) {
+      if (activation)
+        pipeline::detail::ActivationRecv(g, peer, 2 * tag, 2 * tag + 1).wait();
+      else
+        comm::recv_async(t, g, peer, 2 * tag + 1).wait();
+    };
+    one_way = median_time(41, [&] {
       double t0 = now_s();
       if (g.rank() == 0) {
-        comm::send_async(t, g, peer, 0).wait();
-        comm::recv_async(t, g, peer, 1).wait();
+        send(0);
+        recv(1);
       } else {
-        comm::recv_async(t, g, peer, 0).wait();
-        comm::send_async(t, g, peer, 1).wait();
+        recv(0);
+        send(1);
       }
       return (now_s() - t0) / 2;
     });
@@ -198,10 +236,19 @@ Row run_kind(const Config& c, const std::string& kind) {
   comm::run_local_ranks(c.ranks, [&](int rank) {
     at::set_num_threads(1);
     auto group = comm::current_world()->world_group();
-    if (rank == 0) row.unit = calibrate(c, sched.num_stages, group);
+    if (rank == 0) {
+      const int blocks = kBlocks / sched.num_stages;
+      row.first = calibrate(c, 0, blocks, group);
+      row.unit = calibrate(c, 1, blocks, group);
+      row.last = calibrate(c, 2, blocks, group);
+      Config host = c;
+      host.device_ms = 0;
+      const schedule::StageCost a = calibrate(host, 1, blocks, group);
+      row.arithmetic = (a.f + a.b) / (row.unit.f + row.unit.b);
+    }
     comm::barrier(*group);  // calibration alone on the machine
-    const double latency = p2p_latency(c, *group);
-    if (rank == 0) row.latency = latency;
+    const double latency = p2p_latency(c, *group, false), activation_latency = p2p_latency(c, *group, true);
+    if (rank == 0) row.latency = latency, row.activation_latency = activation_latency;
     std::vector<pipeline::PipelineStage> stages;
     for (int s : sched.stages_of(rank)) stages.push_back(make_stage(c, s, sched.num_stages, kBlocks / sched.num_stages, group));
     pipeline::PipelineRuntime rt(stages, sched);
@@ -227,12 +274,18 @@ Row run_kind(const Config& c, const std::string& kind) {
     }
   });
   row.measured = *std::max_element(wall.begin(), wall.end());
+  row.per_stage = stage_costs(sched.num_stages, row.first, row.unit, row.last);
   schedule::CostModel cm;
-  cm.uniform = row.unit;
+  cm.per_stage = row.per_stage;
   cm.latency = row.latency;
+  cm.activation_latency = row.activation_latency;
   auto sim = schedule::simulate(sched, cm);
   row.predicted = sim.makespan;
   row.sim_bubble = sim.bubble_ratio;
+  for (double busy : sim.busy) row.sim_idle.push_back(1 - busy / sim.makespan);
+  cm.per_stage.clear();
+  cm.uniform = row.unit;
+  row.predicted_uniform = schedule::simulate(sched, cm).makespan;
   row.in_step = {f.mean(), b.mean(), i.mean(), w.mean()};
   cm.uniform = row.in_step;
   row.predicted_in_step = schedule::simulate(sched, cm).makespan;
@@ -248,6 +301,8 @@ int main(int argc, char** argv) {
   if (argc > 3) c.dim = std::atoi(argv[3]);
   if (argc > 4) c.rows = std::atoi(argv[4]);
   if (argc > 5) c.device_ms = std::atof(argv[5]);
+  std::vector<std::string> kinds = schedule::schedule_kinds();
+  if (argc > 6) kinds = split(argv[6], ',');
   at::manual_seed(0);
   std::printf("pipeline bench: %d ranks as threads, %d microbatches, MLP %d blocks of %dx%d, %d rows per "
               "microbatch, float32, %u cores\n",
@@ -255,11 +310,11 @@ int main(int argc, char** argv) {
   if (c.device_ms > 0)
     std::printf("emulated devices: every block's forward, input-gradient and weight-gradient parts wait %.2f ms\n",
                 c.device_ms);
-  std::printf("%-17s %6s %22s %7s %8s %8s %8s %8s %22s %8s  %s\n", "schedule", "stages", "alone: unit ms F/B/I/W",
-              "p2p ms", "sim ms", "meas ms", "meas/sim", "sim idle", "in step: unit ms", "sim ms",
-              "measured idle per rank");
+  std::printf("%-17s %6s %22s %12s %6s %11s %8s %8s %8s %8s %8s %22s %8s  %s\n", "schedule", "stages",
+              "alone: unit ms F/B/I/W", "first B/I ms", "arith", "p2p ms B/F", "sim ms", "meas ms", "meas/sim", "sim idle",
+              "uniform", "in step: unit ms", "sim ms", "measured idle per rank (simulated)");
   std::vector<std::string> results;
-  for (const auto& kind : schedule::schedule_kinds()) {
+  for (const auto& kind : kinds) {
     if (kind == "dualpipev" && c.microbatches < 2 * c.ranks) {
       std::printf("%-17s skipped: needs at least %d microbatches\n", kind.c_str(), 2 * c.ranks);
       continue;
@@ -270,10 +325,15 @@ int main(int argc, char** argv) {
       std::snprintf(buf, sizeof buf, "%.2f/%.2f/%.2f/%.2f", u.f * 1e3, u.b * 1e3, u.i * 1e3, u.w * 1e3);
       return std::string(buf);
     };
-    std::printf("%-17s %6d %22s %7.2f %8.1f %8.1f %8.2f %8.2f %22s %8.1f ", r.kind.c_str(), r.stages,
-                units(r.unit).c_str(), r.latency * 1e3, r.predicted * 1e3, r.measured * 1e3,
-                r.measured / r.predicted, r.sim_bubble, units(r.in_step).c_str(), r.predicted_in_step * 1e3);
-    for (double i : r.idle) std::printf(" %.2f", i);
+    char first[32];
+    std::snprintf(first, sizeof first, "%.2f/%.2f", r.first.b * 1e3, r.first.i * 1e3);
+    char p2p[32];
+    std::snprintf(p2p, sizeof p2p, "%.2f/%.2f", r.latency * 1e3, r.activation_latency * 1e3);
+    std::printf("%-17s %6d %22s %12s %5.0f%% %11s %8.1f %8.1f %8.2f %8.2f %8.1f %22s %8.1f ", r.kind.c_str(),
+                r.stages, units(r.unit).c_str(), first, r.arithmetic * 100, p2p, r.predicted * 1e3, r.measured * 1e3,
+                r.measured / r.predicted, r.sim_bubble, r.predicted_uniform * 1e3, units(r.in_step).c_str(),
+                r.predicted_in_step * 1e3);
+    for (size_t k = 0; k < r.idle.size(); ++k) std::printf(" %.2f (%.2f)", r.idle[k], r.sim_idle[k]);
     std::printf("\n");
     char line[160];
     std::snprintf(line, sizeof line, "RESULT %s_measured_over_simulated %.3f", r.kind.c_str(), r.measured / r.predicted);

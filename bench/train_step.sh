@@ -22,6 +22,7 @@ run() {  # name, ranks, mesh shape, mesh names
   tok=$(sed -E 's/.* ([0-9.]+) tok\/s.*/\1/' <<< "$line")
   printf "%-12s %6d %10.1f %10.0f\n" "$name" "$ranks" "$ms" "$tok"
   echo "$ms" > "$tmp/$name.ms"
+  echo "$tok" > "$tmp/$name.tok"
 }
 
 printf "%-12s %6s %10s %10s\n" layout ranks "ms/step" "tok/s"
@@ -32,4 +33,11 @@ run tp4 4 "[4]" '["tp"]'
 base=$(cat "$tmp/single.ms")
 for n in dp4 dp2xtp2 tp4; do
   awk -v b="$base" -v c="$(cat "$tmp/$n.ms")" -v n="$n" 'BEGIN { printf "%s: %.2fx the step time of one rank\n", n, c / b }'
+done
+for n in single dp4 dp2xtp2 tp4; do
+  echo "RESULT train_step_ms_$n $(cat "$tmp/$n.ms")"
+  echo "RESULT train_step_tokens_per_s_$n $(cat "$tmp/$n.tok")"
+done
+for n in dp4 dp2xtp2 tp4; do
+  awk -v b="$base" -v c="$(cat "$tmp/$n.ms")" -v n="$n" 'BEGIN { printf "RESULT train_step_%s_over_single %.3f\n", n, c / b }'
 done

@@ -17,6 +17,15 @@ TEST(ScheduleSimulate, LatencyAddsToEachHop) {
   EXPECT_DOUBLE_EQ(r.bubble_ratio, 1 - 6.0 / (2 * 7));
 }
 
+TEST(ScheduleSimulate, ActivationsMayTakeTheirOwnLatency) {
+  // The same hops, the forward one slower: F, 1.5, F, B, 0.5, B.
+  CostModel c;
+  c.uniform = {1, 2, 1, 1};
+  c.latency = 0.5;
+  c.activation_latency = 1.5;
+  EXPECT_DOUBLE_EQ(simulate(make_schedule("1f1b", 2, 1), c).makespan, 1 + 1.5 + 1 + 2 + 0.5 + 2);
+}
+
 TEST(ScheduleSimulate, TimelineFollowsListOrder) {
   const Schedule s = make_schedule("gpipe", 3, 4);
   const SimResult r = simulate(s);
@@ -59,4 +68,24 @@ TEST(ScheduleSimulate, PeakInFlightNeedsNoTiming) {
   EXPECT_EQ(peak_in_flight(one_f_one_b(4, 8)), (std::vector<int>{4, 3, 2, 1}));
   EXPECT_EQ(peak_in_flight(gpipe(2, 5)), (std::vector<int>{5, 5}));
   EXPECT_EQ(peak_in_flight(zb_h1(4, 8)), (std::vector<int>{4, 4, 4, 4}));
+}
+
+// The first stage computes no input gradient, so its B is cheaper than the others'. Costed
+// per stage, 1F1B's rank 0 then idles by what it saves (every B of the step) and the step
+// ends earlier by one saving only (its last B closes the step); costed uniformly, rank 0
+// would look as busy as the others. The emulated-device bench calibrates stages this way.
+TEST(ScheduleSimulate, ACheaperFirstStageIdlesRankZero) {
+  const Schedule s = make_schedule("1f1b", 4, 8);
+  CostModel uniform;
+  uniform.uniform = {1, 2, 1, 1};
+  const SimResult u = simulate(s, uniform);
+  EXPECT_DOUBLE_EQ(u.makespan, (8 + 4 - 1) * 3);
+  CostModel first_cheaper;
+  first_cheaper.per_stage.assign(4, {1, 2, 1, 1});
+  first_cheaper.per_stage[0].b = 1.5;
+  const SimResult r = simulate(s, first_cheaper);
+  EXPECT_DOUBLE_EQ(r.makespan, u.makespan - 0.5);
+  EXPECT_DOUBLE_EQ(r.busy[0], 8 * 2.5);
+  for (int rank = 1; rank < 4; ++rank) EXPECT_DOUBLE_EQ(r.busy[rank], 8 * 3) << "rank " << rank;
+  EXPECT_GT(1 - r.busy[0] / r.makespan, 1 - u.busy[0] / u.makespan + 0.1);
 }

@@ -47,9 +47,9 @@ double ns_cost(const std::vector<int64_t>& s, int ranks = 1) {
 
 // The parameters on one mesh and who orthogonalises what: a matrix goes whole to an owner
 // (the costliest first, each to the least loaded rank), or in blocks of its long side to
-// every rank (MuonOptions::split). Two all-to-alls per step move
-// the data: each piece of each momentum update to the ranks whose work region it meets,
-// each result back to the ranks that hold it. Split sizes are fixed by the layouts.
+// every rank (MuonOptions::split). All-to-alls move the data: each piece of each momentum
+// update to the ranks whose work region it meets, each result back to the ranks that hold
+// it, one pair per round (make_rounds). Split sizes are fixed by the layouts.
 struct Muon::Exchange {
   DeviceMesh mesh;
   const comm::Group* group;
@@ -59,11 +59,17 @@ struct Muon::Exchange {
   std::vector<std::vector<Box>> piece;    // [entry][group rank]: what the rank holds
   std::vector<std::vector<char>> sender;  // [entry][group rank]: replicated pieces are sent once
   std::vector<std::vector<Box>> work;     // [entry][group rank]: what the rank orthogonalises
-  std::vector<int64_t> to_work_send, to_work_recv, back_send, back_recv;
+  std::vector<size_t> assignment_order;   // entries, the costliest first
+  std::vector<std::vector<size_t>> rounds;  // entries exchanged and computed together
+  struct Counts {
+    std::vector<int64_t> send, recv;  // elements to and from each rank
+  };
+  std::vector<Counts> to_work, back;        // per round: all-to-all sizes
 
-  Exchange(const DeviceMesh& m, const std::vector<DTensor*>& all, std::vector<size_t> idx, MuonSplit split)
+  Exchange(const DeviceMesh& m, const std::vector<DTensor*>& all, std::vector<size_t> idx, MuonSplit split,
+           bool overlap)
       : mesh(m), group(&m.whole_group()), params(std::move(idx)) {
-    const int n = group->size(), me = group->rank();
+    const int n = group->size();
     const size_t E = params.size();
     for (size_t e = 0; e < E; ++e) shapes.push_back(all[params[e]]->spec().shape());
     std::vector<size_t> order(E);
@@ -106,14 +112,8 @@ struct Muon::Exchange {
         work[e][r] = b;
       }
     }
-    to_work_send.assign(n, 0), to_work_recv.assign(n, 0), back_send.assign(n, 0), back_recv.assign(n, 0);
-    for (size_t e = 0; e < E; ++e)
-      for (int r = 0; r < n; ++r) {
-        if (sender[e][me]) to_work_send[r] += intersect(piece[e][me], work[e][r]).numel();
-        if (sender[e][r]) to_work_recv[r] += intersect(piece[e][r], work[e][me]).numel();
-        back_send[r] += intersect(work[e][me], piece[e][r]).numel();
-        back_recv[r] += intersect(work[e][r], piece[e][me]).numel();
-      }
+    assignment_order = order;
+    make_rounds(overlap);
   }
 
   // How many of the costliest matrices (`order`, costliest first) to split so that the
@@ -138,43 +138,82 @@ struct Muon::Exchange {
     return best;
   }
 
-  static at::Tensor all_to_all(const at::Tensor& send, const std::vector<int64_t>& send_splits,
-                               const std::vector<int64_t>& recv_splits, const comm::Group& g) {
-    at::Tensor recv = at::empty({std::accumulate(recv_splits.begin(), recv_splits.end(), int64_t{0})}, send.options());
-    if (g.size() == 1) return recv.copy_(send);
-    comm::all_to_all_single_async(recv, send, g, recv_splits, send_splits).wait();
-    return recv;
+  // Elements this rank sends to and receives from each rank, moving `entries` to their
+  // work regions (to_work) or their results back to the holders.
+  Counts counts(const std::vector<size_t>& entries, bool to_work) const {
+    const int n = group->size(), me = group->rank();
+    Counts c{std::vector<int64_t>(n, 0), std::vector<int64_t>(n, 0)};
+    for (size_t e : entries)
+      for (int r = 0; r < n; ++r) {
+        if (to_work) {
+          if (sender[e][me]) c.send[r] += intersect(piece[e][me], work[e][r]).numel();
+          if (sender[e][r]) c.recv[r] += intersect(piece[e][r], work[e][me]).numel();
+        } else {
+          c.send[r] += intersect(work[e][me], piece[e][r]).numel();
+          c.recv[r] += intersect(work[e][r], piece[e][me]).numel();
+        }
+      }
+    return c;
   }
 
-  // Local updates in, local orthogonalised updates out.
-  std::vector<at::Tensor> orthogonalise(const std::vector<at::Tensor>& local, int ns_steps) {
+  // Which matrices travel and are computed together. Overlapped: round k holds the k-th
+  // matrix of every owner (the costliest first), the split ones join round 0; each round's
+  // results go back while the next round is computed. Otherwise one round of everything.
+  void make_rounds(bool overlap) {
+    std::vector<int> taken(group->size(), 0);
+    for (size_t e : assignment_order) {
+      const size_t k = !overlap || owner[e] < 0 ? 0 : taken[owner[e]]++;
+      if (rounds.size() <= k) rounds.resize(k + 1);
+      rounds[k].push_back(e);
+    }
+    for (auto& r : rounds) std::sort(r.begin(), r.end());
+    for (const auto& r : rounds) to_work.push_back(counts(r, true)), back.push_back(counts(r, false));
+  }
+
+  // One all-to-all, returned at once (its Pending gives what arrived).
+  static comm::Pending all_to_all(std::vector<at::Tensor> parts, const Counts& c, const comm::Group& g,
+                                  const at::TensorOptions& options) {
+    at::Tensor send = parts.empty() ? at::empty({0}, options) : at::cat(parts);
+    at::Tensor recv = at::empty({std::accumulate(c.recv.begin(), c.recv.end(), int64_t{0})}, options);
+    if (g.size() == 1) return comm::Pending::done(recv.copy_(send));
+    return comm::all_to_all_single_async(recv, send, g, c.recv, c.send);
+  }
+
+  // Sends the pieces of round k's momentum updates to the ranks that work on them.
+  comm::Pending send_to_work(size_t k, const std::vector<at::Tensor>& local) const {
     const int n = group->size(), me = group->rank();
-    const size_t E = params.size();
-    const auto options = local[0].options();
-    // To the work regions: destination-major, entries in order.
-    std::vector<at::Tensor> out;
+    std::vector<at::Tensor> out;  // destination-major, entries in order
     for (int d = 0; d < n; ++d)
-      for (size_t e = 0; e < E; ++e) {
+      for (size_t e : rounds[k]) {
         const Box b = intersect(piece[e][me], work[e][d]);
         if (sender[e][me] && b.numel()) out.push_back(part(local[e], piece[e][me], b).reshape({-1}));
       }
-    at::Tensor got = all_to_all(out.empty() ? at::empty({0}, options) : at::cat(out), to_work_send, to_work_recv, *group);
-    std::vector<at::Tensor> region(E);
-    for (size_t e = 0; e < E; ++e) region[e] = at::empty({work[e][me].shape[0], work[e][me].shape[1]}, options);
+    return all_to_all(std::move(out), to_work[k], *group, local[0].options());
+  }
+
+  // Round k's work regions of this rank, from what send_to_work delivered.
+  void receive_work(size_t k, const at::Tensor& got, std::vector<at::Tensor>& region) const {
+    const int n = group->size(), me = group->rank();
+    for (size_t e : rounds[k]) region[e] = at::empty({work[e][me].shape[0], work[e][me].shape[1]}, got.options());
     int64_t at_ = 0;
     for (int r = 0; r < n; ++r)
-      for (size_t e = 0; e < E; ++e) {
+      for (size_t e : rounds[k]) {
         const Box b = intersect(piece[e][r], work[e][me]);
         if (!sender[e][r] || !b.numel()) continue;
         part(region[e], work[e][me], b).copy_(got.narrow(0, at_, b.numel()).view({b.shape[0], b.shape[1]}));
         at_ += b.numel();
       }
+  }
 
-    // Whole matrices on their owners; split ones together, in blocks of their wide form.
-    std::vector<at::Tensor> ortho(E), blocks;
+  // Round k on this rank: its whole matrices, then the split ones together, in blocks of
+  // their wide form.
+  void compute(size_t k, const std::vector<at::Tensor>& region, std::vector<at::Tensor>& ortho,
+               const std::vector<at::Tensor>& local, int ns_steps) const {
+    const int me = group->rank();
+    std::vector<at::Tensor> blocks;
     std::vector<size_t> split;
     auto wide = [&](size_t e, const at::Tensor& t) { return shapes[e][0] > shapes[e][1] ? t.t() : t; };
-    for (size_t e = 0; e < E; ++e) {
+    for (size_t e : rounds[k]) {
       if (owner[e] == me) ortho[e] = newton_schulz(region[e], ns_steps);
       if (owner[e] >= 0) continue;
       split.push_back(e);
@@ -184,27 +223,54 @@ struct Muon::Exchange {
       std::vector<at::Tensor> done = newton_schulz_blocks(std::move(blocks), ns_steps, *group);
       for (size_t i = 0; i < split.size(); ++i) ortho[split[i]] = wide(split[i], done[i]);  // transposing back
     }
-    for (size_t e = 0; e < E; ++e)
+    for (size_t e : rounds[k])
       if (ortho[e].defined())
         ortho[e] = ortho[e].to(local[e].scalar_type()) * std::sqrt(std::max(1.0, double(shapes[e][0]) / double(shapes[e][1])));
+  }
 
-    out.clear();
+  // Sends the pieces of round k's results to the ranks that hold them.
+  comm::Pending send_back(size_t k, const std::vector<at::Tensor>& ortho, const at::TensorOptions& options) const {
+    const int n = group->size(), me = group->rank();
+    std::vector<at::Tensor> out;
     for (int d = 0; d < n; ++d)
-      for (size_t e = 0; e < E; ++e) {
+      for (size_t e : rounds[k]) {
         const Box b = intersect(work[e][me], piece[e][d]);
         if (b.numel()) out.push_back(part(ortho[e], work[e][me], b).reshape({-1}));
       }
-    got = all_to_all(out.empty() ? at::empty({0}, options) : at::cat(out), back_send, back_recv, *group);
-    std::vector<at::Tensor> result(E);
-    for (size_t e = 0; e < E; ++e) result[e] = at::empty({piece[e][me].shape[0], piece[e][me].shape[1]}, options);
-    at_ = 0;
+    return all_to_all(std::move(out), back[k], *group, options);
+  }
+
+  // This rank's pieces of round k's results, from what send_back delivered.
+  void receive_back(size_t k, const at::Tensor& got, std::vector<at::Tensor>& result) const {
+    const int n = group->size(), me = group->rank();
+    int64_t at_ = 0;
     for (int o = 0; o < n; ++o)
-      for (size_t e = 0; e < E; ++e) {
+      for (size_t e : rounds[k]) {
         const Box b = intersect(work[e][o], piece[e][me]);
         if (!b.numel()) continue;
         part(result[e], piece[e][me], b).copy_(got.narrow(0, at_, b.numel()).view({b.shape[0], b.shape[1]}));
         at_ += b.numel();
       }
+  }
+
+  // Local updates in, local orthogonalised updates out. Every round's momentum pieces are
+  // sent at once; round k is computed as soon as its pieces are there, and its results go
+  // back while round k + 1 is computed. Each matrix's arithmetic is the same in any round.
+  std::vector<at::Tensor> orthogonalise(const std::vector<at::Tensor>& local, int ns_steps) {
+    const int me = group->rank();
+    const size_t E = params.size();
+    const auto options = local[0].options();
+    std::vector<comm::Pending> incoming, outgoing;
+    for (size_t k = 0; k < rounds.size(); ++k) incoming.push_back(send_to_work(k, local));
+    std::vector<at::Tensor> region(E), ortho(E), result(E);
+    for (size_t k = 0; k < rounds.size(); ++k) {
+      receive_work(k, incoming[k].wait(), region);
+      compute(k, region, ortho, local, ns_steps);
+      outgoing.push_back(send_back(k, ortho, options));
+      for (size_t e : rounds[k]) region[e] = at::Tensor();  // done with it
+    }
+    for (size_t e = 0; e < E; ++e) result[e] = at::empty({piece[e][me].shape[0], piece[e][me].shape[1]}, options);
+    for (size_t k = 0; k < rounds.size(); ++k) receive_back(k, outgoing[k].wait(), result);
     return result;
   }
 };
@@ -224,7 +290,7 @@ Muon::Muon(std::vector<DTensor*> params, MuonOptions options) : params_(std::mov
     meshes.emplace(key, p->device_mesh());
   }
   for (auto& [key, idx] : by_mesh)
-    exchanges_.push_back(std::make_unique<Exchange>(meshes.at(key), params_, idx, options_.split));
+    exchanges_.push_back(std::make_unique<Exchange>(meshes.at(key), params_, idx, options_.split, options_.overlap));
 }
 
 Muon::~Muon() = default;

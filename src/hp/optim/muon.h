@@ -6,10 +6,12 @@
 // balanced. When whole matrices cannot balance it (fewer large matrices than ranks, or
 // one that outweighs the rest), the largest are orthogonalised by all ranks together, each
 // on a block of its long side (the short side's Gram matrices summed by one all-reduce per
-// iteration): MuonOptions::split says which. Two all-to-alls per step move the
-// data: every piece of each momentum update to the ranks that work on it, every piece of
-// each result back to the ranks that hold it. A replicated piece is sent by one rank
-// only. Everything else (momentum, weight decay, the step) is elementwise on local shards.
+// iteration): MuonOptions::split says which. All-to-alls move the data: every piece of
+// each momentum update to the ranks that work on it, every piece of each result back to
+// the ranks that hold it. A replicated piece is sent by one rank only. With `overlap` the
+// matrices go in rounds (each owner's first, then its second, ...): every round's pieces
+// are sent at once, and a round's results travel back while the next round is computed,
+// on the asynchronous collectives; the arithmetic, and so the result, is the same. Everything else (momentum, weight decay, the step) is elementwise on local shards.
 #pragma once
 
 #include <map>
@@ -35,6 +37,7 @@ struct MuonOptions {
   int ns_steps = 5;
   double weight_decay = 0;
   MuonSplit split = MuonSplit::Balanced;
+  bool overlap = true;  // false: one exchange each way, around all the work
 };
 
 class Muon : public Optimizer {

@@ -68,9 +68,10 @@ Execution execute(const Schedule& s, const CostModel& costs) {
         }
       }
     } else if (is_recv(a.type)) {
-      Message& msg = message_of_send(matching_comm(a, r));
+      const Action send = matching_comm(a, r);
+      Message& msg = message_of_send(send);
       if (!msg.posted) return false;
-      end = std::max(end, msg.post + costs.latency);
+      end = std::max(end, msg.post + costs.latency_of(send.type));
       msg.received = true;
       msg.received_at = end;
     } else {

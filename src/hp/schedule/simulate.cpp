@@ -25,6 +25,10 @@ double CostModel::cost(const Action& a) const {
   }
 }
 
+double CostModel::latency_of(ActionType send) const {
+  return send == ActionType::SEND_F && activation_latency >= 0 ? activation_latency : latency;
+}
+
 std::vector<int> peak_in_flight(const Schedule& s) {
   std::vector<int> peak(s.actions.size(), 0);
   for (size_t r = 0; r < s.actions.size(); ++r) {

@@ -24,10 +24,14 @@ struct CostModel {
   StageCost uniform;
   std::vector<StageCost> per_stage;  // empty: `uniform` for every stage
   double latency = 0;                // from a send's post to its receive completing at the earliest
+  // The same for forward activations when >= 0 (a runtime may send them differently from
+  // gradients, e.g. behind a shape header); < 0: `latency`.
+  double activation_latency = -1;
   int send_capacity = kUnboundedSends;
 
   const StageCost& stage(int s) const;
   double cost(const Action& a) const;  // SEND/RECV/UNSHARD/RESHARD take no rank time
+  double latency_of(ActionType send) const;  // of the message a SEND_F or SEND_B posts
 };
 
 struct TimedAction {
