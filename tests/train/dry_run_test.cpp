@@ -167,3 +167,23 @@ TEST(DryRun, LastRankOfLargeMesh) {
       EXPECT_TRUE(x.ranks.size() == 2 || x.ranks.size() == 512) << x.to_string();
   }
 }
+
+// MoE blocks in pipeline stages run on meta tensors too: the last rank of pp 2 x ep 2 (its
+// stage holds MoE blocks) exchanges tokens with its ep peer only, and the stages' auxiliary
+// losses meet over pp.
+TEST(DryRun, MoEInPipelineStages) {
+  train::TrainConfig c = config({2, 2}, {"pp", "ep"}, "ddp");
+  c.model.layers = 4;
+  c.moe.num_experts = 4, c.moe.top_k = 2, c.moe.hidden_dim = 16, c.moe.dense_layers = 1;
+  c.moe.aux_loss_coef = 0.01, c.moe.load_balance_bias = true;
+  c.pipeline.split = {2, 2}, c.train.batch = 8;  // 4 microbatches over ep 2
+  const train::DryRunResult r = train::dry_run(c, 3, 1);
+  EXPECT_GT(r.peak_bytes, 0);
+  int all_to_all = 0;
+  for (const auto& x : r.collectives)
+    if (x.op == "all_to_all") {
+      ++all_to_all;
+      EXPECT_EQ(x.ranks, (std::vector<int>{2, 3})) << x.to_string();
+    }
+  EXPECT_GT(all_to_all, 0);
+}

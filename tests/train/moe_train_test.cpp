@@ -6,13 +6,16 @@
 // softmax alone) moves by lr whatever its rounding, and the head's gradient is summed over
 // the data ranks in another order.
 // The model: 2 blocks (1 dense, 1 MoE of 4 experts, top-2, aux loss and expert bias on).
-// Each layout is one line.
+// Each layout is one line. Then MoE blocks in pipeline stages against the pp = 1 run of the
+// same ep, and a resumed run that continues bitwise (the expert bias is checkpointed).
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 
 #include "hp/checkpoint.h"
 #include "hp/comm/local_ranks.h"
@@ -81,13 +84,105 @@ TEST_P(MoETraining, MatchesSingleProcess) {
   EXPECT_LT(ref.result.losses.back(), ref.result.losses.front());
   const int compared = hp::testing::expect_close_params(checkpoint::step_dir(ref.dir, 5), checkpoint::step_dir(dir, 5),
                                                         1e-5, 5e-6, where);
-  // embedding, head, final norm; dense block 9; MoE block: 2 norms, 4 attention, gate, w1-w3
-  EXPECT_EQ(compared, 3 + 9 + 10) << where;
+  // embedding, head, final norm; dense block 9; MoE block: 2 norms, 4 attention, gate,
+  // w1-w3, expert bias
+  EXPECT_EQ(compared, 3 + 9 + 11) << where;
   fs::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, MoETraining,
                          ::testing::Values(Layout{{2, 2}, {"dp", "ep"}}, Layout{{4}, {"ep"}},
                                            Layout{{2, 2}, {"dp", "ep"}, "fsdp"}, Layout{{2, 2}, {"ep", "tp"}}));
+
+struct StagedLayout {
+  std::vector<int64_t> shape;
+  std::vector<std::string> names;
+  std::string schedule;
+  int64_t microbatches;
+  bool aux_loss;  // per microbatch with pipeline stages: the pp = 1 loss at one microbatch only
+  std::string data_parallel = "ddp";
+};
+
+std::string describe(const StagedLayout& l) {
+  return describe(Layout{l.shape, l.names, l.data_parallel}) + " " + l.schedule + " microbatches " +
+         std::to_string(l.microbatches) + (l.aux_loss ? " aux loss" : "");
+}
+
+void PrintTo(const StagedLayout& l, std::ostream* os) { *os << describe(l); }
+
+// 4 blocks (1 dense, 3 MoE), so that the first stage holds a MoE block too.
+train::TrainConfig staged_config(const StagedLayout& l, const std::string& dir) {
+  train::TrainConfig c = config(Layout{l.shape, l.names, l.data_parallel}, dir);
+  c.model.layers = 4;
+  if (!l.aux_loss) c.moe.aux_loss_coef = 0;
+  c.pipeline.schedule = l.schedule, c.pipeline.microbatches = l.microbatches;
+  if (std::count(l.names.begin(), l.names.end(), "pp"))  // a stage before the last holds a MoE block
+    c.pipeline.split = l.schedule == "interleaved-1f1b" ? std::vector<int64_t>{1, 1, 1, 1} : std::vector<int64_t>{2, 2};
+  return c;
+}
+
+// The same layout without its pp dim.
+const Reference& staged_reference(const StagedLayout& l) {
+  StagedLayout flat{{}, {}, l.schedule, l.microbatches, l.aux_loss, l.data_parallel};
+  for (size_t i = 0; i < l.shape.size(); ++i)
+    if (l.names[i] != "pp") flat.shape.push_back(l.shape[i]), flat.names.push_back(l.names[i]);
+  static std::map<std::string, Reference> cache;
+  const std::string key = describe(Layout{flat.shape, flat.names, flat.data_parallel}) + (l.aux_loss ? " aux" : "");
+  if (!cache.count(key)) {
+    Reference& r = cache[key];
+    r.dir = fresh_dir("staged_reference_" + std::to_string(cache.size()));
+    r.result = run_on_all_ranks(staged_config(flat, r.dir));
+  }
+  return cache.at(key);
+}
+
+class MoEPipelineTraining : public ::testing::TestWithParam<StagedLayout> {};
+
+TEST_P(MoEPipelineTraining, MatchesThePp1Run) {
+  const StagedLayout& l = GetParam();
+  const std::string where = describe(l), dir = fresh_dir("staged");
+  const Reference& ref = staged_reference(l);
+  const train::TrainResult got = run_on_all_ranks(staged_config(l, dir));
+  hp::testing::expect_close_losses(got.losses, ref.result.losses, 1e-5, where);
+  const int compared = hp::testing::expect_close_params(checkpoint::step_dir(ref.dir, 5), checkpoint::step_dir(dir, 5),
+                                                        1e-5, 5e-6, where);
+  EXPECT_EQ(compared, 3 + 9 + 3 * 11) << where;
+  // The bias moved, and moved the same way (compared above).
+  const at::Tensor bias = checkpoint::read_tensor(checkpoint::step_dir(dir, 5), "model.layers.1.moe.router.expert_bias");
+  EXPECT_GT(bias.abs().max().item<double>(), 0) << where;
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, MoEPipelineTraining,
+    ::testing::Values(StagedLayout{{2, 2}, {"pp", "ep"}, "gpipe", 1, true},
+                      StagedLayout{{2, 2}, {"pp", "ep"}, "1f1b", 2, false},
+                      StagedLayout{{2, 2}, {"ep", "pp"}, "interleaved-1f1b", 2, false},
+                      StagedLayout{{2, 2}, {"pp", "ep"}, "zb-h1", 2, false},
+                      StagedLayout{{2, 2, 2}, {"pp", "dp", "ep"}, "gpipe", 1, true, "fsdp"}));
+
+TEST(MoETrainingResume, AResumedRunContinuesBitwiseWithItsExpertBias) {
+  // dp 2 x ep 2, checkpoints at steps 3 and 6; without its step-6 checkpoint the second run
+  // resumes at 3, expert bias included, and ends bitwise as the uninterrupted run.
+  const Layout l{{2, 2}, {"dp", "ep"}};
+  const std::string a_dir = fresh_dir("resume_a"), b_dir = fresh_dir("resume_b");
+  train::TrainConfig a = config(l, a_dir), b = config(l, b_dir);
+  a.train.steps = b.train.steps = 6;
+  a.checkpoint.every = b.checkpoint.every = 3;
+  const train::TrainResult ra = run_on_all_ranks(a), rb = run_on_all_ranks(b);
+  EXPECT_EQ(ra.losses, rb.losses);
+  fs::remove_all(checkpoint::step_dir(b_dir, 6));
+  const train::TrainResult resumed = run_on_all_ranks(b);
+  EXPECT_EQ(resumed.first_step, 3);
+  EXPECT_EQ(resumed.losses, std::vector<double>(ra.losses.begin() + 3, ra.losses.end()));
+  const std::string sa = checkpoint::step_dir(a_dir, 6), sb = checkpoint::step_dir(b_dir, 6);
+  const auto ma = checkpoint::read_metadata(sa);
+  EXPECT_EQ(ma.tensors.size(), checkpoint::read_metadata(sb).tensors.size());
+  for (const auto& [name, _] : ma.tensors)
+    EXPECT_TRUE(at::equal(checkpoint::read_tensor(sa, name), checkpoint::read_tensor(sb, name))) << name;
+  const at::Tensor bias = checkpoint::read_tensor(checkpoint::step_dir(a_dir, 3), "model.layers.1.moe.router.expert_bias");
+  EXPECT_GT(bias.abs().max().item<double>(), 0);  // restarting it at zero would show
+  fs::remove_all(a_dir), fs::remove_all(b_dir);
+}
 
 }  // namespace

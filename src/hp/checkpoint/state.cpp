@@ -28,6 +28,7 @@ void State::add(const std::string& name, const at::Tensor& local, const DTensor&
 
 void State::add_module(nn::Module& model, const std::string& prefix) {
   for (auto& [name, p] : model.named_parameters()) add(prefix + name, *p);
+  for (auto& [name, b] : model.named_buffers()) add(prefix + name, *b);
 }
 
 void State::add_optimizer(optim::Optimizer& opt, const std::vector<std::pair<std::string, DTensor*>>& named_params,

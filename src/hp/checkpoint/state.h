@@ -35,7 +35,7 @@ class State {
   void add(const std::string& name, const DTensor& t);
   // `local` laid out like `like` (an optimizer state tensor and its parameter).
   void add(const std::string& name, const at::Tensor& local, const DTensor& like);
-  // Every parameter of `model` as prefix + its name.
+  // Every parameter and buffer of `model` as prefix + its name.
   void add_module(nn::Module& model, const std::string& prefix = "model.");
   // Every state tensor of `opt` as prefix + parameter name + "." + state name; the names
   // of the parameters come from `named_params` (Module::named_parameters()).

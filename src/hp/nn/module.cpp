@@ -26,6 +26,13 @@ std::vector<std::pair<std::string, DTensor*>> Module::named_parameters() {
   return out;
 }
 
+std::vector<std::pair<std::string, DTensor*>> Module::named_buffers() {
+  std::vector<std::pair<std::string, DTensor*>> out;
+  for (auto& [name, mod] : named_modules())
+    for (auto& [bname, b] : mod->buffers_) out.emplace_back(name.empty() ? bname : name + "." + bname, b.get());
+  return out;
+}
+
 std::vector<DTensor*> Module::parameters() {
   std::vector<DTensor*> out;
   for (auto& [name, p] : named_parameters()) out.push_back(p);
@@ -56,6 +63,11 @@ void Module::zero_grad() {
 DTensor& Module::register_parameter(std::string name, DTensor value) {
   params_.emplace_back(std::move(name), std::make_unique<DTensor>(make_parameter(value)));
   return *params_.back().second;
+}
+
+DTensor& Module::register_buffer(std::string name, DTensor value) {
+  buffers_.emplace_back(std::move(name), std::make_unique<DTensor>(value.detach()));
+  return *buffers_.back().second;
 }
 
 DTensor make_parameter(const DTensor& value) {

@@ -1,5 +1,6 @@
-// A module: named DTensor parameters, named child modules, and forward hooks through
-// which parallelism is injected from outside (a style redistributes inputs and outputs).
+// A module: named DTensor parameters and buffers, named child modules, and forward hooks
+// through which parallelism is injected from outside (a style redistributes inputs and
+// outputs).
 #pragma once
 
 #include <functional>
@@ -23,6 +24,9 @@ class Module {
   // Recursive, in registration order: "layers.0.attn.q_proj.weight".
   std::vector<std::pair<std::string, DTensor*>> named_parameters();
   std::vector<DTensor*> parameters();
+  // State the model keeps but does not train (no gradient, no optimizer), named as the
+  // parameters are: checkpoints hold it beside them (PyTorch's buffers).
+  std::vector<std::pair<std::string, DTensor*>> named_buffers();
   // This module (as "") and every descendant.
   std::vector<std::pair<std::string, Module*>> named_modules();
   // The direct children, in registration order (shared: another module may hold them too).
@@ -44,6 +48,8 @@ class Module {
  protected:
   // The returned reference stays valid; parallelization replaces the DTensor in place.
   DTensor& register_parameter(std::string name, DTensor value);
+  // Its owner updates it in place (loading a checkpoint copies into it).
+  DTensor& register_buffer(std::string name, DTensor value);
   template <typename M>
   std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> m) {
     children_.emplace_back(std::move(name), m);
@@ -52,6 +58,7 @@ class Module {
 
  private:
   std::vector<std::pair<std::string, std::unique_ptr<DTensor>>> params_;
+  std::vector<std::pair<std::string, std::unique_ptr<DTensor>>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::vector<PreHook> pre_hooks_;
   std::vector<PostHook> post_hooks_;

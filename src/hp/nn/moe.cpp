@@ -1,6 +1,7 @@
 #include "hp/nn/moe.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -52,7 +53,25 @@ bool grouped_kernel_takes(const at::Tensor& x, const at::Tensor& w) {
   return x.size(0) > 0 && w.size(0) > 0 && x.size(1) % align == 0 && w.size(2) % align == 0;
 }
 
+struct CarryAuxLoss : torch::autograd::Function<CarryAuxLoss> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& aux,
+                            double scale) {
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["aux"] = aux.detach();  // its dtype and shape
+    return x;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor aux = ctx->saved_data["aux"].toTensor();
+    return {grads[0], at::full_like(aux, ctx->saved_data["scale"].toDouble()), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor carry_aux_loss(const at::Tensor& x, const at::Tensor& aux, double scale) {
+  return CarryAuxLoss::apply(x, aux, scale);
+}
 
 at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts) {
   HP_CHECK(x.dim() == 2 && w.dim() == 3 && x.size(1) == w.size(1) && int64_t(counts.size()) == w.size(0))
@@ -83,7 +102,9 @@ at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const std::vecto
 TokenChoiceTopKRouter::TokenChoiceTopKRouter(int64_t dim, const MoEOptions& options, const DeviceMesh& mesh)
     : o_(options), gate_(register_module("gate", std::make_shared<Linear>(dim, options.num_experts, mesh))) {
   o_.validate();
-  expert_bias_ = at::zeros({o_.num_experts}, tensor_options(mesh));
+  expert_bias_ = &register_buffer(
+      "expert_bias", DTensor(at::zeros({o_.num_experts}, tensor_options(mesh)), mesh,
+                             make_spec({o_.num_experts}, at::kFloat, mesh, std::vector<Placement>(mesh.ndim(), Replicate()))));
   pending_counts_ = at::zeros({o_.num_experts}, tensor_options(mesh));
 }
 
@@ -102,7 +123,7 @@ Routing TokenChoiceTopKRouter::route(const DTensor& x) {
   const int64_t n = probs.size(0), e = o_.num_experts;
 
   at::Tensor select = probs.detach().to(at::kFloat);
-  if (o_.load_balance_bias) select = select + expert_bias_;
+  if (o_.load_balance_bias) select = select + expert_bias();
   if (o_.num_expert_groups > 0) {
     // A group's score: its best expert (softmax) or its best two (sigmoid, DeepSeek-V3).
     const int64_t g = o_.num_expert_groups, per = e / g;
@@ -150,7 +171,7 @@ at::Tensor TokenChoiceTopKRouter::take_tokens_per_expert() {
 
 at::Tensor TokenChoiceTopKRouter::update_expert_bias() {
   at::Tensor counts = take_tokens_per_expert();
-  expert_bias_ += o_.bias_update_rate * at::sign(counts.mean() - counts);
+  expert_bias_->to_local().add_(o_.bias_update_rate * at::sign(counts.mean() - counts));
   return counts;
 }
 

@@ -30,7 +30,8 @@ class TokenChoiceTopKRouter : public Module {
 
   // Auxiliary-loss-free balancing: the bias is added to the scores that select experts
   // (never to the routing weights) and moved by update_expert_bias toward equal loads.
-  const at::Tensor& expert_bias() const { return expert_bias_; }
+  // A buffer ("expert_bias", replicated), so checkpoints keep it.
+  const at::Tensor& expert_bias() const { return expert_bias_->to_local(); }
   // Tokens each expert received since the last take, summed over every rank holding
   // other tokens (the mesh dims the router's input is split over): the same on all ranks.
   // The counts restart.
@@ -42,7 +43,7 @@ class TokenChoiceTopKRouter : public Module {
  private:
   MoEOptions o_;
   std::shared_ptr<Linear> gate_;
-  at::Tensor expert_bias_;           // [E] float
+  DTensor* expert_bias_;             // [E] float
   at::Tensor pending_counts_;        // [E] float, this rank's tokens since the last update
   std::optional<DeviceMesh> mesh_;   // of the last input, and the dims its tokens are split over
   std::vector<int> split_dims_;
@@ -111,5 +112,9 @@ std::vector<MoE*> moe_layers(Module& model);
 double update_expert_bias(Module& model);
 // The sum of the MoE layers' auxiliary losses of the last forward, if any.
 std::optional<DTensor> moe_aux_loss(Module& model);
+// `x` itself, whose backward also gives `aux` (a scalar) the gradient `scale`, as if
+// scale * aux had been added to the loss: how a pipeline stage's auxiliary losses reach
+// the backward when the loss lives on another stage (Megatron's MoEAuxLossAutoScaler).
+at::Tensor carry_aux_loss(const at::Tensor& x, const at::Tensor& aux, double scale);
 
 }  // namespace hp::nn

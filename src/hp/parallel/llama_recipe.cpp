@@ -39,21 +39,24 @@ FSDPModule fully_shard_llama(nn::Llama& model, const DeviceMesh& dp_mesh, const 
   return fully_shard(model, dp_mesh, options);
 }
 
-std::shared_ptr<nn::Sequential> llama_stage(nn::Llama& model, const std::vector<int64_t>& layers_per_chunk,
+std::shared_ptr<nn::Sequential> llama_stage(nn::Module& model, const std::vector<int64_t>& layers_per_chunk,
                                             int index) {
-  const nn::LlamaConfig& c = model.config();
+  std::map<std::string, std::shared_ptr<nn::Module>> child;
+  int64_t layers = 0;
+  for (const auto& [name, m] : model.named_children()) {
+    child[name] = m;
+    if (name.rfind("layers.", 0) == 0) ++layers;
+  }
   const int chunks = static_cast<int>(layers_per_chunk.size());
-  HP_CHECK(std::accumulate(layers_per_chunk.begin(), layers_per_chunk.end(), int64_t{0}) == c.layers)
-      << "llama_stage: the chunks " << to_string_list(layers_per_chunk) << " do not hold the model's " << c.layers
+  HP_CHECK(std::accumulate(layers_per_chunk.begin(), layers_per_chunk.end(), int64_t{0}) == layers)
+      << "llama_stage: the chunks " << to_string_list(layers_per_chunk) << " do not hold the model's " << layers
       << " layers";
   for (int64_t n : layers_per_chunk)
     HP_CHECK(n >= 0) << "llama_stage: negative layer count in " << to_string_list(layers_per_chunk);
   HP_CHECK(index >= 0 && index < chunks) << "llama_stage: chunk " << index << " of " << chunks;
-  HP_CHECK(!c.tied_embeddings) << "llama_stage: tied embeddings cannot be split into pipeline stages (the "
-                                << "embedding and the head share one weight); set model.tied_embeddings = false";
+  HP_CHECK(child.count("output")) << "llama_stage: tied embeddings cannot be split into pipeline stages (the "
+                                  << "embedding and the head share one weight); set model.tied_embeddings = false";
 
-  std::map<std::string, std::shared_ptr<nn::Module>> child;
-  for (const auto& [name, m] : model.named_children()) child[name] = m;
   auto stage = std::make_shared<nn::Sequential>();
   auto take = [&](const std::string& name) {
     HP_CHECK(child.count(name)) << "llama_stage: the model has no module '" << name << "'";

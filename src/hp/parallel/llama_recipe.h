@@ -23,11 +23,12 @@ FSDPModule fully_shard_llama(nn::Llama& model, const DeviceMesh& dp_mesh, const 
 
 // Chunk `index` of `model` cut into consecutive chunks of `layers_per_chunk` blocks, as a
 // pipeline stage: its blocks, with the embedding in chunk 0 and the final norm and head in
-// the last chunk. The modules are `model`'s own (parallelise the whole model first), and
-// their parameters keep the model's names, so optimizers and checkpoints see one model
-// whatever the split. Tied embeddings are refused: the embedding's weight would be the
-// head's too.
-std::shared_ptr<nn::Sequential> llama_stage(nn::Llama& model, const std::vector<int64_t>& layers_per_chunk,
+// the last chunk. `model` is a Llama, or any model whose children are named as its are
+// (tok_embeddings, layers.N, norm, output: the MoE Llama). The modules are `model`'s own
+// (parallelise the whole model first), and their parameters keep the model's names, so
+// optimizers and checkpoints see one model whatever the split. Tied embeddings (no
+// "output") are refused: the embedding's weight would be the head's too.
+std::shared_ptr<nn::Sequential> llama_stage(nn::Module& model, const std::vector<int64_t>& layers_per_chunk,
                                             int index);
 
 }  // namespace hp

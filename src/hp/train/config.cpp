@@ -269,16 +269,16 @@ void validate_pipeline(const TrainConfig& c) {
   } catch (const Error& e) {
     HP_FAIL() << src << ": [pipeline] does not make a schedule for pp = " << pp << ": " << e.what();
   }
-  const int64_t chunks = pp * c.stages_per_rank(), dp = c.dims().dp;
+  const int64_t chunks = pp * c.stages_per_rank(), dp = c.dims().dp, ep = c.dims().ep;
   const auto& md = c.model;
   HP_CHECK(!md.tied_embeddings) << src << ": model.tied_embeddings cannot be split into pipeline stages (the "
                                 << "embedding and the head share one weight); set it to false or pp to 1";
   HP_CHECK(md.layers >= chunks) << src << ": model.layers = " << md.layers << " is fewer than the " << chunks
                                 << " pipeline chunks (pp = " << pp << " times " << c.stages_per_rank()
                                 << " per rank)";
-  HP_CHECK(c.train.batch % (c.microbatches() * dp) == 0)
+  HP_CHECK(c.train.batch % (c.microbatches() * dp * ep) == 0)
       << src << ": train.batch = " << c.train.batch << " must be divisible by " << c.microbatches()
-      << " microbatches times the dp mesh dim (" << dp << ")";
+      << " microbatches times the dp and ep mesh dims (" << dp << " x " << ep << ")";
   if (!p.split.empty()) {
     int64_t sum = 0;
     for (int64_t n : p.split) {
@@ -394,7 +394,6 @@ void validate(const TrainConfig& c) {
     } catch (const Error& e) {
       HP_FAIL() << src << ": [moe]: " << e.what();
     }
-    HP_CHECK(dims.pp == 1) << src << ": [moe] models do not run in pipeline stages yet; set pp to 1";
     HP_CHECK(c.moe.num_experts >= dims.ep) << src << ": moe.num_experts = " << c.moe.num_experts
                                            << " is fewer than the ep mesh dim (" << dims.ep << ")";
   } else {

@@ -1,6 +1,11 @@
-// The trainer's pipeline stages: the Llama cut into chunks from outside the model, each a
-// mesh stage on the ranks of one pp coordinate, with tensor parallelism and data
+// The trainer's pipeline stages: the Llama (or MoE Llama) cut into chunks from outside the
+// model, each a mesh stage on the ranks of one pp coordinate, with tensor, expert and data
 // parallelism (ddp or fully_shard) inside it, driven by the configured schedule.
+// A MoE block's auxiliary loss rides on its stage's output (nn::carry_aux_loss): each
+// stage's backward seeds it, times 1 / microbatches as the loss is, so the loss is the
+// mean over microbatches of their cross-entropy plus auxiliary loss (with one microbatch,
+// the pp = 1 loss). Expert all-to-alls stay on the stage's ep ranks, which run the same
+// schedule; each stage updates its own routers' biases after the step.
 #include <ATen/ATen.h>
 
 #include "hp/base/error.h"
@@ -51,16 +56,25 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
 
   // The whole model on every stage mesh from the same seed, so each stage keeps the values
   // one process would have; what no stage of this rank takes is freed at the end.
-  nn::Llama whole(cfg.model, sm);
-  if (dims.tp > 1) parallelize_llama(whole, sm["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
-  apply_precision(whole, cfg);
-  apply_activation_checkpointing(whole, cfg);
+  const bool moe = cfg.moe.enabled();
+  std::shared_ptr<nn::Module> whole;
+  if (moe) {
+    whole = build_moe_llama(cfg, sm);
+  } else {
+    auto llama = std::make_shared<nn::Llama>(cfg.model, sm);
+    if (dims.tp > 1) parallelize_llama(*llama, sm["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
+    apply_precision(*llama, cfg);
+    apply_activation_checkpointing(*llama, cfg);
+    whole = llama;
+  }
+  const double loss_scale = 1.0 / double(cfg.microbatches());
+  if (moe) t.stage_aux_loss = std::make_shared<at::Tensor>(at::zeros({}, tensor_options(sm)));
   const bool dp = dims.dp > 1;
   auto group = comm::current_world()->world_group(t.mesh.device_type());
   auto mine = std::make_shared<nn::Sequential>();
   std::vector<pipeline::PipelineStage> stages;
   for (int c : sched.stages_of(pp_rank)) {
-    std::shared_ptr<nn::Sequential> stage = llama_stage(whole, layers, c);
+    std::shared_ptr<nn::Sequential> stage = llama_stage(*whole, layers, c);
     for (const auto& [name, m] : stage->named_children()) mine->append(name, m);
 
     pipeline::MeshStageOptions o;
@@ -76,12 +90,20 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
     } else if (dp && cfg.mesh.zero_stage() > 0) {
       const int zero = cfg.mesh.zero_stage();
       const FullyShardOptions so = zero_stage_options(zero);
+      for (const auto& [name, m] : stage->named_modules())  // routed experts in their own unit, as pp = 1
+        if (name_matches("layers.*.moe.experts", name)) fully_shard(*m, sm["dp"], so);
       for (const auto& [name, m] : stage->named_children())
         if (name.rfind("layers.", 0) == 0) fully_shard(*m, sm["dp"], so);
       FSDPModule unit = fully_shard(*stage, sm["dp"], so);
       o.set_requires_gradient_sync = [unit, zero](bool last) mutable { prepare_zero_backward(unit, zero, last); };
     }
-    o.forward = [stage](const DTensor& x) { return (*stage)(x); };
+    o.forward = [stage, aux_sum = t.stage_aux_loss, loss_scale](const DTensor& x) {
+      DTensor y = (*stage)(x);
+      std::optional<DTensor> aux = aux_sum ? nn::moe_aux_loss(*stage) : std::nullopt;
+      if (!aux) return y;
+      *aux_sum += aux->to_local().detach() * loss_scale;
+      return DTensor(nn::carry_aux_loss(y.to_local(), aux->to_local(), loss_scale), y.device_mesh(), y.spec());
+    };
     o.parameters = stage->parameters();
     if (c == chunks - 1) {
       const std::vector<Placement> rows = batch_placements(sm);

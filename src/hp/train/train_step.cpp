@@ -15,18 +15,13 @@
 namespace hp::train {
 namespace {
 
-// The MoE Llama: tensor parallel, experts over ep, then data parallel over dp. Gradients
-// of the parameters replicated over ep are summed there by the ops (ep splits the batch).
+// The MoE Llama, then data parallel over dp. Gradients of the parameters replicated over
+// ep are summed there by the ops (ep splits the batch).
 void build_moe_model(Training& t, const TrainConfig& cfg) {
   const ParallelDims dims = cfg.dims();
   DeviceMesh& mesh = t.stage_mesh;
-  HP_CHECK(!cfg.mesh.sequence_parallel || dims.tp == 1)
-      << cfg.source << ": mesh.sequence_parallel is not run for [moe] models yet; set it to false";
-  t.moe_llama = std::make_shared<nn::MoELlama>(cfg.moe.model(cfg.model), mesh);
+  t.moe_llama = detail::build_moe_llama(cfg, mesh);
   nn::MoELlama& model = *t.moe_llama;
-  if (dims.tp > 1) parallelize_moe_llama(model, mesh["tp"]);
-  if (dims.ep > 1) expert_parallelize_moe_llama(model, mesh["ep"]);
-  detail::apply_precision(model, cfg);
   if (dims.dp > 1 && cfg.mesh.data_parallel == "ddp")
     t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh["dp"]));
   if (dims.dp > 1 && cfg.mesh.data_parallel == "fsdp") fully_shard_moe_llama(model, mesh["dp"]);
@@ -56,6 +51,17 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
 }
 
 }  // namespace
+
+std::shared_ptr<nn::MoELlama> detail::build_moe_llama(const TrainConfig& cfg, const DeviceMesh& mesh) {
+  const ParallelDims dims = cfg.dims();
+  HP_CHECK(!cfg.mesh.sequence_parallel || dims.tp == 1)
+      << cfg.source << ": mesh.sequence_parallel is not run for [moe] models yet; set it to false";
+  auto model = std::make_shared<nn::MoELlama>(cfg.moe.model(cfg.model), mesh);
+  if (dims.tp > 1) parallelize_moe_llama(*model, mesh["tp"]);
+  if (dims.ep > 1) expert_parallelize_moe_llama(*model, mesh["ep"]);
+  apply_precision(*model, cfg);
+  return model;
+}
 
 void detail::apply_precision(nn::Module& model, const TrainConfig& cfg) {
   const PrecisionConfig& p = cfg.low_precision;
@@ -142,6 +148,11 @@ StepOutput train_step(Training& t, const TrainConfig& cfg, const at::Tensor& inp
   if (t.pipeline) {
     out.loss = t.pipeline->step(inputs, targets);
     out.bubble = t.pipeline->last_stats().idle_fraction();
+    if (t.stage_aux_loss) {  // the loss logged is the one pp = 1 would log: every stage's share added
+      at::Tensor aux = comm::all_reduce_(t.stage_aux_loss->clone(), *t.other_stages);
+      t.stage_aux_loss->zero_();
+      out.loss = out.loss + aux.to(at::kDouble);
+    }
   } else {
     DTensor ids = DTensor::from_local(inputs, t.stage_mesh, t.rows, t.global);
     DTensor tgt = DTensor::from_local(targets, t.stage_mesh, t.rows, t.global);
@@ -161,7 +172,13 @@ StepOutput train_step(Training& t, const TrainConfig& cfg, const at::Tensor& inp
   if (before_update) before_update();
   t.opt->step();
   t.opt->zero_grad();
-  if (t.moe_llama) out.expert_load = nn::update_expert_bias(*t.moe_llama);
+  if (cfg.moe.enabled()) {
+    out.expert_load = nn::update_expert_bias(*t.model);  // this rank's stages' blocks with pp > 1
+    if (t.pipeline) {
+      at::Tensor worst = at::full({1}, out.expert_load, at::kDouble);
+      out.expert_load = comm::all_reduce_(worst, *t.other_stages, ReduceOp::Max).item<double>();
+    }
+  }
   return out;
 }
 

@@ -29,6 +29,9 @@ struct Training {
   std::unique_ptr<optim::Optimizer> opt;
   std::vector<DTensor*> params;
   const comm::Group* other_stages = nullptr;  // pp > 1: the ranks holding the other stages' parameters
+  // pp > 1 with [moe]: the auxiliary losses this rank's stages computed in the step, each
+  // times 1 / microbatches (their gradient rides on the stage outputs: nn::carry_aux_loss).
+  std::shared_ptr<at::Tensor> stage_aux_loss;
   std::vector<Placement> rows;  // the batch's layout on `stage_mesh`: rows over dp and ep, the same on every other dim
   std::vector<int64_t> global;  // [batch, seq] of the whole step
   int64_t data_rank = 0, data_size = 1;  // which rows of the global batch this rank reads (DataLoader)
@@ -59,6 +62,8 @@ StepOutput train_step(Training& t, const TrainConfig& cfg, const at::Tensor& inp
 std::vector<Placement> batch_placements(const DeviceMesh& stage_mesh, bool sequence_sharded = false);
 
 namespace detail {
+// The MoE Llama of [moe] on `mesh`: tensor parallel over "tp", experts over "ep", [low_precision].
+std::shared_ptr<nn::MoELlama> build_moe_llama(const TrainConfig& cfg, const DeviceMesh& mesh);
 // Pipeline stages over "pp" (pipeline_training.cpp): fills t.model, t.pipeline, t.ddp.
 void build_pipeline(Training& t, const TrainConfig& cfg);
 // [low_precision]: FP8 on the block Linears of `model` (tensor-parallel or not); nothing when off.
