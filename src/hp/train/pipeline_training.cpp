@@ -1,6 +1,8 @@
 // The trainer's pipeline stages: the Llama cut into chunks from outside the model, each a
-// mesh stage on the ranks of one pp coordinate, with tensor parallelism and data
-// parallelism (ddp or fully_shard) inside it, driven by the configured schedule.
+// mesh stage on the ranks of one pp coordinate, with tensor and context parallelism and
+// data parallelism (ddp or fully_shard) inside it, driven by the configured schedule.
+// Stages hand each other whole activations: with cp, a stage gathers its output's
+// sequence and the next takes its share (the batch arrives whole, in the cp layout's order).
 #include <ATen/ATen.h>
 
 #include "hp/base/error.h"
@@ -53,9 +55,11 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
   // one process would have; what no stage of this rank takes is freed at the end.
   nn::Llama whole(cfg.model, sm);
   if (dims.tp > 1) parallelize_llama(whole, sm["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
+  apply_context_parallel(whole, sm, cfg);
   apply_precision(whole, cfg);
   apply_activation_checkpointing(whole, cfg);
   const bool dp = dims.dp > 1;
+  const std::vector<std::string> reduce_dims = gradient_reduce_dims(cfg);
   auto group = comm::current_world()->world_group(t.mesh.device_type());
   auto mine = std::make_shared<nn::Sequential>();
   std::vector<pipeline::PipelineStage> stages;
@@ -68,28 +72,28 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
     o.num_stages = chunks;
     // Token ids (chunk 0) or activations between blocks.
     o.input_placements = batch_placements(sm, cfg.mesh.sequence_parallel && c > 0);
-    if (dp && cfg.mesh.data_parallel == "ddp") {
-      t.ddp.push_back(std::make_unique<DistributedDataParallel>(*stage, sm["dp"]));
+    if (dp && cfg.mesh.zero_stage() > 0) {
+      const int zero = cfg.mesh.zero_stage();
+      const FullyShardOptions so = zero_stage_options(zero);
+      const DeviceMesh shard_mesh = fully_shard_mesh(sm, cfg);
+      for (const auto& [name, m] : stage->named_children())
+        if (name.rfind("layers.", 0) == 0) fully_shard(*m, shard_mesh, so);
+      FSDPModule unit = fully_shard(*stage, shard_mesh, so);
+      o.set_requires_gradient_sync = [unit, zero](bool last) mutable { prepare_zero_backward(unit, zero, last); };
+    } else if (!reduce_dims.empty()) {
+      t.ddp.push_back(std::make_unique<DistributedDataParallel>(*stage, sm.submesh(reduce_dims)));
       DistributedDataParallel* d = t.ddp.back().get();
       o.set_requires_gradient_sync = [d](bool on) { d->set_requires_gradient_sync(on); };
       o.sync_in_weight_backward = true;  // its hooks fire as W accumulates
-    } else if (dp && cfg.mesh.zero_stage() > 0) {
-      const int zero = cfg.mesh.zero_stage();
-      const FullyShardOptions so = zero_stage_options(zero);
-      for (const auto& [name, m] : stage->named_children())
-        if (name.rfind("layers.", 0) == 0) fully_shard(*m, sm["dp"], so);
-      FSDPModule unit = fully_shard(*stage, sm["dp"], so);
-      o.set_requires_gradient_sync = [unit, zero](bool last) mutable { prepare_zero_backward(unit, zero, last); };
     }
     o.forward = [stage](const DTensor& x) { return (*stage)(x); };
     o.parameters = stage->parameters();
     if (c == chunks - 1) {
       const std::vector<Placement> rows = batch_placements(sm);
-      o.loss = [sm, rows, vocab = cfg.model.vocab](const DTensor& logits, const at::Tensor& target) {
+      o.loss = [sm, rows](const DTensor& logits, const at::Tensor& target) {
         ShardSpec spec = make_spec(target.sizes().vec(), target.scalar_type(), sm, rows);
         DTensor tgt(pipeline::local_piece(target, spec, sm.coordinate()), sm, spec);
-        const int64_t n = logits.size(0) * logits.size(1);
-        return cross_entropy(view(logits, {n, vocab}), view(tgt, {n}));
+        return cross_entropy(logits, tgt);  // [rows, seq, vocab]: a cp-sharded sequence stays sharded
       };
     }
     o.group = group;
