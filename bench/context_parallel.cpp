@@ -1,13 +1,14 @@
 // Context parallelism on one small Llama, every rank of the job busy in every configuration:
 // the world is split into cp groups of size 1, 2 or 4 (a "rep" dim runs independent
 // copies), so all configurations share the same cores and contention. For each sequence
-// length, cp degree and mode (cp = 1 runs the model's own attention), the modes taking turns:
+// length, cp degree and mode (cp = 1 runs the model's own attention; hybrid at cp = 4 runs
+// Ulysses over 2 ranks inside a ring of 2), the modes taking turns:
 //   - activation memory: the peak of CPU storage during a training step minus what was
 //     allocated before it (the slowest rank's);
 //   - tokens/s of the whole job: replicas x seq / the slowest rank's step time;
-//   - bytes a rank hands to the cp group's attention collectives (all_to_all, all_gather,
+//   - bytes a rank hands to the cp groups' attention collectives (all_to_all, all_gather,
 //     reduce_scatter, send) per layer, forward and backward, from the collective log,
-//     against the analytic volume;
+//     against the planner's volume (hp/plan/cp_traffic.h);
 //   - the longest sequence run whose activation memory fits `budget_mib`.
 // Then ring attention's load balance at cp = 4: each rank's attention compute (thread CPU
 // time) with the head-tail layout and with the contiguous one; the ratio of the slowest
@@ -24,6 +25,7 @@
 #include "hp/comm/world.h"
 #include "hp/parallel.h"
 #include "hp/parallel/context_parallel_kernels.h"
+#include "hp/plan/cp_traffic.h"
 #include "hp/tensor/memory_stats.h"
 #include "slowest_rank.h"
 
@@ -42,8 +44,10 @@ struct Measure {
   int64_t attention_bytes = 0;  // per rank per layer, forward + backward
 };
 
-// One training step of `model` on `tokens`; `mode` empty: no context parallelism.
-Measure step(nn::Llama& model, const DeviceMesh& mesh, const at::Tensor& tokens, bool cp) {
+// One training step of `model` on `tokens`, the sequence sharded over `cp_dims` (none: no
+// context parallelism).
+Measure step(nn::Llama& model, const DeviceMesh& mesh, const at::Tensor& tokens, const std::vector<std::string>& cp_dims) {
+  const bool cp = !cp_dims.empty();
   const int64_t seq = tokens.size(1) - 1;
   at::Tensor ids = tokens.narrow(1, 0, seq).contiguous(), labels = tokens.narrow(1, 1, seq).contiguous();
   const std::vector<Placement> rep(mesh.ndim(), Replicate());
@@ -53,38 +57,30 @@ Measure step(nn::Llama& model, const DeviceMesh& mesh, const at::Tensor& tokens,
   const int64_t before = cpu_memory_allocated();
   reset_cpu_memory_peak();
   const auto start = std::chrono::steady_clock::now();
-  DTensor x = cp ? shard_sequence(ids, mesh, rep, "cp") : distribute_tensor(ids, mesh, rep);
-  DTensor y = cp ? shard_sequence(labels, mesh, rep, "cp") : distribute_tensor(labels, mesh, rep);
+  DTensor x = cp ? shard_sequence(ids, mesh, rep, cp_dims) : distribute_tensor(ids, mesh, rep);
+  DTensor y = cp ? shard_sequence(labels, mesh, rep, cp_dims) : distribute_tensor(labels, mesh, rep);
   model.loss(x, y).to_local().backward();
   Measure m;
   m.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   m.activation_mib = double(cpu_memory_peak() - before) / (1 << 20);
   log.enable(false);
-  const std::vector<int>& cp_ranks = mesh.group("cp").ranks();
+  std::vector<std::vector<int>> cp_groups;
+  for (const std::string& d : cp_dims) cp_groups.push_back(mesh.group(d).ranks());
   for (const auto& r : log.records())
-    if (r.ranks == cp_ranks && r.op != "all_reduce" && r.op != "recv") m.attention_bytes += r.bytes();
+    if (std::count(cp_groups.begin(), cp_groups.end(), r.ranks) && r.op != "all_reduce" && r.op != "recv")
+      m.attention_bytes += r.bytes();
   m.attention_bytes /= model.config().layers;
   model.zero_grad();
   return m;
 }
 
-// What a rank hands to the attention collectives per layer, forward and backward, in the
-// collective log's terms (each rank's input).
-double analytic_bytes(CpMode mode, int64_t seq, int64_t cp, const nn::LlamaConfig& c) {
-  const double token = double(c.head_dim()) * 4, mine = double(seq) / double(cp);
-  const double kv_block = 2 * c.kv_heads * mine * token;  // this rank's K and V
-  switch (mode) {
-    case CpMode::ulysses: {
-      int64_t kv = c.kv_heads;  // K/V heads after repeating them for cp
-      while (kv % cp != 0) kv += c.kv_heads;
-      return 2 * mine * token * (2 * c.heads + 2 * kv);  // q, k, v, out; and their gradients
-    }
-    case CpMode::ring:  // forward: cp-1 K/V hops; backward: cp-1 K/V hops and cp dK/dV hops
-      return kv_block * double(3 * cp - 2);
-    case CpMode::allgather_kv:  // all-gather of K/V, again in backward; reduce-scatter of the whole dK/dV
-      return 2 * kv_block + kv_block * double(cp);
-  }
-  return 0;
+// What the planner says a rank hands to the attention collectives per layer, forward and
+// backward, in the collective log's terms (each rank's input).
+double analytic_bytes(CpMode mode, int64_t seq, int64_t cp, int64_t ulysses, const nn::LlamaConfig& c) {
+  plan::CpAttentionShape s;
+  s.tokens = double(seq), s.heads = c.heads, s.kv_heads = c.kv_heads, s.head_dim = c.head_dim();
+  s.element_bytes = 4, s.cp = cp, s.ulysses = ulysses;
+  return plan::cp_bytes_per_rank(plan::cp_attention_calls(to_string(mode), s));
 }
 
 }  // namespace
@@ -102,11 +98,13 @@ int main(int argc, char** argv) {
   struct Config {
     int64_t cp;
     CpMode mode;
+    int64_t ulysses = 1;  // hybrid: the inner dim's size
     std::string name() const { return cp == 1 ? "cp1" : std::string(to_string(mode)) + "_cp" + std::to_string(cp); }
   };
   std::vector<Config> configs{{1, CpMode::ring}};
   for (int64_t cp : {2, 4})
     for (CpMode m : {CpMode::ulysses, CpMode::ring, CpMode::allgather_kv}) configs.push_back({cp, m});
+  configs.push_back({4, CpMode::hybrid, 2});
 
   std::map<std::string, std::map<int64_t, Measure>> best;  // per config, per seq: the slowest rank's
   std::vector<std::string> lines;
@@ -114,14 +112,21 @@ int main(int argc, char** argv) {
     const nn::LlamaConfig c = bench_llama(seq);
     for (int round = 0; round < rounds; ++round)
       for (const Config& cfg : configs) {
-        DeviceMesh mesh = init_device_mesh("cpu", {world / cfg.cp, cfg.cp}, {"rep", "cp"});
+        const bool hybrid = cfg.ulysses > 1;
+        DeviceMesh mesh = hybrid ? init_device_mesh("cpu", {world / cfg.cp, cfg.cp / cfg.ulysses, cfg.ulysses},
+                                                    {"rep", "cp", "cp_uly"})
+                                 : init_device_mesh("cpu", {world / cfg.cp, cfg.cp}, {"rep", "cp"});
+        std::vector<std::string> cp_dims;
+        if (cfg.cp > 1) cp_dims.push_back("cp");
+        if (hybrid) cp_dims.push_back("cp_uly");
         manual_seed(7);
         nn::Llama model(c, mesh);
         ContextParallelOptions o;
         o.mode = cfg.mode;
+        if (hybrid) o.ulysses_dim = "cp_uly";
         if (cfg.cp > 1) parallelize_module(model, mesh["cp"], {{"layers.*.attn", ContextParallel(o)}});
         const at::Tensor tokens = (hp::rand({1, seq + 1}, at::kDouble) * c.vocab).floor().to(at::kLong);
-        Measure m = step(model, mesh, tokens, cfg.cp > 1);
+        Measure m = step(model, mesh, tokens, cp_dims);
         auto worst = slowest_rank_medians(mesh.whole_group(), {m.seconds, m.activation_mib}, 1, 2);
         Measure& b = best[cfg.name()][seq];
         if (round == 0 || worst[0] < b.seconds) b.seconds = worst[0];
@@ -138,7 +143,7 @@ int main(int argc, char** argv) {
       std::string text = line;
       if (cfg.cp > 1) {
         std::snprintf(line, sizeof line, "  attention bytes/layer %9.3f MiB (analytic %9.3f)",
-                      double(m.attention_bytes) / (1 << 20), analytic_bytes(cfg.mode, seq, cfg.cp, c) / (1 << 20));
+                      double(m.attention_bytes) / (1 << 20), analytic_bytes(cfg.mode, seq, cfg.cp, cfg.ulysses, c) / (1 << 20));
         text += line;
       }
       if (root) std::printf("%s\n", text.c_str());
@@ -148,7 +153,7 @@ int main(int argc, char** argv) {
                       std::to_string(ratio));
       if (cfg.cp > 1)
         lines.push_back("RESULT cp_bytes_vs_analytic_" + cfg.name() + "_seq" + std::to_string(seq) + " " +
-                        std::to_string(double(m.attention_bytes) / analytic_bytes(cfg.mode, seq, cfg.cp, c)));
+                        std::to_string(double(m.attention_bytes) / analytic_bytes(cfg.mode, seq, cfg.cp, cfg.ulysses, c)));
     }
   }
   for (const Config& cfg : configs) {

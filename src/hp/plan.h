@@ -3,6 +3,7 @@
 #pragma once
 
 #include "hp/plan/cluster_spec.h"
+#include "hp/plan/cp_traffic.h"
 #include "hp/plan/estimator.h"
 #include "hp/plan/flops.h"
 #include "hp/plan/memory.h"

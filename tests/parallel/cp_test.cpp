@@ -11,10 +11,13 @@
 // absolute floor of 1e-6 (parallel/llama_run.h), every rank checked to agree bitwise.
 // Sequence lengths are not multiples of 2 * cp: shards are uneven (torch.chunk sizes, the
 // last ranks hold fewer tokens), no padding; the loss averages over all real tokens.
+// Bytes: what the attention core hands its collectives equals the planner's count exactly.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
+#include "hp/comm/collective_log.h"
+#include "hp/plan/cp_traffic.h"
 #include "parallel/llama_run.h"
 
 using namespace hp;
@@ -80,6 +83,46 @@ void expect_attention_matches(const AttentionCase& c) {
     expect_close(dq.to_local().grad(), mine(rq.grad()).to_local(), "dq");
     expect_close(dk.to_local().grad(), mine(rk.grad()).to_local(), "dk");
     expect_close(dv.to_local().grad(), mine(rv.grad()).to_local(), "dv");
+  });
+}
+
+// ---- bytes moved against the planner's ----
+
+// What each rank hands the cp groups' collectives (the collective log's bytes, sends but
+// not receives) in one forward and backward of the attention core, against
+// plan::cp_attention_calls, which the estimator prices: equal on every rank (the sequence,
+// 24 tokens, divides evenly here).
+void expect_bytes_match_planner(const AttentionCase& c) {
+  const int64_t b = 2, d = 8, seq = 24;
+  const int64_t world = c.cp * std::max<int64_t>(c.ulysses, 1);
+  plan::CpAttentionShape shape;
+  shape.tokens = double(b * seq), shape.heads = c.q_heads, shape.kv_heads = c.kv_heads, shape.head_dim = d;
+  shape.element_bytes = 4, shape.cp = world, shape.ulysses = std::max<int64_t>(c.ulysses, 1);
+  const double want = plan::cp_bytes_per_rank(plan::cp_attention_calls(to_string(c.mode), shape));
+  EXPECT_GT(want, 0);
+  comm::run_local_ranks(static_cast<int>(world), [&](int rank) {
+    DeviceMesh mesh = c.ulysses ? init_device_mesh("cpu", {c.cp, c.ulysses}, {"cp", "cp_uly"})
+                                : init_device_mesh("cpu", {c.cp}, {"cp"});
+    const std::vector<Placement> sharded(mesh.ndim(), Shard(2));
+    manual_seed(5);
+    auto leaf = [&](int64_t heads) {
+      DTensor t = distribute_tensor(hp::randn({b, heads, seq, d}), mesh, sharded);
+      return DTensor(t.to_local().detach().requires_grad_(), mesh, t.spec());
+    };
+    DTensor q = leaf(c.q_heads), k = leaf(c.kv_heads), v = leaf(c.kv_heads);
+    nn::Rotary rotary(10000.0);
+    ContextParallelOptions o;
+    o.mode = c.mode;
+    if (c.ulysses) o.ulysses_dim = "cp_uly";
+    comm::CollectiveLog& log = comm::current_world()->collective_log();
+    log.clear();
+    log.enable(true);
+    context_parallel_attention(nn::AttentionCoreInputs{q, k, v, rotary, true}, 0, o).to_local().sum().backward();
+    log.enable(false);
+    double got = 0;
+    for (const auto& r : log.records())
+      if (r.op != "recv") got += double(r.bytes());
+    EXPECT_EQ(got, want) << to_string(c.mode) << ", rank " << rank;
   });
 }
 
@@ -170,6 +213,13 @@ TEST(ContextParallelLlama, RingCp2Dp2) { expect_llama_matches({CpMode::ring, 2, 
 TEST(ContextParallelLlama, HybridRing2Ulysses2) { expect_llama_matches({CpMode::hybrid, 2, 1, 1, false, true, 2}); }
 TEST(ContextParallelLlama, HybridRing3Ulysses2) { expect_llama_matches({CpMode::hybrid, 3, 1, 1, false, true, 2}); }
 TEST(ContextParallelLlama, UlyssesCp2Fsdp2) { expect_llama_matches({CpMode::ulysses, 2, 2, 1, true}); }
+
+TEST(ContextParallelTraffic, UlyssesCp2) { expect_bytes_match_planner({CpMode::ulysses, 2, 0}); }
+TEST(ContextParallelTraffic, UlyssesCp4KvHeadsRepeated) { expect_bytes_match_planner({CpMode::ulysses, 4, 0, true, 8, 2}); }
+TEST(ContextParallelTraffic, RingCp3) { expect_bytes_match_planner({CpMode::ring, 3, 0}); }
+TEST(ContextParallelTraffic, AllgatherKvCp4) { expect_bytes_match_planner({CpMode::allgather_kv, 4, 0}); }
+TEST(ContextParallelTraffic, HybridRing2Ulysses2) { expect_bytes_match_planner({CpMode::hybrid, 2, 0, true, 4, 2, true, 2}); }
+TEST(ContextParallelTraffic, HybridRing2Ulysses3KvHeadsRepeated) { expect_bytes_match_planner({CpMode::hybrid, 2, 0, true, 6, 2, true, 3}); }
 
 // ---- layout and errors ----
 

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "hp/plan/cp_traffic.h"
 #include "hp/plan/estimator.h"
 #include "hp/plan/pipeline_profile.h"
 
@@ -157,4 +158,41 @@ TEST(Estimator, WithoutOverlapDataParallelCommunicationIsAllExposed) {
     EXPECT_LT(hidden.time.dp + hidden.time.zero, exposed.time.dp + exposed.time.zero) << text;
     EXPECT_DOUBLE_EQ(hidden.time.compute, exposed.time.compute) << text;
   }
+}
+
+// cp's items are the calls of its attention mode (plan/cp_traffic.h) on the mode's groups,
+// and together they move that table's bytes per rank per layer and microbatch.
+TEST(Estimator, CpChargesItsModesCalls) {
+  const ModelDesc m = model_preset("llama3-8b");
+  struct Case {
+    std::string mode;
+    hp::Collective kind;  // a call the mode must have
+    std::string group;
+    int64_t group_size;
+  };
+  for (const Case& c : {Case{"ring", hp::Collective::SendRecv, "cp_ring", 4},
+                        Case{"ulysses", hp::Collective::AllToAll, "cp_ring", 4},
+                        Case{"allgather_kv", hp::Collective::AllGather, "cp_ring", 4},
+                        Case{"hybrid", hp::Collective::AllToAll, "cp_ulysses", 2}}) {
+    const std::string text = "dp=2,cp=4,mb=2,cp_mode=" + c.mode + (c.mode == "hybrid" ? ",cp_ulysses=2" : "");
+    Estimate e = run("llama3-8b", "server-8", text);
+    bool found = false;
+    double per_rank = 0;
+    for (const auto& it : e.comm) {
+      if (it.name.rfind("cp ", 0) != 0) continue;
+      found |= it.kind == c.kind && it.group == c.group && it.group_size == c.group_size;
+      per_rank += it.calls * (it.kind == hp::Collective::AllGather ? it.bytes / double(it.group_size) : it.bytes);
+    }
+    EXPECT_TRUE(found) << text;
+    CpAttentionShape shape;
+    shape.tokens = double(m.seq_len), shape.heads = m.heads, shape.kv_heads = m.kv_heads;
+    shape.head_dim = m.head_size(), shape.element_bytes = 2, shape.cp = 4;
+    shape.ulysses = c.mode == "hybrid" ? 2 : 1;
+    const double want = cp_bytes_per_rank(cp_attention_calls(c.mode, shape)) * double(m.layers) * 2;
+    EXPECT_NEAR(per_rank, want, 1e-9 * want) << text;
+    EXPECT_GT(e.time.cp, 0) << text;
+  }
+  // Ulysses' all-to-alls stand in attention's way; the ring's hops hide behind it.
+  EXPECT_GT(run("llama3-8b", "server-8", "dp=2,cp=4,mb=2,cp_mode=ulysses").time.cp,
+            run("llama3-8b", "server-8", "dp=2,cp=4,mb=2,cp_mode=ring").time.cp);
 }

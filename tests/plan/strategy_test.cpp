@@ -96,3 +96,18 @@ TEST(Strategy, TextRoundTrips) {
   Strategy back = parse_strategy(to_string(s));
   EXPECT_EQ(to_string(back), to_string(s));
 }
+
+TEST(Strategy, CpModeRoundTripsAndIsChecked) {
+  Strategy s = parse_strategy("cp=4,cp_mode=hybrid,cp_ulysses=2");
+  EXPECT_EQ(s.cp_mode, "hybrid");
+  EXPECT_EQ(s.cp_ulysses, 2);
+  Strategy back = parse_strategy(to_string(s));
+  EXPECT_EQ(back.cp_mode, "hybrid");
+  EXPECT_EQ(back.cp_ulysses, 2);
+  EXPECT_EQ(parse_strategy("cp=2").cp_mode, "ring");  // the trainer's default
+  EXPECT_TRUE(mentions(parse_error("cp_mode=rign"), "cp_mode=rign"));
+  EXPECT_TRUE(mentions(resolve_error("cp=4,cp_mode=hybrid,cp_ulysses=3", "llama3-8b", 4), "cp_ulysses to divide cp"));
+  EXPECT_TRUE(mentions(resolve_error("cp=4,cp_mode=hybrid", "llama3-8b", 4), "cp_ulysses to divide cp"));
+  EXPECT_TRUE(mentions(resolve_error("cp=2,cp_ulysses=2", "llama3-8b", 2), "cp_ulysses == 1 outside"));
+  EXPECT_TRUE(mentions(resolve_error("tp=2,cp=4,cp_mode=ulysses", "tiny", 8), "(heads / tp) % cp == 0"));
+}

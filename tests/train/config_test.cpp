@@ -211,7 +211,7 @@ TEST(TrainConfig, ErrorsListWhatTheTableKnows) {
              "known sections: [mesh], [pipeline], [model], [moe], [train], [data], [checkpoint], [low_precision], "
              "[memory], [monitor])");
   EXPECT_HAS(load_error("[mesh]\nfoo = 1\n"),
-             "unknown key mesh.foo (known: context_parallel, cp_load_balance, data_parallel, names, sequence_parallel, shape)");
+             "unknown key mesh.foo (known: context_parallel, cp_load_balance, cp_ulysses_degree, data_parallel, names, sequence_parallel, shape)");
   EXPECT_HAS(load_error("[pipeline]\nstages = 2\n"),
              "unknown key pipeline.stages (known: microbatches, schedule, split, virtual_stages)");
 }
@@ -311,8 +311,9 @@ TrainConfig all_changed() {
   c.mesh.names = {"dp", "tp"};
   c.mesh.sequence_parallel = true;
   c.mesh.data_parallel = "fsdp";
-  c.mesh.context_parallel = "ulysses";
+  c.mesh.context_parallel = "hybrid";  // no cp dim: its settings are not checked
   c.mesh.cp_load_balance = false;
+  c.mesh.cp_ulysses_degree = 2;
   c.pipeline.schedule = "gpipe";  // not checked against the mesh without a pp dim
   c.pipeline.microbatches = 3;
   c.pipeline.virtual_stages = 2;
@@ -399,6 +400,7 @@ TEST(TrainConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(d.mesh.data_parallel, c.mesh.data_parallel);
   EXPECT_EQ(d.mesh.context_parallel, c.mesh.context_parallel);
   EXPECT_EQ(d.mesh.cp_load_balance, c.mesh.cp_load_balance);
+  EXPECT_EQ(d.mesh.cp_ulysses_degree, c.mesh.cp_ulysses_degree);
   EXPECT_EQ(d.pipeline.schedule, c.pipeline.schedule);
   EXPECT_EQ(d.pipeline.microbatches, c.pipeline.microbatches);
   EXPECT_EQ(d.pipeline.virtual_stages, c.pipeline.virtual_stages);
@@ -479,7 +481,7 @@ TEST(TrainConfig, PrinterPrintsTheTable) {
   for (const auto& f : hp::train::config_fields()) table.push_back(f.section + "." + f.key);
   EXPECT_EQ(printed, table);
   // 6 mesh, 4 pipeline, 10 model, 14 moe, 14 train, 1 data, 5 checkpoint, 3 low_precision, 5 memory, 4 monitor
-  EXPECT_EQ(table.size(), 66u);
+  EXPECT_EQ(table.size(), 67u);
   EXPECT_EQ(hp::train::config_sections(), (std::vector<std::string>{"mesh", "pipeline", "model", "moe", "train", "data",
                                                                     "checkpoint", "low_precision", "memory",
                                                                     "monitor"}));

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "hp/base/error.h"
+#include "hp/plan/cp_traffic.h"
 #include "hp/plan/pipeline_stages.h"
 #include "hp/plan/rank_groups.h"
 
@@ -68,7 +69,7 @@ double Estimator::usable_memory() const {
 }
 
 RankGroups& Estimator::groups_for(const Strategy& s) {
-  std::vector<int64_t> dims = {s.pp, s.dp, s.ep, s.cp, s.tp};
+  std::vector<int64_t> dims = {s.pp, s.dp, s.ep, s.cp, s.tp, s.cp_ulysses};
   if (!groups_ || dims != groups_dims_) {
     groups_ = std::make_unique<RankGroups>(*costs_, s);
     groups_dims_ = dims;
@@ -120,16 +121,28 @@ Estimate Estimator::estimate(const Strategy& s) {
   if (s.tp > 1)
     tp_layer = tp_calls * (groups.cost(GroupKind::TP, Collective::AllGather, tp_bytes).seconds +
                            groups.cost(GroupKind::TP, Collective::ReduceScatter, tp_bytes).seconds);
-  const double kv_local = double(m.kv_dim()) / std::min<double>(t, m.kv_heads);
-  const double cp_bytes = double(s.micro_batch) * m.seq_len * 2 * kv_local * nm.activation_bytes;
-  const double cp_ag_calls = full ? 3 : 2, cp_rs_calls = 1;  // k,v gathered fwd and bwd; dk,dv scattered
-  double cp_layer = 0;
-  if (s.cp > 1)
-    cp_layer = cp_ag_calls * groups.cost(GroupKind::CP, Collective::AllGather, cp_bytes).seconds +
-               cp_rs_calls * groups.cost(GroupKind::CP, Collective::ReduceScatter, cp_bytes).seconds;
+  // Context parallelism: the calls of the strategy's attention mode, per layer.
+  CpAttentionShape cp_shape;
+  cp_shape.tokens = double(s.micro_batch) * m.seq_len;
+  cp_shape.heads = m.heads / s.tp;
+  cp_shape.kv_heads = std::max<int64_t>(1, m.kv_heads / s.tp);
+  cp_shape.head_dim = m.head_size();
+  cp_shape.element_bytes = nm.activation_bytes;
+  cp_shape.cp = s.cp, cp_shape.ulysses = s.cp_ulysses;
+  const std::vector<CpCall> cp_calls = cp_attention_calls(s.cp_mode, cp_shape);
+  auto cp_group = [](const CpCall& c) { return c.inner ? GroupKind::CpUlysses : GroupKind::CpRing; };
+  auto cp_cost_bytes = [&](const CpCall& c) {  // cost() takes an all-gather's output, a rank's input otherwise
+    return c.op == Collective::AllGather ? c.bytes * double(groups.size(cp_group(c))) : c.bytes;
+  };
+  auto cp_calls_per_layer = [&](const CpCall& c) { return c.forward * (full ? 2 : 1) + c.backward; };
+  double cp_beside = 0, cp_blocking = 0;  // per layer: beside attention compute, or in its way
+  for (const CpCall& c : cp_calls)
+    (c.beside_attention ? cp_beside : cp_blocking) +=
+        cp_calls_per_layer(c) * groups.cost(cp_group(c), c.op, cp_cost_bytes(c)).seconds;
   const double attn_layer = tokens / t * attention_flops_per_token(m) / s.cp * (full ? 4 : 3) / rate;
   const bool overlap = options_.overlap_communication;
-  const double cp_layer_exposed = overlap ? std::max(0.0, cp_layer - attn_layer) : cp_layer;
+  const double cp_beside_exposed = overlap ? std::max(0.0, cp_beside - attn_layer) : cp_beside;
+  const double cp_layer_exposed = cp_blocking + cp_beside_exposed;
   const double ep_bytes = tokens / t * m.top_k * m.hidden * nm.activation_bytes;
   const double ep_calls = full ? 6 : 4;  // dispatch + combine: fwd, bwd, recompute
   double ep_layer = 0;
@@ -223,11 +236,10 @@ Estimate Estimator::estimate(const Strategy& s) {
            levels);
   add_item(items, "tp reduce_scatter (SP)", Collective::ReduceScatter, GroupKind::TP, groups, tp_bytes,
            tp_calls * L * mb, 1, levels);
-  const double cp_share = cp_layer > 0 ? cp_layer_exposed / cp_layer : 0;
-  add_item(items, "cp all_gather k,v", Collective::AllGather, GroupKind::CP, groups, cp_bytes, cp_ag_calls * L * mb,
-           cp_share, levels);
-  add_item(items, "cp reduce_scatter dk,dv", Collective::ReduceScatter, GroupKind::CP, groups, cp_bytes,
-           cp_rs_calls * L * mb, cp_share, levels);
+  const double cp_beside_share = cp_beside > 0 ? cp_beside_exposed / cp_beside : 0;
+  for (const CpCall& c : cp_calls)
+    add_item(items, ("cp " + c.what).c_str(), c.op, cp_group(c), groups, cp_cost_bytes(c),
+             cp_calls_per_layer(c) * L * mb, c.beside_attention ? cp_beside_share : 1, levels);
   add_item(items, "ep all_to_all", Collective::AllToAll, GroupKind::EP, groups, ep_bytes,
            ep_calls * double(ss.moe_layers) * mb, 1, levels);
   const double sends = 2 * mb * double(s.virtual_stages);

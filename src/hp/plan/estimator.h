@@ -11,7 +11,9 @@
 // one more forward of the layers under full recompute (the 4/3), a small share more
 // under selective recompute. Which communication hides behind compute:
 //   tp all-gather/reduce-scatter, ep all-to-all     exposed
-//   cp ring (all-gather of k,v; reduce-scatter dkv)  hidden behind attention compute
+//   cp, by Strategy::cp_mode (cp_traffic.h):
+//     ring hops, all-gather of k,v, reduce-scatter  hidden behind attention compute
+//     ulysses all-to-all (hybrid's too)             exposed
 //   pp send/recv                                     exposed on the fill and drain path only
 //   dp gradient all-reduce (ZeRO-0)                  hidden behind the last backward
 //   ZeRO-1/2 parameter all-gather, once per step     hidden behind the first forward

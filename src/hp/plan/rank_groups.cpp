@@ -15,6 +15,8 @@ const char* to_string(GroupKind g) {
     case GroupKind::PP: return "pp";
     case GroupKind::DenseGrad: return "dp*ep*cp";
     case GroupKind::ExpertGrad: return "dp*cp";
+    case GroupKind::CpRing: return "cp_ring";
+    case GroupKind::CpUlysses: return "cp_ulysses";
   }
   return "?";
 }
@@ -30,15 +32,19 @@ const CollectiveCost& CostCache::cost(Collective kind, double bytes, const std::
 }
 
 namespace {
-constexpr int kPP = 0, kDP = 1, kEP = 2, kCP = 3, kTP = 4;
-constexpr int kKinds = 7;
+constexpr int kPP = 0, kDP = 1, kEP = 2, kRing = 3, kUlysses = 4, kTP = 5;
+constexpr int kKinds = 9;
 }  // namespace
 
 RankGroups::RankGroups(CostCache& cache, const Strategy& s)
-    : cache_(cache), mesh_({s.pp, s.dp, s.ep, s.cp, s.tp}, {"pp", "dp", "ep", "cp", "tp"}), samples_(kKinds) {
+    : cache_(cache),
+      mesh_({s.pp, s.dp, s.ep, s.cp / s.cp_ulysses, s.cp_ulysses, s.tp}, {"pp", "dp", "ep", "cp_ring", "cp_ulysses", "tp"}),
+      samples_(kKinds) {
   HP_CHECK(mesh_.size() <= cache.topology().num_devices())
       << "strategy needs " << mesh_.size() << " devices, the topology has " << cache.topology().num_devices();
-  const std::vector<std::vector<int>> dims = {{kTP}, {kCP}, {kEP}, {kDP}, {kPP}, {kDP, kEP, kCP}, {kDP, kCP}};
+  const std::vector<std::vector<int>> dims = {
+      {kTP}, {kRing, kUlysses}, {kEP}, {kDP}, {kPP}, {kDP, kEP, kRing, kUlysses}, {kDP, kRing, kUlysses}, {kRing},
+      {kUlysses}};
   const int n = static_cast<int>(mesh_.size());
   const std::vector<int> probes = {0, n / 3, (2 * n) / 3, n - 1};
   for (int k = 0; k < kKinds; ++k) {

@@ -1,5 +1,5 @@
 // The rank groups of each parallel dim, laid on the cluster in the order
-// pp (outermost), dp, ep, cp, tp (innermost): rank r runs on device r, so a tp group
+// pp (outermost), dp, ep, cp (ring, then hybrid's Ulysses), tp (innermost): rank r runs on device r, so a tp group
 // takes consecutive devices and stays inside a server when tp divides its fanout.
 // Collective costs come only from ClusterTopology::cost over these groups, memoized.
 #pragma once
@@ -35,7 +35,9 @@ class CostCache {
   std::unordered_multimap<uint64_t, Entry> entries_;
 };
 
-enum class GroupKind { TP, CP, EP, DP, PP, DenseGrad, ExpertGrad };
+// CpRing and CpUlysses split CP for hybrid context parallelism (the ring outer, Ulysses
+// inner); otherwise CpRing is CP and CpUlysses has one rank.
+enum class GroupKind { TP, CP, EP, DP, PP, DenseGrad, ExpertGrad, CpRing, CpUlysses };
 const char* to_string(GroupKind g);
 
 class RankGroups {

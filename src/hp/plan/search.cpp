@@ -109,6 +109,14 @@ SearchResult search(Estimator& est, const SearchOptions& o) {
                   if (est.memory(s).total() > usable) continue;
                   res.fitting++;
                   Estimate e = est.estimate(s);
+                  // The cp attention mode changes the time, not the memory: keep the fastest.
+                  for (const std::string& mode : o.cp_modes) {
+                    if (cp == 1 || mode == s.cp_mode || (mode == "ulysses" && (m.heads / tp) % cp)) continue;
+                    Strategy alt = s;
+                    alt.cp_mode = mode;
+                    Estimate f = est.estimate(alt);
+                    if (faster(f, e)) e = std::move(f);
+                  }
                   if (int(best.size()) < o.top) {
                     best.push_back(std::move(e));
                     std::push_heap(best.begin(), best.end(), heap_less);

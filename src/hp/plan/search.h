@@ -1,6 +1,7 @@
 // Strategy search: every dp·tp·pp·cp·ep factorization of the device count that the model
 // allows, crossed with ZeRO stages 0-3, pipeline schedules (and virtual stages), micro-batch
-// sizes and recompute levels; keeps the fastest that fit in memory.
+// sizes and recompute levels (and, with cp, the fastest of its attention modes); keeps the
+// fastest that fit in memory.
 //
 // Pruning, none of which drops a candidate that could rank:
 //   - a mesh is skipped when even fully sharded weights, grads and optimizer states
@@ -26,6 +27,7 @@ struct SearchOptions {
   std::vector<int64_t> micro_batch_sizes = {1, 2, 4, 8};
   std::vector<int64_t> interleave = {2, 4};  // virtual stages tried with interleaved-1f1b
   std::vector<int64_t> zero_stages = {0, 1, 2, 3};
+  std::vector<std::string> cp_modes = {"ring", "ulysses", "allgather_kv"};  // hybrid needs a degree: not searched
 };
 
 struct SearchResult {

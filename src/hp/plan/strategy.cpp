@@ -6,6 +6,7 @@
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
+#include "hp/plan/cp_traffic.h"
 
 namespace hp::plan {
 
@@ -48,7 +49,8 @@ bool parse_bool(const std::string& key, const std::string& v) {
 
 const std::vector<std::string>& known_keys() {
   static const std::vector<std::string> keys = {"dp",  "tp",  "pp",       "cp",  "ep",        "zero",  "fsdp",
-                                                "mb",  "mbs", "gbs",      "vpp", "recompute", "schedule"};
+                                                "mb",  "mbs", "gbs",      "vpp", "recompute", "schedule",
+                                                "cp_mode", "cp_ulysses"};
   return keys;
 }
 
@@ -79,6 +81,12 @@ Strategy parse_strategy(const std::string& text) {
     else if (key == "mbs") s.micro_batch = parse_count(key, val, 1);
     else if (key == "gbs") s.global_batch = parse_count(key, val, 1);
     else if (key == "vpp") s.virtual_stages = parse_count(key, val, 1);
+    else if (key == "cp_ulysses") s.cp_ulysses = parse_count(key, val, 1);
+    else if (key == "cp_mode") {
+      HP_CHECK(std::find(cp_modes().begin(), cp_modes().end(), val) != cp_modes().end())
+          << "strategy: cp_mode=" << val << ": expected one of " << to_string_list(cp_modes());
+      s.cp_mode = val;
+    }
     else if (key == "zero") {
       HP_CHECK(val.size() == 1 && val[0] >= '0' && val[0] <= '3') << "strategy: zero=" << val << ": expected 0, 1, 2 or 3";
       s.zero = val[0] - '0';
@@ -123,6 +131,20 @@ Strategy resolve_strategy(Strategy s, const ModelDesc& m, int64_t devices) {
   HP_CHECK((m.seq_len / s.cp) % s.tp == 0)
       << where << "expected (seq_len / cp) % tp == 0 for sequence parallelism, found " << m.seq_len / s.cp
       << " tokens per cp rank, tp " << s.tp;
+  const bool hybrid = s.cp_mode == "hybrid";
+  HP_CHECK(hybrid || s.cp_ulysses == 1)
+      << where << "expected cp_ulysses == 1 outside cp_mode=hybrid, found " << s.cp_ulysses;
+  if (s.cp > 1 && s.cp_mode == "ulysses")
+    HP_CHECK((m.heads / s.tp) % s.cp == 0) << where << "expected (heads / tp) % cp == 0 for cp_mode=ulysses, found "
+                                           << m.heads / s.tp << " heads per tp rank, cp " << s.cp;
+  if (s.cp > 1 && hybrid) {
+    HP_CHECK(s.cp_ulysses > 1 && s.cp_ulysses < s.cp && s.cp % s.cp_ulysses == 0)
+        << where << "expected cp_ulysses to divide cp and lie strictly between 1 and it, found cp_ulysses "
+        << s.cp_ulysses << ", cp " << s.cp;
+    HP_CHECK((m.heads / s.tp) % s.cp_ulysses == 0)
+        << where << "expected (heads / tp) % cp_ulysses == 0, found " << m.heads / s.tp << " heads per tp rank, "
+        << "cp_ulysses " << s.cp_ulysses;
+  }
   if (m.is_moe()) {
     HP_CHECK(m.experts % s.ep == 0) << where << "expected experts % ep == 0, found experts " << m.experts
                                     << ", ep " << s.ep;
@@ -189,6 +211,8 @@ std::string to_string(const Strategy& s) {
   std::ostringstream os;
   os << "dp=" << s.dp << ",tp=" << s.tp << ",pp=" << s.pp << ",cp=" << s.cp << ",ep=" << s.ep
      << ",zero=" << s.zero;
+  if (s.cp > 1 || s.cp_mode != "ring") os << ",cp_mode=" << s.cp_mode;
+  if (s.cp_ulysses > 1) os << ",cp_ulysses=" << s.cp_ulysses;
   if (s.microbatches) os << ",mb=" << s.microbatches;
   if (s.micro_batch) os << ",mbs=" << s.micro_batch;
   if (s.global_batch) os << ",gbs=" << s.global_batch;

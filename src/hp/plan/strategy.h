@@ -23,6 +23,10 @@ struct Strategy {
   int64_t pp = 1;
   int64_t cp = 1;
   int64_t ep = 1;
+  // How attention crosses cp (plan/cp_traffic.h): ulysses, ring, allgather_kv or hybrid,
+  // whose Ulysses runs over the inner cp_ulysses ranks of cp and the ring over the rest.
+  std::string cp_mode = "ring";
+  int64_t cp_ulysses = 1;
   // How the data ranks share the training state, as ZeRO's stages: 0 replicates it (DDP);
   // 1 shards optimizer states; 2 also gradients; 3 also parameters (fsdp, gathered again for
   // every microbatch). 1 and 2 gather parameters once per step and keep them through its
@@ -44,8 +48,8 @@ std::vector<std::string> schedule_names();
 // zbv and dualpipev: two chunks per rank on the V, chunks c and 2p-1-c on rank c.
 bool uses_v_placement(const std::string& schedule);
 
-// Parses "key=value,..."; keys: dp tp pp cp ep zero mb mbs gbs schedule vpp recompute, and
-// fsdp=1 for zero=3.
+// Parses "key=value,..."; keys: dp tp pp cp ep zero mb mbs gbs schedule vpp recompute
+// cp_mode cp_ulysses, and fsdp=1 for zero=3.
 // Errors name the bad key or value.
 Strategy parse_strategy(const std::string& text);
 // Fills derived fields (dp, batch sizes) and checks the strategy against the model and

@@ -171,7 +171,11 @@ std::string bracketed(const std::vector<std::string>& sections) {
 
 }  // namespace
 
-ParallelDims TrainConfig::dims() const { return ParallelDims::from_mesh(mesh.shape, mesh.names, source); }
+ParallelDims TrainConfig::dims() const {
+  ParallelDims d = ParallelDims::from_mesh(mesh.shape, mesh.names, source);
+  if (mesh.context_parallel == "hybrid" && d.cp > 1) d.cp_ulysses = mesh.cp_ulysses_degree;
+  return d;
+}
 
 int MeshConfig::zero_stage() const {
   if (data_parallel == "zero1") return 1;
@@ -394,6 +398,7 @@ void validate(const TrainConfig& c) {
     } catch (const Error& e) {
       HP_FAIL() << src << ": [moe]: " << e.what();
     }
+    HP_CHECK(dims.cp == 1) << src << ": [moe] models do not run with a cp mesh dim (" << dims.cp << ") yet";
     HP_CHECK(c.moe.num_experts >= dims.ep) << src << ": moe.num_experts = " << c.moe.num_experts
                                            << " is fewer than the ep mesh dim (" << dims.ep << ")";
   } else {
@@ -412,11 +417,24 @@ void validate(const TrainConfig& c) {
       << src << ": with mesh.sequence_parallel, train.seq = " << t.seq
       << " must be divisible by the tp mesh dim (" << tp << ")";
   const int64_t cp = dims.cp;
-  HP_CHECK(m.context_parallel == "ulysses" || m.context_parallel == "ring" || m.context_parallel == "allgather_kv")
+  const bool hybrid = m.context_parallel == "hybrid";
+  HP_CHECK(hybrid || m.context_parallel == "ulysses" || m.context_parallel == "ring" ||
+           m.context_parallel == "allgather_kv")
       << src << ": mesh.context_parallel = \"" << m.context_parallel
-      << "\" must be \"ulysses\", \"ring\" or \"allgather_kv\"";
-  HP_CHECK(cp == 1 || dims.pp == 1) << src << ": the cp mesh dim (" << cp
-                                    << ") with pipeline stages (pp = " << dims.pp << ") is not supported yet";
+      << "\" must be \"ulysses\", \"ring\", \"allgather_kv\" or \"hybrid\"";
+  const int64_t uly = m.cp_ulysses_degree;
+  // Without a cp dim neither setting does anything.
+  HP_CHECK(cp == 1 || hybrid || uly == 1) << src << ": mesh.cp_ulysses_degree = " << uly
+                               << " splits cp for mesh.context_parallel = \"hybrid\" only, not \""
+                               << m.context_parallel << "\"";
+  HP_CHECK(!hybrid || cp == 1 || (uly > 1 && uly < cp && cp % uly == 0))
+      << src << ": mesh.cp_ulysses_degree = " << uly << " must divide the cp mesh dim (" << cp
+      << ") and lie strictly between 1 and it: hybrid runs Ulysses over cp_ulysses_degree ranks and the ring "
+      << "over cp / cp_ulysses_degree";
+  HP_CHECK(!hybrid || cp == 1 || (md.heads / tp) % uly == 0)
+      << src << ": mesh.context_parallel = \"hybrid\" splits the " << md.heads / tp << " heads of each tp rank"
+      << " (model.heads = " << md.heads << " over tp = " << tp << ") over mesh.cp_ulysses_degree = " << uly
+      << ", which does not divide them";
   HP_CHECK(cp == 1 || !m.sequence_parallel)
       << src << ": mesh.sequence_parallel with a cp mesh dim (" << cp
       << ") would shard the sequence twice; the cp dim already shards it";

@@ -28,11 +28,15 @@ struct MeshConfig {
   // for every forward and backward).
   std::string data_parallel = "ddp";
   int zero_stage() const;  // 0 for ddp and replicate, else 1, 2 or 3
-  // Attention over the mesh dim "cp", which shards every sequence: "ulysses", "ring" or
-  // "allgather_kv" (hp/parallel/context_parallel.h); cp_load_balance holds each rank's share
-  // as a head and a tail of the sequence, so that causal attention costs every rank the same.
+  // Attention over the mesh dim "cp", which shards every sequence: "ulysses", "ring",
+  // "allgather_kv" or "hybrid" (hp/parallel/context_parallel.h); cp_load_balance holds each
+  // rank's share as a head and a tail of the sequence, so that causal attention costs every
+  // rank the same. hybrid splits cp into a ring of cp / cp_ulysses_degree ranks across hosts
+  // (mesh dim "cp_ring", outer) and Ulysses over cp_ulysses_degree ranks inside one
+  // ("cp_ulysses", inner).
   std::string context_parallel = "ring";
   bool cp_load_balance = true;
+  int64_t cp_ulysses_degree = 1;
 };
 
 // Pipeline parallelism over the mesh dim "pp": the model is cut into chunks of consecutive

@@ -34,10 +34,12 @@ std::vector<Field> make_fields() {
       {"mesh", "sequence_parallel", "shard norms and activations along seq inside tp",
        at<&T::mesh, &Mesh::sequence_parallel>()},
       {"mesh", "data_parallel", "ddp, replicate, zero1, zero2 or fsdp", at<&T::mesh, &Mesh::data_parallel>()},
-      {"mesh", "context_parallel", "attention over cp: ulysses, ring or allgather_kv",
+      {"mesh", "context_parallel", "attention over cp: ulysses, ring, allgather_kv or hybrid",
        at<&T::mesh, &Mesh::context_parallel>()},
       {"mesh", "cp_load_balance", "each cp rank holds a head and a tail of every sequence",
        at<&T::mesh, &Mesh::cp_load_balance>()},
+      {"mesh", "cp_ulysses_degree", "hybrid: cp ranks running Ulysses inside a host; the ring spans the rest",
+       at<&T::mesh, &Mesh::cp_ulysses_degree>()},
 
       {"pipeline", "schedule", "gpipe, 1f1b, interleaved-1f1b, zb-h1, zbv or dualpipev",
        at<&T::pipeline, &Pipe::schedule>()},

@@ -63,14 +63,34 @@ Batch DataLoader::batch(int64_t step) const {
 }
 
 void DataLoader::shard_sequence(int64_t cp_rank, int64_t cp_size, bool load_balance) {
+  shard_sequence(cp_rank, std::vector<int64_t>{cp_size}, load_balance);
+}
+
+void DataLoader::shard_sequence(int64_t cp_rank, const std::vector<int64_t>& cp_sizes, bool load_balance) {
+  int64_t cp_size = 1;
+  for (int64_t s : cp_sizes) cp_size *= s;
   HP_CHECK(cp_size >= 1 && cp_rank >= 0 && cp_rank < cp_size)
       << "DataLoader: cp rank " << cp_rank << " is not in [0, cp size " << cp_size << ")";
   HP_CHECK(seq_ >= cp_size) << "DataLoader: seq = " << seq_ << " leaves some of the " << cp_size
                             << " cp ranks without a token";
+  if (cp_size == 1) {
+    positions_ = at::Tensor();
+    return;
+  }
+  std::vector<int64_t> positions;
+  for (const SequenceRun& r : sequence_runs(nested_sequence_lengths(seq_, cp_sizes), static_cast<int>(cp_rank),
+                                            load_balance))
+    for (int64_t p = r.first; p < r.first + r.size; ++p) positions.push_back(p);
+  positions_ = at::tensor(positions, at::kLong);
+}
+
+void DataLoader::order_sequence(const std::vector<int64_t>& cp_sizes, bool load_balance) {
+  int64_t cp_size = 1;
+  for (int64_t s : cp_sizes) cp_size *= s;
+  HP_CHECK(seq_ >= cp_size) << "DataLoader: seq = " << seq_ << " leaves some of the " << cp_size
+                            << " cp ranks without a token";
   positions_ = cp_size == 1 ? at::Tensor()
-                            : at::tensor(sequence_positions(seq_, static_cast<int>(cp_size), static_cast<int>(cp_rank),
-                                                            load_balance),
-                                         at::kLong);
+                            : at::tensor(sequence_order(nested_sequence_lengths(seq_, cp_sizes), load_balance), at::kLong);
 }
 
 Batch DataLoader::next() { return batch(step_++); }

@@ -36,6 +36,12 @@ class DataLoader {
   // order of hp/parallel/context_parallel_layout.h (head and tail with load_balance), the
   // targets taken at the same positions as the inputs.
   void shard_sequence(int64_t cp_rank, int64_t cp_size, bool load_balance = true);
+  // The same over several cp mesh dims of `cp_sizes` (outer first; hybrid: the ring's, then
+  // Ulysses'), `cp_rank` numbered with the outer dim major.
+  void shard_sequence(int64_t cp_rank, const std::vector<int64_t>& cp_sizes, bool load_balance = true);
+  // Each sequence whole but in the cp layout's order, every rank's share after the other
+  // (pipeline stages take their shares themselves).
+  void order_sequence(const std::vector<int64_t>& cp_sizes, bool load_balance = true);
 
   // This rank's slice of the current step's global batch; advances one step.
   Batch next();

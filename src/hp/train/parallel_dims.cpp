@@ -43,6 +43,7 @@ ParallelDims ParallelDims::from_strategy(const plan::Strategy& s) {
   ParallelDims d;  // the planner numbers ranks pp, dp, ep, cp, tp from outermost
   d.pp = s.pp, d.dp = std::max<int64_t>(s.dp, 1), d.ep = std::max<int64_t>(s.ep, 1),
   d.cp = std::max<int64_t>(s.cp, 1), d.tp = s.tp;
+  if (s.cp_mode == "hybrid" && d.cp > 1) d.cp_ulysses = s.cp_ulysses;
   d.order = {"pp", "dp"};
   if (d.ep > 1) d.order.push_back("ep");
   if (d.cp > 1) d.order.push_back("cp");
@@ -56,15 +57,34 @@ int64_t ParallelDims::size(const std::string& name) const {
   return name == "pp" ? pp : name == "dp" ? dp : name == "ep" ? ep : name == "cp" ? cp : tp;
 }
 
+std::vector<std::string> ParallelDims::cp_dims() const {
+  if (cp_ulysses == 1) return {"cp"};
+  return {"cp_ring", "cp_ulysses"};
+}
+
 std::vector<int64_t> ParallelDims::mesh_shape() const {
   std::vector<int64_t> shape;
-  for (const auto& n : order) shape.push_back(size(n));
+  for (const auto& n : order) {
+    if (n == "cp" && cp_ulysses > 1)
+      shape.insert(shape.end(), {cp / cp_ulysses, cp_ulysses});
+    else
+      shape.push_back(size(n));
+  }
   return shape;
+}
+
+std::vector<std::string> ParallelDims::mesh_names() const {
+  std::vector<std::string> names;
+  for (const auto& n : order) {
+    const std::vector<std::string> split = n == "cp" ? cp_dims() : std::vector<std::string>{n};
+    names.insert(names.end(), split.begin(), split.end());
+  }
+  return names;
 }
 
 std::vector<std::string> ParallelDims::stage_dims() const {
   std::vector<std::string> dims;
-  for (const auto& n : order)
+  for (const auto& n : mesh_names())
     if (n != "pp") dims.push_back(n);
   return dims;
 }

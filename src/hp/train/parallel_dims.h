@@ -18,6 +18,9 @@ struct ParallelDims {
   int64_t ep = 1;  // expert-parallel ranks: experts sharded over them, each its own rows (as dp)
   int64_t cp = 1;  // context-parallel ranks: each holds a share of every sequence
   int64_t tp = 1;  // tensor-parallel ranks inside a stage
+  // Hybrid context parallelism: the mesh's cp dim is split into "cp_ring" (cp / cp_ulysses
+  // ranks, outer) and "cp_ulysses" (cp_ulysses ranks, inner). 1: one dim "cp".
+  int64_t cp_ulysses = 1;
   // Outermost first: how ranks are numbered. pp is always there (size 1 included), dp
   // too unless the config names another dim (a stage's mesh needs one); tp, ep and cp
   // only when a config names them or a strategy has them > 1 (tp: a strategy's always),
@@ -36,11 +39,14 @@ struct ParallelDims {
   int64_t world_size() const { return pp * dp * ep * cp * tp; }
   // The ranks that read different rows of the batch: dp times ep.
   int64_t data_parallel_size() const { return dp * ep; }
-  // The mesh the trainer builds: every dim, size-1 ones included (in `order`).
+  // The mesh the trainer builds: every dim, size-1 ones included (in `order`, cp split as
+  // cp_dims() says).
   std::vector<int64_t> mesh_shape() const;
-  const std::vector<std::string>& mesh_names() const { return order; }
+  std::vector<std::string> mesh_names() const;
   // The dims a stage's model lives on: every one but pp.
   std::vector<std::string> stage_dims() const;
+  // The mesh dims that shard the sequence, outer first: {"cp"}, or {"cp_ring", "cp_ulysses"}.
+  std::vector<std::string> cp_dims() const;
   // For a config's [mesh]: the dims larger than 1 (dp alone when there is none).
   std::vector<int64_t> config_shape() const;
   std::vector<std::string> config_names() const;

@@ -1,6 +1,9 @@
 // The trainer's pipeline stages: the Llama (or MoE Llama) cut into chunks from outside the
-// model, each a mesh stage on the ranks of one pp coordinate, with tensor, expert and data
-// parallelism (ddp or fully_shard) inside it, driven by the configured schedule.
+// model, each a mesh stage on the ranks of one pp coordinate, with tensor, context and
+// expert parallelism and data parallelism (ddp or fully_shard) inside it, driven by the
+// configured schedule. Stages hand each other whole activations: with cp, a stage gathers
+// its output's sequence and the next takes its share (the batch arrives whole, in the cp
+// layout's order).
 // A MoE block's auxiliary loss rides on its stage's output (nn::carry_aux_loss): each
 // stage's backward seeds it, times 1 / microbatches as the loss is, so the loss is the
 // mean over microbatches of their cross-entropy plus auxiliary loss (with one microbatch,
@@ -63,6 +66,7 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
   } else {
     auto llama = std::make_shared<nn::Llama>(cfg.model, sm);
     if (dims.tp > 1) parallelize_llama(*llama, sm["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
+    apply_context_parallel(*llama, sm, cfg);
     apply_precision(*llama, cfg);
     apply_activation_checkpointing(*llama, cfg);
     whole = llama;
@@ -70,6 +74,7 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
   const double loss_scale = 1.0 / double(cfg.microbatches());
   if (moe) t.stage_aux_loss = std::make_shared<at::Tensor>(at::zeros({}, tensor_options(sm)));
   const bool dp = dims.dp > 1;
+  const std::vector<std::string> reduce_dims = gradient_reduce_dims(cfg);
   auto group = comm::current_world()->world_group(t.mesh.device_type());
   auto mine = std::make_shared<nn::Sequential>();
   std::vector<pipeline::PipelineStage> stages;
@@ -82,20 +87,21 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
     o.num_stages = chunks;
     // Token ids (chunk 0) or activations between blocks.
     o.input_placements = batch_placements(sm, cfg.mesh.sequence_parallel && c > 0);
-    if (dp && cfg.mesh.data_parallel == "ddp") {
-      t.ddp.push_back(std::make_unique<DistributedDataParallel>(*stage, sm["dp"]));
+    if (dp && cfg.mesh.zero_stage() > 0) {
+      const int zero = cfg.mesh.zero_stage();
+      const FullyShardOptions so = zero_stage_options(zero);
+      const DeviceMesh shard_mesh = fully_shard_mesh(sm, cfg);
+      for (const auto& [name, m] : stage->named_modules())  // routed experts in their own unit, as pp = 1
+        if (name_matches("layers.*.moe.experts", name)) fully_shard(*m, shard_mesh, so);
+      for (const auto& [name, m] : stage->named_children())
+        if (name.rfind("layers.", 0) == 0) fully_shard(*m, shard_mesh, so);
+      FSDPModule unit = fully_shard(*stage, shard_mesh, so);
+      o.set_requires_gradient_sync = [unit, zero](bool last) mutable { prepare_zero_backward(unit, zero, last); };
+    } else if (!reduce_dims.empty()) {
+      t.ddp.push_back(std::make_unique<DistributedDataParallel>(*stage, sm.submesh(reduce_dims)));
       DistributedDataParallel* d = t.ddp.back().get();
       o.set_requires_gradient_sync = [d](bool on) { d->set_requires_gradient_sync(on); };
       o.sync_in_weight_backward = true;  // its hooks fire as W accumulates
-    } else if (dp && cfg.mesh.zero_stage() > 0) {
-      const int zero = cfg.mesh.zero_stage();
-      const FullyShardOptions so = zero_stage_options(zero);
-      for (const auto& [name, m] : stage->named_modules())  // routed experts in their own unit, as pp = 1
-        if (name_matches("layers.*.moe.experts", name)) fully_shard(*m, sm["dp"], so);
-      for (const auto& [name, m] : stage->named_children())
-        if (name.rfind("layers.", 0) == 0) fully_shard(*m, sm["dp"], so);
-      FSDPModule unit = fully_shard(*stage, sm["dp"], so);
-      o.set_requires_gradient_sync = [unit, zero](bool last) mutable { prepare_zero_backward(unit, zero, last); };
     }
     o.forward = [stage, aux_sum = t.stage_aux_loss, loss_scale](const DTensor& x) {
       DTensor y = (*stage)(x);
@@ -107,11 +113,10 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
     o.parameters = stage->parameters();
     if (c == chunks - 1) {
       const std::vector<Placement> rows = batch_placements(sm);
-      o.loss = [sm, rows, vocab = cfg.model.vocab](const DTensor& logits, const at::Tensor& target) {
+      o.loss = [sm, rows](const DTensor& logits, const at::Tensor& target) {
         ShardSpec spec = make_spec(target.sizes().vec(), target.scalar_type(), sm, rows);
         DTensor tgt(pipeline::local_piece(target, spec, sm.coordinate()), sm, spec);
-        const int64_t n = logits.size(0) * logits.size(1);
-        return cross_entropy(view(logits, {n, vocab}), view(tgt, {n}));
+        return cross_entropy(logits, tgt);  // [rows, seq, vocab]: a cp-sharded sequence stays sharded
       };
     }
     o.group = group;

@@ -19,7 +19,8 @@ plan::ModelDesc model_desc_of(const TrainConfig& c);
 TrainConfig config_of(const plan::ModelDesc& m, const plan::Strategy& s);
 
 // Sets `cfg`'s layout to the resolved strategy `s`: mesh dims pp, dp, tp (in the planner's
-// rank order, size-1 dims left out), ddp or fully_shard at s's ZeRO stage over dp, the
+// rank order, size-1 dims left out), cp's attention mode (and hybrid's Ulysses degree),
+// ddp or fully_shard at s's ZeRO stage over dp, the
 // schedule, microbatches and chunks per rank, and the global batch.
 void apply_strategy(TrainConfig& cfg, const plan::Strategy& s);
 

@@ -35,18 +35,15 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
   t.llama = std::make_shared<nn::Llama>(cfg.model, mesh);
   nn::Llama& model = *t.llama;
   if (dims.tp > 1) parallelize_llama(model, mesh["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
-  if (dims.cp > 1) {
-    ContextParallelOptions cp;
-    cp.mode = cp_mode_from_string(cfg.mesh.context_parallel);
-    cp.load_balance = cfg.mesh.cp_load_balance;
-    parallelize_module(model, mesh["cp"], {{"layers.*.attn", ContextParallel(cp)}});
-  }
+  detail::apply_context_parallel(model, mesh, cfg);
   detail::apply_precision(model, cfg);
   detail::apply_activation_checkpointing(model, cfg);
   // Data parallelism from outside the model, after tensor parallelism.
-  if (dims.dp > 1 && cfg.mesh.data_parallel == "ddp")
-    t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh["dp"]));
-  if (dims.dp > 1 && cfg.mesh.zero_stage() > 0) fully_shard_llama(model, mesh["dp"], zero_stage_options(cfg.mesh.zero_stage()));
+  const std::vector<std::string> reduce_dims = detail::gradient_reduce_dims(cfg);
+  if (dims.dp > 1 && cfg.mesh.zero_stage() > 0)
+    fully_shard_llama(model, detail::fully_shard_mesh(mesh, cfg), zero_stage_options(cfg.mesh.zero_stage()));
+  else if (!reduce_dims.empty())
+    t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh.submesh(reduce_dims)));
   t.model = t.llama;
 }
 
@@ -61,6 +58,37 @@ std::shared_ptr<nn::MoELlama> detail::build_moe_llama(const TrainConfig& cfg, co
   if (dims.ep > 1) expert_parallelize_moe_llama(*model, mesh["ep"]);
   apply_precision(*model, cfg);
   return model;
+}
+
+void detail::apply_context_parallel(nn::Llama& model, const DeviceMesh& stage_mesh, const TrainConfig& cfg) {
+  const ParallelDims dims = cfg.dims();
+  if (dims.cp == 1) return;
+  const std::vector<std::string> cp_dims = dims.cp_dims();
+  ContextParallelOptions cp;
+  cp.mode = cp_mode_from_string(cfg.mesh.context_parallel);
+  cp.load_balance = cfg.mesh.cp_load_balance;
+  if (cp_dims.size() == 2) cp.ulysses_dim = cp_dims[1];
+  parallelize_module(model, stage_mesh[cp_dims[0]], {{"layers.*.attn", ContextParallel(cp)}});
+}
+
+// Parameters are replicated over cp as over dp, and each rank's gradient is a partial sum
+// over its tokens: DDP reduces both at once, deferred and bucketed (as torchtitan folds cp
+// into its data-parallel mesh).
+std::vector<std::string> detail::gradient_reduce_dims(const TrainConfig& cfg) {
+  const ParallelDims dims = cfg.dims();
+  if (cfg.mesh.data_parallel == "replicate") return {};
+  std::vector<std::string> reduce;
+  if (dims.dp > 1) reduce.push_back("dp");
+  if (dims.cp > 1)
+    for (const std::string& d : dims.cp_dims()) reduce.push_back(d);
+  return reduce;
+}
+
+// fully_shard over dp, with a one-dim cp as HSDP's replicate dim (fully_shard takes one:
+// hybrid's two cp dims reduce inside autograd).
+DeviceMesh detail::fully_shard_mesh(const DeviceMesh& stage_mesh, const TrainConfig& cfg) {
+  const ParallelDims dims = cfg.dims();
+  return dims.cp > 1 && dims.cp_ulysses == 1 ? stage_mesh.submesh({"cp", "dp"}) : stage_mesh["dp"];
 }
 
 void detail::apply_precision(nn::Module& model, const TrainConfig& cfg) {
@@ -86,7 +114,7 @@ std::vector<Placement> batch_placements(const DeviceMesh& stage_mesh, bool seque
   std::vector<Placement> p;
   for (const auto& name : stage_mesh.dim_names())
     p.push_back(name == "dp" || name == "ep"           ? Placement(Shard(0))
-                : name == "cp"                         ? Placement(Shard(1))
+                : name.rfind("cp", 0) == 0             ? Placement(Shard(1))  // cp, cp_ring, cp_ulysses
                 : name == "tp" && sequence_sharded     ? Placement(Shard(1))
                                                        : Placement(Replicate()));
   return p;
@@ -136,7 +164,13 @@ Training build_training(const TrainConfig& cfg, const std::string& device) {
     for (const auto& name : t.stage_mesh.dim_names())
       if (name == "dp" || name == "ep") t.data_rank = t.data_rank * dims.size(name) + t.stage_mesh.local_rank(name);
   }
-  if (dims.cp > 1) t.cp_rank = t.stage_mesh.local_rank("cp"), t.cp_size = dims.cp;
+  if (dims.cp > 1) {
+    t.cp_sizes.clear();
+    for (const std::string& name : dims.cp_dims()) {
+      t.cp_rank = t.cp_rank * t.stage_mesh.size(t.stage_mesh.shape().dim_index(name)) + t.stage_mesh.local_rank(name);
+      t.cp_sizes.push_back(t.stage_mesh.size(t.stage_mesh.shape().dim_index(name)));
+    }
+  }
   return t;
 }
 

@@ -35,7 +35,10 @@ struct Training {
   std::vector<Placement> rows;  // the batch's layout on `stage_mesh`: rows over dp and ep, the same on every other dim
   std::vector<int64_t> global;  // [batch, seq] of the whole step
   int64_t data_rank = 0, data_size = 1;  // which rows of the global batch this rank reads (DataLoader)
-  int64_t cp_rank = 0, cp_size = 1;      // which share of every sequence it reads (DataLoader::shard_sequence)
+  // Which share of every sequence it reads (DataLoader::shard_sequence): its rank over the
+  // cp mesh dims (outer major) and their sizes, outer first.
+  int64_t cp_rank = 0;
+  std::vector<int64_t> cp_sizes{1};
   double base_lr = 0;
 };
 
@@ -68,6 +71,12 @@ std::shared_ptr<nn::MoELlama> build_moe_llama(const TrainConfig& cfg, const Devi
 void build_pipeline(Training& t, const TrainConfig& cfg);
 // [low_precision]: FP8 on the block Linears of `model` (tensor-parallel or not); nothing when off.
 void apply_precision(nn::Module& model, const TrainConfig& cfg);
+// [mesh] context_parallel: the style on every block's attention over the cp dims; nothing without cp.
+void apply_context_parallel(nn::Llama& model, const DeviceMesh& stage_mesh, const TrainConfig& cfg);
+// The stage mesh dims DDP reduces gradients over: dp and cp's (none for "replicate").
+std::vector<std::string> gradient_reduce_dims(const TrainConfig& cfg);
+// The mesh fully_shard takes: dp, as (cp, dp) HSDP when cp is one dim.
+DeviceMesh fully_shard_mesh(const DeviceMesh& stage_mesh, const TrainConfig& cfg);
 // [memory]'s activation checkpointing, after tensor parallelism and before data parallelism.
 void apply_activation_checkpointing(nn::Module& model, const TrainConfig& cfg);
 }  // namespace detail

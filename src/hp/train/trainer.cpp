@@ -86,7 +86,10 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
   optim::Optimizer* opt = t.opt.get();
   DataLoader loader(encode(read_text(cfg.data.path)), cfg.train.seq, cfg.train.batch, t.data_rank, t.data_size,
                     cfg.train.seed);
-  loader.shard_sequence(t.cp_rank, t.cp_size, cfg.mesh.cp_load_balance);
+  if (t.pipeline)
+    loader.order_sequence(t.cp_sizes, cfg.mesh.cp_load_balance);
+  else
+    loader.shard_sequence(t.cp_rank, t.cp_sizes, cfg.mesh.cp_load_balance);
 
   TrainResult result;
   // Checkpoints hold the parameters, the optimizer state and the position (step, data, RNG).
