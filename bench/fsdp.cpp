@@ -7,7 +7,8 @@
 // subset of the modes below (default all), e.g. "fsdp adamw,fsdp muon". "on-caller" modes
 // run the asynchronous collectives on the calling thread (HP_ASYNC_COLLECTIVES=0), so
 // nothing overlaps; "ddp adamw no-comm" skips DDP's all-reduce: the compute-only step that
-// exposed communication (step time minus it) is measured against.
+// exposed communication (step time minus it) is measured against. Last, the bytes one step's
+// all-gathers move with FP8 weights against bf16 parameters (gather_bytes.h).
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "hp/optim/chained.h"
 #include "hp/parallel.h"
 #include "hp/tensor/memory_stats.h"
+#include "gather_bytes.h"
 
 using namespace hp;
 
@@ -124,6 +126,7 @@ int main(int argc, char** argv) {
       if (on_caller) ::unsetenv("HP_ASYNC_COLLECTIVES");
     }
 
+  const GatherBytes gathered = fsdp_gather_bytes(c, mesh, batch, seq);
   if (mesh.rank() != 0) return 0;
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -182,5 +185,8 @@ int main(int argc, char** argv) {
   }
   if (ratio("fsdp adamw", "fsdp adamw no-prefetch") > 0)
     std::printf("RESULT fsdp_prefetch_ratio %.3f\n", ratio("fsdp adamw", "fsdp adamw no-prefetch"));
+  std::printf("all-gather bytes of one step per rank: FP8 weights %lld, bf16 %lld\n", (long long)gathered.fp8,
+              (long long)gathered.bf16);
+  std::printf("RESULT fp8_all_gather_bytes_ratio %.4f\n", gathered.ratio());
   return 0;
 }

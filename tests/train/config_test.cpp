@@ -269,6 +269,8 @@ TEST(TrainConfig, InconsistentValuesAreErrors) {
   EXPECT_HAS(load_error("[low_precision]\nscaling = \"rowwise\"\ndelayed = true\n"),
              "low_precision.delayed needs low_precision.scaling = \"tensorwise\"");
   EXPECT_HAS(load_error("[low_precision]\nhistory_len = 0\n"), "low_precision.history_len = 0 must be >= 1");
+  EXPECT_HAS(load_error("[low_precision]\nscaling = \"rowwise\"\nfsdp_float8_all_gather = true\n"),
+             "low_precision.fsdp_float8_all_gather needs low_precision.scaling = \"tensorwise\", not \"rowwise\"");
   EXPECT_HAS(load_error("[moe]\nnum_experts = 4\ntop_k = 5\n"), "MoE top_k 5 exceeds num_experts 4");
   EXPECT_HAS(load_error("[moe]\nnum_experts = 4\nnum_expert_groups = 3\nnum_limited_groups = 1\n"),
              "num_experts 4 must be a multiple of num_expert_groups 3");
@@ -350,6 +352,7 @@ TrainConfig all_changed() {
   c.low_precision.scaling = "tensorwise";
   c.low_precision.delayed = true;
   c.low_precision.history_len = 4;
+  c.low_precision.fsdp_float8_all_gather = true;
   c.moe.num_experts = 6;
   c.moe.top_k = 1;
   c.moe.hidden_dim = 32;
@@ -436,6 +439,7 @@ TEST(TrainConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(d.low_precision.scaling, c.low_precision.scaling);
   EXPECT_EQ(d.low_precision.delayed, c.low_precision.delayed);
   EXPECT_EQ(d.low_precision.history_len, c.low_precision.history_len);
+  EXPECT_EQ(d.low_precision.fsdp_float8_all_gather, c.low_precision.fsdp_float8_all_gather);
   EXPECT_EQ(d.moe.num_experts, c.moe.num_experts);
   EXPECT_EQ(d.moe.top_k, c.moe.top_k);
   EXPECT_EQ(d.moe.hidden_dim, c.moe.hidden_dim);

@@ -90,6 +90,10 @@ Fp8Linear::Fp8Linear(Fp8LinearOptions options) : options_(options) {
   HP_CHECK(!options.delayed || options.scaling == Fp8Scaling::Tensorwise)
       << "delayed FP8 scaling keeps one amax per tensor: it needs tensorwise scaling, not "
       << to_string(options.scaling);
+  HP_CHECK(!options.enable_fsdp_float8_all_gather || options.scaling == Fp8Scaling::Tensorwise)
+      << "FP8 all-gather in fully_shard needs tensorwise scaling, not " << to_string(options.scaling)
+      << ": one gathered FP8 weight serves both of its products only when one scale covers the whole "
+         "weight (the forward quantizes W along in-features, dX along out-features)";
   if (options.delayed)
     histories_ = {std::make_shared<AmaxHistory>(options.history_len), std::make_shared<AmaxHistory>(options.history_len),
                   std::make_shared<AmaxHistory>(options.history_len)};
@@ -103,7 +107,9 @@ DTensor Fp8Linear::operator()(const DTensor& x_in, const DTensor& weight_in) con
   const DeviceMesh mesh = x.device_mesh();
   const Fp8LinearOptions options = options_;
   const Histories histories = histories_;
-  return dispatch(Op::linear(), {x, weight}, [mesh, options, histories](const auto& t, const LocalContext& ctx) {
+  const c10::Storage precast = precast_->storage;
+  return dispatch(Op::linear(), {x, weight}, [mesh, options, histories, precast](const auto& t,
+                                                                                 const LocalContext& ctx) {
     HP_CHECK(!ctx.inputs[0].has_partial() && !ctx.inputs[1].has_partial())
         << "the FP8 linear quantizes whole values, not partial terms; got " << ctx.inputs[0].to_string() << " and "
         << ctx.inputs[1].to_string();
@@ -114,7 +120,8 @@ DTensor Fp8Linear::operator()(const DTensor& x_in, const DTensor& weight_in) con
     const at::Tensor w2 = w.detach();
     const Fp8Scaling s = options.scaling;
     at::Tensor xq = fp8_fake_quantize(layout.x_along_in(x2), Fp8Format::E4M3, s, mesh, histories.input.get());
-    at::Tensor wq = fp8_fake_quantize(layout.w_along_in(w2), Fp8Format::E4M3, s, mesh, histories.weight.get());
+    const bool cast = precast && w.has_storage() && w.storage().unsafeGetStorageImpl() == precast.unsafeGetStorageImpl();
+    at::Tensor wq = cast ? w2 : fp8_fake_quantize(layout.w_along_in(w2), Fp8Format::E4M3, s, mesh, histories.weight.get());
     std::vector<int64_t> y_sizes = x.sizes().vec();
     y_sizes.back() = w.size(0);
     at::Tensor y = at::matmul(xq, wq.t()).reshape(y_sizes);
