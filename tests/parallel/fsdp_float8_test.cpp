@@ -54,13 +54,13 @@ const LlamaRun& reference(bool delayed = false, int64_t batch = 4) {
 // FP8 Linears whose weights fully_shard gathers in FP8. `hsdp`: the first two mesh dims are
 // (dp_rep, dp_shard); `fp8_after_fsdp`: apply_low_precision after fully_shard.
 LlamaRunSpec float8_gather_spec(std::vector<int64_t> shape, std::vector<std::string> names, bool delayed = false,
-                                int64_t batch = 4, bool fp8_after_fsdp = false) {
+                                int64_t batch = 4, bool fp8_after_fsdp = false, bool fsdp_float8_all_gather = true) {
   LlamaRunSpec spec = base_spec(delayed, batch);
   spec.mesh_shape = shape;
   spec.mesh_names = names;
-  spec.parallelize = [names, delayed, fp8_after_fsdp](nn::Llama& model, const DeviceMesh& mesh) {
+  spec.parallelize = [=](nn::Llama& model, const DeviceMesh& mesh) {
     if (names.back() == "tp") parallelize_llama(model, mesh["tp"], {/*sequence_parallel=*/false, true});
-    const LowPrecisionConfig config = tensorwise(delayed, /*fsdp_float8_all_gather=*/true);
+    const LowPrecisionConfig config = tensorwise(delayed, fsdp_float8_all_gather);
     if (!fp8_after_fsdp) apply_low_precision(model, config);
     FSDPModule root =
         fully_shard_llama(model, names[0] == "dp_rep" ? mesh[{"dp_rep", "dp_shard"}] : mesh["dp"]);
@@ -83,11 +83,16 @@ std::vector<const Fp8Linear*> fp8_layers(nn::Llama& model) {
 TEST(FsdpFloat8AllGather, Dp2) {
   hp::testing::expect_runs_match(hp::testing::train_llama(float8_gather_spec({2}, {"dp"})), reference());
 }
-// 3 ranks split dims of 16, 24 and 8 unevenly; FP8 applied after fully_shard.
+// 3 ranks split dims of 16, 24 and 8 unevenly (2 batch rows each); FP8 applied after
+// fully_shard. Also bitwise equal to the same layout gathering float32 weights: the product
+// sees the same deq(q(W)).
 TEST(FsdpFloat8AllGather, Dp3UnevenAppliedAfterFullyShard) {
-  hp::testing::expect_runs_match(
-      hp::testing::train_llama(float8_gather_spec({3}, {"dp"}, false, /*batch=*/3, /*fp8_after_fsdp=*/true)),
-      reference(false, 3));
+  const LlamaRun run =
+      hp::testing::train_llama(float8_gather_spec({3}, {"dp"}, false, /*batch=*/6, /*fp8_after_fsdp=*/true));
+  hp::testing::expect_runs_match(run, reference(false, 6));
+  SCOPED_TRACE("against float32 gathers");
+  const LlamaRunSpec float32_gathers = float8_gather_spec({3}, {"dp"}, false, 6, true, /*fsdp_float8_all_gather=*/false);
+  hp::testing::expect_runs_match(run, hp::testing::train_llama(float32_gathers), /*rtol=*/0, /*atol=*/0);
 }
 TEST(FsdpFloat8AllGather, Hsdp2x2) {
   hp::testing::expect_runs_match(hp::testing::train_llama(float8_gather_spec({2, 2}, {"dp_rep", "dp_shard"})),

@@ -77,11 +77,15 @@ struct Fp8LinearBackward : torch::autograd::Node {
   std::string name() const override { return "Fp8LinearBackward"; }
 };
 
-std::vector<Placement> settled(const DTensor& t) {
+// Partial terms summed; any other input passes as it is, keeping what rides on the
+// DTensor (fully_shard's deferred gradient reduction: a redistributed copy would lose it,
+// and the weight's gradient would be all-reduced here and reduce-scattered again).
+DTensor settled(const DTensor& t) {
+  if (!t.spec().has_partial()) return t;
   std::vector<Placement> p = t.placements();
   for (auto& q : p)
     if (q.is_partial()) q = Replicate();
-  return p;
+  return t.redistribute(p);
 }
 
 }  // namespace
@@ -103,7 +107,7 @@ DTensor Fp8Linear::operator()(const DTensor& x_in, const DTensor& weight_in) con
   HP_CHECK(x_in.scalar_type() == at::kFloat && weight_in.scalar_type() == at::kFloat)
       << "the FP8 linear takes float32 inputs and weights, got " << x_in.scalar_type() << " and "
       << weight_in.scalar_type();
-  DTensor x = x_in.redistribute(settled(x_in)), weight = weight_in.redistribute(settled(weight_in));
+  DTensor x = settled(x_in), weight = settled(weight_in);
   const DeviceMesh mesh = x.device_mesh();
   const Fp8LinearOptions options = options_;
   const Histories histories = histories_;
