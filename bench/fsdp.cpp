@@ -9,6 +9,8 @@
 // nothing overlaps; "ddp adamw no-comm" skips DDP's all-reduce: the compute-only step that
 // exposed communication (step time minus it) is measured against; "fsdp muon no-overlap"
 // exchanges Muon's matrices once each way around all the work (MuonOptions::overlap off).
+// Last, the bytes one step's all-gathers move with FP8 weights against bf16 parameters
+// (gather_bytes.h).
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include "hp/optim/chained.h"
 #include "hp/parallel.h"
 #include "hp/tensor/memory_stats.h"
+#include "gather_bytes.h"
 
 using namespace hp;
 
@@ -128,6 +131,7 @@ int main(int argc, char** argv) {
       if (on_caller) ::unsetenv("HP_ASYNC_COLLECTIVES");
     }
 
+  const GatherBytes gathered = fsdp_gather_bytes(c, mesh, batch, seq);
   if (mesh.rank() != 0) return 0;
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -192,5 +196,8 @@ int main(int argc, char** argv) {
   }
   if (ratio("fsdp adamw", "fsdp adamw no-prefetch") > 0)
     std::printf("RESULT fsdp_prefetch_ratio %.3f\n", ratio("fsdp adamw", "fsdp adamw no-prefetch"));
+  std::printf("all-gather bytes of one step per rank: FP8 weights %lld, bf16 %lld\n", (long long)gathered.fp8,
+              (long long)gathered.bf16);
+  std::printf("RESULT fp8_all_gather_bytes_ratio %.4f\n", gathered.ratio());
   return 0;
 }

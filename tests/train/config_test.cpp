@@ -269,6 +269,8 @@ TEST(TrainConfig, InconsistentValuesAreErrors) {
   EXPECT_HAS(load_error("[low_precision]\nscaling = \"rowwise\"\ndelayed = true\n"),
              "low_precision.delayed needs low_precision.scaling = \"tensorwise\"");
   EXPECT_HAS(load_error("[low_precision]\nhistory_len = 0\n"), "low_precision.history_len = 0 must be >= 1");
+  EXPECT_HAS(load_error("[low_precision]\nscaling = \"rowwise\"\nfsdp_float8_all_gather = true\n"),
+             "low_precision.fsdp_float8_all_gather needs low_precision.scaling = \"tensorwise\", not \"rowwise\"");
   EXPECT_HAS(load_error("[moe]\nnum_experts = 4\ntop_k = 5\n"), "MoE top_k 5 exceeds num_experts 4");
   EXPECT_HAS(load_error("[moe]\nnum_experts = 4\nnum_expert_groups = 3\nnum_limited_groups = 1\n"),
              "num_experts 4 must be a multiple of num_expert_groups 3");
@@ -351,6 +353,7 @@ TrainConfig all_changed() {
   c.low_precision.scaling = "tensorwise";
   c.low_precision.delayed = true;
   c.low_precision.history_len = 4;
+  c.low_precision.fsdp_float8_all_gather = true;
   c.moe.num_experts = 6;
   c.moe.top_k = 1;
   c.moe.hidden_dim = 32;
@@ -438,6 +441,7 @@ TEST(TrainConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(d.low_precision.scaling, c.low_precision.scaling);
   EXPECT_EQ(d.low_precision.delayed, c.low_precision.delayed);
   EXPECT_EQ(d.low_precision.history_len, c.low_precision.history_len);
+  EXPECT_EQ(d.low_precision.fsdp_float8_all_gather, c.low_precision.fsdp_float8_all_gather);
   EXPECT_EQ(d.moe.num_experts, c.moe.num_experts);
   EXPECT_EQ(d.moe.top_k, c.moe.top_k);
   EXPECT_EQ(d.moe.hidden_dim, c.moe.hidden_dim);
@@ -480,8 +484,8 @@ TEST(TrainConfig, PrinterPrintsTheTable) {
   }
   for (const auto& f : hp::train::config_fields()) table.push_back(f.section + "." + f.key);
   EXPECT_EQ(printed, table);
-  // 6 mesh, 4 pipeline, 10 model, 14 moe, 14 train, 1 data, 5 checkpoint, 3 low_precision, 5 memory, 4 monitor
-  EXPECT_EQ(table.size(), 67u);
+  // 7 mesh, 4 pipeline, 10 model, 14 moe, 14 train, 1 data, 5 checkpoint, 4 low_precision, 5 memory, 4 monitor
+  EXPECT_EQ(table.size(), 68u);
   EXPECT_EQ(hp::train::config_sections(), (std::vector<std::string>{"mesh", "pipeline", "model", "moe", "train", "data",
                                                                     "checkpoint", "low_precision", "memory",
                                                                     "monitor"}));

@@ -86,6 +86,18 @@ TEST(DryRun, Fp8AmaxReductionsMatchGlooCallForCallDp2xTp2) {
   }
 }
 
+// [low_precision] fsdp_float8_all_gather: the blocks gather bytes (E4M3 weights, float32
+// norms) after one max all-reduce of their amaxes per forward gather.
+TEST(DryRun, Fp8AllGatherMatchesGlooCallForCallDp2xTp2) {
+  train::TrainConfig c = config({2, 2}, {"dp", "tp"}, "fsdp");
+  c.low_precision.scaling = "tensorwise";
+  c.low_precision.fsdp_float8_all_gather = true;
+  expect_dry_run_matches_real(c);
+  int byte_gathers = 0;
+  for (const auto& r : train::dry_run(c, 0, 1).collectives) byte_gathers += r.op == "all_gather" && r.dtype == at::kByte;
+  EXPECT_GT(byte_gathers, 0);
+}
+
 TEST(DryRun, CollectivesMatchGlooCallForCallDp2xTp2) {
   expect_dry_run_matches_real(config({2, 2}, {"dp", "tp"}, "ddp"));
 }

@@ -20,6 +20,7 @@ class Linear : public Module {
   // parameters stay the module's. Empty: hp::linear.
   using Product = std::function<DTensor(const DTensor& x, const DTensor& weight)>;
   void set_product(Product product) { product_ = std::move(product); }
+  const Product& product() const { return product_; }
 
  private:
   DTensor* weight_;

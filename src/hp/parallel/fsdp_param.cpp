@@ -6,6 +6,7 @@
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
 #include "hp/nn/module.h"
+#include "hp/tensor/fp8_quantize.h"
 
 namespace hp::parallel {
 namespace {
@@ -87,12 +88,13 @@ void FSDPParam::show_unsharded(const at::Tensor& local_alias) {
   *slot_ = p;
 }
 
-void FSDPParam::pack_shard(at::Tensor segment) const {
-  const at::Tensor& local = sharded_.to_local();
-  segment.narrow(0, 0, local.numel()).view(local.sizes()).copy_(local.detach());
+void FSDPParam::pack_shard(at::Tensor slot, const at::Tensor& scale) const {
+  const at::Tensor local = sharded_.to_local().detach();
+  slot.narrow(0, 0, local.numel()).view(local.sizes()).copy_(scale.defined() ? fp8_cast(local, scale, Fp8Format::E4M3)
+                                                                            : local);
 }
 
-void FSDPParam::unpack_gathered(const at::Tensor& gathered, int64_t offset) {
+void FSDPParam::unpack_gathered(const at::Tensor& rows, const at::Tensor& scale) {
   c10::StorageImpl* storage = unsharded_.storage().unsafeGetStorageImpl();
   if (storage->nbytes() == 0) {
     storage->set_data_ptr_noswap(storage->allocator()->allocate(unsharded_nbytes_));
@@ -106,7 +108,8 @@ void FSDPParam::unpack_gathered(const at::Tensor& gathered, int64_t offset) {
     if (p.size == 0) continue;
     int64_t numel = 1;
     for (int64_t s : p.shape) numel *= s;
-    dst.narrow(dim_, p.offset, p.size).copy_(gathered[r].narrow(0, offset, numel).view(p.shape));
+    const at::Tensor piece = rows[r].narrow(0, 0, numel).view(p.shape);
+    dst.narrow(dim_, p.offset, p.size).copy_(scale.defined() ? fp8_dequantize(piece, scale) : piece);
   }
 }
 

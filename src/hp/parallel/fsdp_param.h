@@ -35,11 +35,16 @@ class FSDPParam {
   // A fresh tensor over the unsharded storage (not a view: autograd sees a new tensor).
   at::Tensor unsharded_alias() const;
 
-  // All-gather: this rank's shard into its segment; every rank's segment back into the
-  // unsharded tensor (allocating its storage if it was freed).
-  void pack_shard(at::Tensor segment) const;
-  void unpack_gathered(const at::Tensor& gathered, int64_t offset);
+  // All-gather: this rank's shard into its slot [padded_numel] of the send buffer; every
+  // rank's slot, `rows` [shard ranks, padded_numel], back into the unsharded tensor
+  // (allocating its storage if it was freed). With a scale (FP8 all-gather), the slots
+  // hold E4M3: the shard is cast with it and the pieces dequantized with it.
+  void pack_shard(at::Tensor slot, const at::Tensor& scale = {}) const;
+  void unpack_gathered(const at::Tensor& rows, const at::Tensor& scale = {});
   void free_unsharded();
+  // The unsharded tensor's storage (the same one after every gather) and layout.
+  const c10::Storage& unsharded_storage() const { return unsharded_.storage(); }
+  const ShardSpec& unsharded_spec() const { return unsharded_spec_; }
 
   // Reduce-scatter: rank r's piece of the unsharded gradient into row r of `send`; the
   // reduced piece back, added to the sharded parameter's gradient.

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -15,6 +16,8 @@
 #include "hp/base/strings.h"
 #include "hp/comm/collectives.h"
 #include "hp/comm/symm/collectives.h"
+#include "hp/nn/layers.h"
+#include "hp/parallel/fsdp_float8.h"
 #include "hp/parallel/fsdp_param.h"
 
 namespace hp {
@@ -71,9 +74,9 @@ at::Tensor FSDPRun::send_buffer(const comm::Group& g, int64_t numel, at::ScalarT
 
 class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
  public:
-  FSDPUnit(std::vector<FSDPParam> params, const comm::Group* shard, const comm::Group* replicate,
-           FullyShardOptions options)
-      : options_(options), params_(std::move(params)), shard_(shard), replicate_(replicate) {
+  FSDPUnit(std::vector<FSDPParam> params, std::vector<nn::Linear*> linears, const comm::Group* shard,
+           const comm::Group* replicate, FullyShardOptions options)
+      : options_(options), params_(std::move(params)), linears_(std::move(linears)), shard_(shard), replicate_(replicate) {
     const at::ScalarType param = params_.empty() ? at::kFloat : params_[0].sharded().scalar_type();
     compute_ = options_.mp_policy.param_dtype.value_or(param);
     reduce_ = options_.mp_policy.reduce_dtype.value_or(compute_);
@@ -123,10 +126,21 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
  private:
   enum class State { Sharded, Gathering, Unsharded };
   void unshard();
+  void plan_gather();
+  at::Tensor gather_slot(const at::Tensor& flat, size_t i) const;
 
   std::vector<FSDPParam> params_;
-  std::vector<int64_t> offsets_;  // of each parameter's slot in one rank's flat segment
+  std::vector<int64_t> offsets_;  // of each parameter's slot in one rank's flat segment (reduce-scatter)
   int64_t padded_total_ = 0;
+  // The all-gather's segment: as the reduce-scatter's, in the compute dtype, unless some
+  // weights travel in FP8; then bytes, each slot aligned for a view in its own dtype.
+  std::vector<nn::Linear*> linears_;    // per parameter: the Linear whose weight it is, or null
+  std::optional<Float8Gather> float8_;  // made at the first gather, when the products are set
+  at::ScalarType gather_dtype_ = at::kFloat;
+  std::vector<at::ScalarType> gather_dtypes_;  // per parameter
+  std::vector<int64_t> gather_offsets_;
+  int64_t gather_total_ = 0;
+  std::vector<at::Tensor> scales_;  // of the gather in flight or done (FP8 parameters)
   const comm::Group* shard_;
   const comm::Group* replicate_;
   at::ScalarType compute_, reduce_;
@@ -184,15 +198,45 @@ void FSDPRun::finish_backward() {
   callback_queued = false;
 }
 
+void FSDPUnit::plan_gather() {
+  float8_.emplace(params_, linears_, compute_);
+  gather_dtypes_.clear();
+  for (size_t i = 0; i < params_.size(); ++i) gather_dtypes_.push_back(float8_->dtype(i, compute_));
+  if (float8_->empty()) {
+    gather_dtype_ = compute_, gather_offsets_ = offsets_, gather_total_ = padded_total_;
+    return;
+  }
+  gather_dtype_ = at::kByte;
+  const int64_t align = static_cast<int64_t>(c10::elementSize(compute_));
+  gather_offsets_.clear();
+  gather_total_ = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    gather_offsets_.push_back(gather_total_);
+    const int64_t bytes = params_[i].padded_numel() * static_cast<int64_t>(c10::elementSize(gather_dtypes_[i]));
+    gather_total_ += (bytes + align - 1) / align * align;
+  }
+}
+
+// Parameter i's slot in `flat` (the send buffer, or the gathered [shard ranks, segment]),
+// viewed as the dtype it travels in.
+at::Tensor FSDPUnit::gather_slot(const at::Tensor& flat, size_t i) const {
+  const int64_t n = params_[i].padded_numel();
+  const int64_t length = gather_dtype_ == at::kByte ? n * static_cast<int64_t>(c10::elementSize(gather_dtypes_[i])) : n;
+  return flat.narrow(-1, gather_offsets_[i], length).view(gather_dtypes_[i]);
+}
+
 void FSDPUnit::start_gather() {
   if (state_ != State::Sharded || params_.empty()) return;
+  if (!float8_) plan_gather();
   // At most one gather reads the gather buffers: one still in flight (a prefetch that
   // another unit's unshard overtook) finishes first; its result stays with its unit.
   if (run_->gathering && run_->gathering != this && run_->gathering->state_ == State::Gathering)
     run_->gathering->gather_.wait();
   run_->gathering = this;
-  at::Tensor send = run_->send_buffer(*shard_, padded_total_, compute_, device_, FSDPRun::Use::Gather);
-  for (size_t i = 0; i < params_.size(); ++i) params_[i].pack_shard(send.narrow(0, offsets_[i], params_[i].padded_numel()));
+  // Backward is under way while its callback is queued: gathers then are backward's.
+  scales_ = float8_->scales(params_, *shard_, /*forward=*/!run_->callback_queued);
+  at::Tensor send = run_->send_buffer(*shard_, gather_total_, gather_dtype_, device_, FSDPRun::Use::Gather);
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].pack_shard(gather_slot(send, i), scales_[i]);
   gather_ = comm::all_gather_async(send, *shard_, 0);
   state_ = State::Gathering;
 }
@@ -200,8 +244,8 @@ void FSDPUnit::start_gather() {
 void FSDPUnit::unshard() {
   if (state_ == State::Sharded) start_gather();
   if (state_ != State::Gathering) return;
-  at::Tensor gathered = gather_.wait().view({shard_->size(), padded_total_});
-  for (size_t i = 0; i < params_.size(); ++i) params_[i].unpack_gathered(gathered, offsets_[i]);
+  at::Tensor gathered = gather_.wait().view({shard_->size(), gather_total_});
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].unpack_gathered(gather_slot(gathered, i), scales_[i]);
   gather_ = comm::Pending();
   state_ = State::Unsharded;
 }
@@ -341,8 +385,12 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
     HP_CHECK(!parallel::registry().count(&module) || parallel::registry()[&module].expired())
         << "fully_shard: this module is already sharded";
   }
+  std::map<const DTensor*, nn::Linear*> linear_of;  // by weight slot: FP8 all-gather looks at their products
+  for (auto& [name, m] : module.named_modules())
+    if (auto* lin = dynamic_cast<nn::Linear*>(m)) linear_of[&lin->weight()] = lin;
   std::vector<parallel::FSDPParam> params;
   std::vector<DTensor*> slots;
+  std::vector<nn::Linear*> linears;
   for (auto& [name, slot] : module.named_parameters()) {
     if (std::any_of(inner.begin(), inner.end(), [&](auto& u) { return u->owns(slot); })) continue;
     const DeviceMesh& pm = slot->device_mesh();
@@ -351,6 +399,7 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
     const at::ScalarType compute = options.mp_policy.param_dtype.value_or(slot->scalar_type());
     params.emplace_back(name, slot, shard, replicate, compute);
     slots.push_back(slot);
+    linears.push_back(linear_of.count(slot) ? linear_of[slot] : nullptr);
   }
   const comm::Group* shard_group = nullptr;
   const comm::Group* replicate_group = nullptr;
@@ -362,7 +411,7 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
     shard_group = &pm.group(parallel::find_dim(pm, mesh.dim_names().back(), mesh));
     if (mesh.ndim() == 2) replicate_group = &pm.group(parallel::find_dim(pm, mesh.dim_names()[0], mesh));
   }
-  auto unit = std::make_shared<FSDPUnit>(std::move(params), shard_group, replicate_group, options);
+  auto unit = std::make_shared<FSDPUnit>(std::move(params), std::move(linears), shard_group, replicate_group, options);
   unit->set_slots(slots);
   for (auto& u : inner) unit->adopt(u);
   {

@@ -23,6 +23,7 @@ std::vector<std::string> apply_low_precision(nn::Module& model, const LowPrecisi
   options.scaling = parse_fp8_scaling(config.scaling);
   options.delayed = config.delayed;
   options.history_len = config.history_len;
+  options.enable_fsdp_float8_all_gather = config.enable_fsdp_float8_all_gather;
 
   std::vector<nn::Linear*> linears;
   std::vector<std::string> names;

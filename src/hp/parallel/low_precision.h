@@ -6,6 +6,9 @@
 // whatever layouts the styles give the weight and the input, reducing amaxes over the
 // ranks that hold pieces of a scale group.
 //
+// With enable_fsdp_float8_all_gather, fully_shard gathers these weights in E4M3 with
+// their scales (hp/parallel/fsdp_float8.h) instead of in float32 or bf16.
+//
 // CPU path: quantize, dequantize, multiply in float32, which equals an FP8 GEMM with
 // float32 accumulation. A CUDA path through _scaled_mm is not part of this yet.
 #pragma once
@@ -23,6 +26,9 @@ struct LowPrecisionConfig {
   std::string scaling = "tensorwise";  // tensorwise, rowwise or mx_block
   bool delayed = false;                // tensorwise only: scales from an amax history
   int history_len = 16;
+  // fully_shard gathers the FP8 Linears' weights as E4M3 with their scales, about half the
+  // bytes of bf16 (tensorwise only, as torchao; other parameters gather in their own dtype).
+  bool enable_fsdp_float8_all_gather = false;
   // Name patterns as in a tensor-parallel plan ("layers.*.attn.q_proj", "*" one segment).
   std::vector<std::string> include_fqns;                // empty: every Linear
   std::vector<std::string> exclude_fqns = {"output"};   // the head stays float32

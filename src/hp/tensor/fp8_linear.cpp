@@ -77,11 +77,15 @@ struct Fp8LinearBackward : torch::autograd::Node {
   std::string name() const override { return "Fp8LinearBackward"; }
 };
 
-std::vector<Placement> settled(const DTensor& t) {
+// Partial terms summed; any other input passes as it is, keeping what rides on the
+// DTensor (fully_shard's deferred gradient reduction: a redistributed copy would lose it,
+// and the weight's gradient would be all-reduced here and reduce-scattered again).
+DTensor settled(const DTensor& t) {
+  if (!t.spec().has_partial()) return t;
   std::vector<Placement> p = t.placements();
   for (auto& q : p)
     if (q.is_partial()) q = Replicate();
-  return p;
+  return t.redistribute(p);
 }
 
 }  // namespace
@@ -90,6 +94,10 @@ Fp8Linear::Fp8Linear(Fp8LinearOptions options) : options_(options) {
   HP_CHECK(!options.delayed || options.scaling == Fp8Scaling::Tensorwise)
       << "delayed FP8 scaling keeps one amax per tensor: it needs tensorwise scaling, not "
       << to_string(options.scaling);
+  HP_CHECK(!options.enable_fsdp_float8_all_gather || options.scaling == Fp8Scaling::Tensorwise)
+      << "FP8 all-gather in fully_shard needs tensorwise scaling, not " << to_string(options.scaling)
+      << ": one gathered FP8 weight serves both of its products only when one scale covers the whole "
+         "weight (the forward quantizes W along in-features, dX along out-features)";
   if (options.delayed)
     histories_ = {std::make_shared<AmaxHistory>(options.history_len), std::make_shared<AmaxHistory>(options.history_len),
                   std::make_shared<AmaxHistory>(options.history_len)};
@@ -99,11 +107,13 @@ DTensor Fp8Linear::operator()(const DTensor& x_in, const DTensor& weight_in) con
   HP_CHECK(x_in.scalar_type() == at::kFloat && weight_in.scalar_type() == at::kFloat)
       << "the FP8 linear takes float32 inputs and weights, got " << x_in.scalar_type() << " and "
       << weight_in.scalar_type();
-  DTensor x = x_in.redistribute(settled(x_in)), weight = weight_in.redistribute(settled(weight_in));
+  DTensor x = settled(x_in), weight = settled(weight_in);
   const DeviceMesh mesh = x.device_mesh();
   const Fp8LinearOptions options = options_;
   const Histories histories = histories_;
-  return dispatch(Op::linear(), {x, weight}, [mesh, options, histories](const auto& t, const LocalContext& ctx) {
+  const c10::Storage precast = precast_->storage;
+  return dispatch(Op::linear(), {x, weight}, [mesh, options, histories, precast](const auto& t,
+                                                                                 const LocalContext& ctx) {
     HP_CHECK(!ctx.inputs[0].has_partial() && !ctx.inputs[1].has_partial())
         << "the FP8 linear quantizes whole values, not partial terms; got " << ctx.inputs[0].to_string() << " and "
         << ctx.inputs[1].to_string();
@@ -114,7 +124,8 @@ DTensor Fp8Linear::operator()(const DTensor& x_in, const DTensor& weight_in) con
     const at::Tensor w2 = w.detach();
     const Fp8Scaling s = options.scaling;
     at::Tensor xq = fp8_fake_quantize(layout.x_along_in(x2), Fp8Format::E4M3, s, mesh, histories.input.get());
-    at::Tensor wq = fp8_fake_quantize(layout.w_along_in(w2), Fp8Format::E4M3, s, mesh, histories.weight.get());
+    const bool cast = precast && w.has_storage() && w.storage().unsafeGetStorageImpl() == precast.unsafeGetStorageImpl();
+    at::Tensor wq = cast ? w2 : fp8_fake_quantize(layout.w_along_in(w2), Fp8Format::E4M3, s, mesh, histories.weight.get());
     std::vector<int64_t> y_sizes = x.sizes().vec();
     y_sizes.back() = w.size(0);
     at::Tensor y = at::matmul(xq, wq.t()).reshape(y_sizes);

@@ -12,6 +12,11 @@
 // Tensorwise scales do not depend on the dim, so backward reuses the forward's q(x),
 // q(W) and one q(dY) for both products. The master weight stays float32.
 //
+// Under fully_shard with enable_fsdp_float8_all_gather, the weight arrives cast already:
+// its unit gathers q(W) in E4M3 with W's whole-tensor scale and fills the weight's storage
+// with deq(q(W)), which the product takes as its quantized operand as is (tensorwise only:
+// one scale serves y and dX; rowwise and mx_block would need W quantized along both dims).
+//
 // Scales are those of the whole (logical) tensor whatever its layout, so every layout
 // gives the single-process result. A shard's local amax is reduced (max) over the mesh
 // dims that split the elements sharing a scale, through hp::comm:
@@ -23,6 +28,8 @@
 //   MxBlock:    the mesh dims of rowwise, reducing one amax per global block of 32, so a
 //               block that straddles shards gets the scale one process would give it.
 #pragma once
+
+#include <c10/core/Storage.h>
 
 #include <memory>
 
@@ -36,6 +43,16 @@ struct Fp8LinearOptions {
   Fp8Scaling scaling = Fp8Scaling::Tensorwise;
   bool delayed = false;  // tensorwise only: scales from an amax history (amax_history.h)
   int history_len = 16;
+  // fully_shard gathers the weight as E4M3 with its scale (half the bytes of bf16);
+  // tensorwise only (torchao's enable_fsdp_float8_all_gather).
+  bool enable_fsdp_float8_all_gather = false;
+};
+
+// The storage fully_shard's FP8 all-gather fills with deq(q(W)) at W's whole-tensor scale.
+// The product takes a weight over it as its quantized operand: quantizing it again with a
+// scale recomputed from dequantized values could move an element by one FP8 step.
+struct Fp8PrecastWeight {
+  c10::Storage storage;
 };
 
 // A callable x, W -> x W^T, holding one layer's amax histories when scaling is delayed
@@ -51,10 +68,13 @@ class Fp8Linear {
     std::shared_ptr<AmaxHistory> input, weight, grad_output;
   };
   const Histories& histories() const { return histories_; }
+  // Where fully_shard says the cast weight lies (copies share it).
+  Fp8PrecastWeight& precast_weight() const { return *precast_; }
 
  private:
   Fp8LinearOptions options_;
   Histories histories_;
+  std::shared_ptr<Fp8PrecastWeight> precast_ = std::make_shared<Fp8PrecastWeight>();
 };
 
 }  // namespace hp

@@ -39,5 +39,10 @@ at::Tensor fp8_scale(const at::Tensor& amax, Fp8Format f, Fp8Scaling s);
 
 // deq(q(x)) with `scale` broadcast against x (float32 both).
 at::Tensor fp8_round_trip(const at::Tensor& x, const at::Tensor& scale, Fp8Format f);
+// Its two halves, for FP8 values that travel (fully_shard's FP8 all-gather): q(x) in the
+// format's dtype, and float(q) / scale. Elementwise, so casting pieces and dequantizing
+// them gives fp8_round_trip of the whole, bit for bit.
+at::Tensor fp8_cast(const at::Tensor& x, const at::Tensor& scale, Fp8Format f);
+at::Tensor fp8_dequantize(const at::Tensor& q, const at::Tensor& scale);
 
 }  // namespace hp

@@ -365,6 +365,9 @@ void validate(const TrainConfig& c) {
   HP_CHECK(!lp.delayed || lp.scaling == "tensorwise")
       << src << ": low_precision.delayed needs low_precision.scaling = \"tensorwise\", not \"" << lp.scaling << "\"";
   positive("low_precision.history_len", lp.history_len);
+  HP_CHECK(!lp.fsdp_float8_all_gather || lp.scaling == "tensorwise")
+      << src << ": low_precision.fsdp_float8_all_gather needs low_precision.scaling = \"tensorwise\", not \""
+      << lp.scaling << "\" (one gathered FP8 weight must serve both of its products)";
   const auto& mem = c.memory;
   HP_CHECK(mem.activation_checkpoint.empty() || mem.activation_checkpoint == "full" ||
            mem.activation_checkpoint == "selective")

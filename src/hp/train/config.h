@@ -103,6 +103,7 @@ struct PrecisionConfig {
   std::string scaling;   // "" = off; tensorwise, rowwise or mx_block
   bool delayed = false;  // tensorwise only: scales from an amax history
   int64_t history_len = 16;
+  bool fsdp_float8_all_gather = false;  // tensorwise only: fully_shard gathers these weights in FP8
 };
 
 // Activation checkpointing (hp::checkpoint_wrapper) of the modules named, applied after

@@ -102,6 +102,8 @@ std::vector<Field> make_fields() {
        at<&T::low_precision, &Precision::scaling>()},
       {"low_precision", "delayed", "tensorwise scales from an amax history", at<&T::low_precision, &Precision::delayed>()},
       {"low_precision", "history_len", "steps in the amax history", at<&T::low_precision, &Precision::history_len>()},
+      {"low_precision", "fsdp_float8_all_gather", "fully_shard gathers the FP8 weights in FP8 (tensorwise)",
+       at<&T::low_precision, &Precision::fsdp_float8_all_gather>()},
       {"memory", "activation_checkpoint", "recompute activations in backward: full, selective; \"\" = off",
        at<&T::memory, &Mem::activation_checkpoint>()},
       {"memory", "checkpoint_modules", "name patterns of the checkpointed modules",

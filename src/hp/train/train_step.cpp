@@ -98,6 +98,7 @@ void detail::apply_precision(nn::Module& model, const TrainConfig& cfg) {
   c.scaling = p.scaling;
   c.delayed = p.delayed;
   c.history_len = static_cast<int>(p.history_len);
+  c.enable_fsdp_float8_all_gather = p.fsdp_float8_all_gather;
   apply_low_precision(model, c);
 }
 
