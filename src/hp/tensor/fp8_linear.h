@@ -1,8 +1,8 @@
 // y = x W^T from FP8-quantized operands, on DTensors: linear's sharding record (Partial
 // inputs are settled first: the amax of a partial term means nothing) and a local kernel
 // that fake-quantizes each operand of each product and multiplies in float32, which is
-// what an FP8 GEMM with float32 accumulation computes. CPU path; CUDA's _scaled_mm is not
-// used here.
+// what an FP8 GEMM with float32 accumulation computes; on CUDA devices with FP8 GEMMs the
+// products go through at::_scaled_mm where it takes the scaling (fp8_matmul.h).
 //
 // Each product quantizes its two operands along its own reduction dim (torchao's float8
 // recipe):
@@ -39,7 +39,8 @@ struct Fp8LinearOptions {
 };
 
 // A callable x, W -> x W^T, holding one layer's amax histories when scaling is delayed
-// (copies share them). float32 inputs.
+// (copies share them). float32 or bfloat16 inputs (fully_shard's mixed precision), quantized
+// from float32 values; the output has the input's dtype.
 class Fp8Linear {
  public:
   explicit Fp8Linear(Fp8LinearOptions options = Fp8LinearOptions());
