@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@ struct Training {
   std::unique_ptr<optim::Optimizer> opt;
   std::vector<DTensor*> params;
   const comm::Group* other_stages = nullptr;  // pp > 1: the ranks holding the other stages' parameters
+  std::map<std::string, int> chunk_of;        // pp > 1: the top-level modules of this rank's chunks, and their chunk
   std::vector<Placement> rows;  // the batch's layout on `stage_mesh`: rows over dp and ep, the same on every other dim
   std::vector<int64_t> global;  // [batch, seq] of the whole step
   int64_t data_rank = 0, data_size = 1;  // which rows of the global batch this rank reads (DataLoader)
