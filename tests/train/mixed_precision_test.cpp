@@ -45,15 +45,15 @@ train::TrainConfig config(const Layout& l, bool bf16) {
   return c;
 }
 
-struct Run {
+struct TrainRun {
   std::vector<double> losses;
   int64_t gather_bytes = 0;  // rank 0's parameter all-gathers in step kLoggedStep
   int bf16_blocks = 0;       // block forwards that saw only bfloat16 parameters (rank 0)
   int float32_masters = 0;   // steps that began with every parameter float32 (rank 0)
 };
 
-Run run(const train::TrainConfig& c) {
-  Run out;
+TrainRun train_run(const train::TrainConfig& c) {
+  TrainRun out;
   std::mutex mu;
   std::vector<std::vector<double>> losses(c.world_size());
   comm::run_local_ranks(static_cast<int>(c.world_size()), [&](int rank) {
@@ -96,7 +96,7 @@ class MixedPrecision : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(MixedPrecision, GathersBfloat16KeepsFloat32MastersAndTracksFloat32Loss) {
   const Layout& l = GetParam();
-  const Run ref = run(config(l, false)), half = run(config(l, true));
+  const TrainRun ref = train_run(config(l, false)), half = train_run(config(l, true));
   ASSERT_EQ(half.losses.size(), ref.losses.size());
   for (size_t k = 0; k < ref.losses.size(); ++k)
     EXPECT_NEAR(half.losses[k], ref.losses[k], 2e-2 * ref.losses[k]) << "step " << k;
