@@ -172,3 +172,34 @@ TEST(Fp8Linear, QuantizationChangesTheProduct) {
     EXPECT_TRUE(at::allclose(y.to_local(), at::linear(x, w), 0.1, 0.1));
   });
 }
+
+// bfloat16 operands (fully_shard's mixed precision) are quantized from their float32
+// values, which are exact: output and gradients are the float32 run's on the same values,
+// rounded to bfloat16 (equal within bfloat16's half ulp, relative 2^-8).
+TEST(Fp8Linear, Bfloat16OperandsGiveTheFloat32ResultRounded) {
+  at::manual_seed(7);
+  at::Tensor x = at::randn({6, 40}).to(at::kBFloat16), w = at::randn({8, 40}).to(at::kBFloat16);
+  at::Tensor dy = at::randn({6, 8}).to(at::kBFloat16).to(at::kFloat);  // the same values in both runs
+  for (Fp8Scaling s : kScalings) {
+    SCOPED_TRACE(to_string(s));
+    comm::run_local_ranks(1, [&](int) {
+      DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+      Fp8LinearOptions o;
+      o.scaling = s;
+      auto run = [&](at::ScalarType t) {
+        DTensor dx = distribute_tensor(x.to(t), mesh, {Replicate()}), dw = distribute_tensor(w.to(t), mesh, {Replicate()});
+        dx.requires_grad_(true);
+        dw.requires_grad_(true);
+        DTensor y = Fp8Linear(o)(dx, dw);
+        EXPECT_EQ(y.scalar_type(), t);
+        (y.to_local() * dy.to(t)).sum().backward();
+        EXPECT_EQ(dx.grad()->scalar_type(), t);
+        return std::vector<at::Tensor>{y.to_local().to(at::kFloat), dx.grad()->to_local().to(at::kFloat),
+                                       dw.grad()->to_local().to(at::kFloat)};
+      };
+      const auto want = run(at::kFloat), got = run(at::kBFloat16);
+      for (size_t i = 0; i < want.size(); ++i)
+        EXPECT_TRUE(at::allclose(got[i], want[i].to(at::kBFloat16).to(at::kFloat), 1.0 / 256, 1e-6)) << "output " << i;
+    });
+  }
+}

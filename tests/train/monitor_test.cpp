@@ -4,7 +4,8 @@
 // caught at the next replica check, naming that rank; the per-module norms of a dp = 2 run
 // equal the single-process run's to rtol 1e-5 (and those of dp = 2 x tp = 2 to rtol 1e-4:
 // tensor parallelism sums partial products in another order); a loss spike is logged;
-// with the monitor off nothing is written.
+// with the monitor off nothing is written. Pipeline stages: the norms equal the pp = 1
+// run's, and a NaN in one stage stops them all.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -197,6 +198,58 @@ TEST(Monitor, NormsOfDataAndTensorParallelRunsEqualTheSingleProcessRun) {
   EXPECT_FALSE(vs_tp.first) << "step " << vs_tp.first->step << " " << vs_tp.first->module << " "
                             << vs_tp.first->metric << ": " << vs_tp.first->a << " vs " << vs_tp.first->b;
   for (const auto& f : {single, dp2, dp2tp2}) fs::remove(f);
+}
+
+// Pipeline stages: each rank records the modules of its chunks, and the log holds every
+// module of the whole model, in its forward order, with the pp = 1 run's norms (rtol 1e-5:
+// the microbatches' sums of squares add up in another order). 1F1B at pp = 2, with dp = 2
+// inside the stages, and interleaved 1F1B (two chunks per rank, so a rank's chunks are not
+// consecutive) on an uneven split of 2 + 1 + 1 + 0 blocks.
+TEST(Monitor, NormsOfPipelineStagesEqualThePp1Run) {
+  auto c = config({1}, {"dp"});
+  c.model.layers = 4;
+  c.train.steps = 3, c.train.batch = 8;
+  c.monitor.every = 1;
+  c.monitor.file = temp("pp1.jsonl");
+  ASSERT_EQ(run(c), "");
+  const auto want = train::read_monitor_log(c.monitor.file);
+  struct Layout {
+    std::vector<int64_t> shape;
+    std::vector<std::string> names;
+    std::string schedule;
+    std::vector<int64_t> split;
+  };
+  for (const Layout& l : {Layout{{2}, {"pp"}, "1f1b", {}}, Layout{{2, 2}, {"pp", "dp"}, "1f1b", {}},
+                          Layout{{2}, {"pp"}, "interleaved-1f1b", {2, 1, 1, 0}}}) {
+    SCOPED_TRACE(l.schedule + " on " + std::to_string(l.shape.size()) + " dims");
+    auto p = c;
+    p.mesh.shape = l.shape, p.mesh.names = l.names;
+    p.pipeline.schedule = l.schedule, p.pipeline.split = l.split;
+    p.monitor.file = temp("pp.jsonl");
+    ASSERT_EQ(run(p), "");
+    const auto got = train::read_monitor_log(p.monitor.file);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i].module, want[i].module) << "line " << i;
+    const auto diff = train::compare_monitor_logs(want, got, 1e-5);
+    EXPECT_EQ(diff.lines_compared, static_cast<int64_t>(want.size()));
+    EXPECT_FALSE(diff.first) << "step " << diff.first->step << " " << diff.first->module << " "
+                             << diff.first->metric << ": " << diff.first->a << " vs " << diff.first->b;
+    fs::remove(p.monitor.file);
+  }
+  fs::remove(c.monitor.file);
+}
+
+// A NaN in the second stage stops every rank of both stages, naming its module and rank.
+TEST(Monitor, ANanInOneStageStopsEveryStage) {
+  auto c = config({2}, {"pp"});
+  c.train.batch = 8;
+  c.monitor.every = 1;
+  std::vector<int64_t> step_of_rank(2, -1);
+  for (bool gradient : {false, true}) {
+    const std::string e = run(c, inject_nan("layers.1.attn.o_proj", 1, 2, gradient, step_of_rank));
+    const std::string what = gradient ? "output gradient" : "activation";
+    EXPECT_NE(e.find("non-finite " + what + " in layers.1.attn.o_proj at step 2 on rank 1"), std::string::npos) << e;
+  }
 }
 
 TEST(Monitor, ALossSpikeIsLogged) {

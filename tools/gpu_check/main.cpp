@@ -1,8 +1,8 @@
 // What scripts/gpu_check runs on a machine with a GPU (built with HP_CUDA): DTensor ops and
 // a tensor-parallel Llama step on the GPU against the same on the CPU, the NCCL process
-// group with world size 1, a bf16 training step, and activations swapped to pinned host
-// memory through a copy stream (memory::HostTier). Prints one line per check and
-// `RESULT gpu_check pass|fail` last.
+// group with world size 1, a bf16 training step, activations swapped to pinned host memory
+// through a copy stream (memory::HostTier), and the FP8 Linear (through _scaled_mm) against
+// the CPU's emulated one. Prints one line per check and `RESULT gpu_check pass|fail` last.
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 
@@ -11,6 +11,8 @@
 #include <string>
 
 #include "hp/hp.h"
+#include "hp/tensor/fp8_linear.h"
+#include "hp/tensor/fp8_matmul.h"
 
 using namespace hp;
 
@@ -129,6 +131,52 @@ void host_tier() {
         "HostTier: a CUDA tensor to pinned host memory and back");
 }
 
+// The FP8 Linear's forward and backward on cuda (at::_scaled_mm for tensorwise and rowwise
+// where the device and LibTorch take them; mx_block emulated) against the CPU's emulated
+// path on the same values. The quantized operands are the same on both (exact amaxes, the
+// same scale arithmetic and rounding); only the float32 products differ, in their order of
+// accumulation and in multiplying by 1 / scale instead of dividing: relative 1e-3 of the
+// largest entry. Each line says which path each product took.
+void fp8(const DeviceMesh& cpu, const DeviceMesh& gpu) {
+  manual_seed(4);
+  at::Tensor x = hp::randn({64, 128}), w = hp::randn({96, 128}) / std::sqrt(128.0), dy = hp::randn({64, 96}) * 1e-2;
+  struct Out {
+    at::Tensor y, dx, dw;
+  };
+  auto run = [&](const DeviceMesh& m, Fp8Scaling s) {
+    auto on = [&](const at::Tensor& t) { return m.device_type() == "cuda" ? t.cuda() : t; };
+    DTensor dx = distribute_tensor(on(x), m, {Replicate()}), dw = distribute_tensor(on(w), m, {Replicate()});
+    dx.requires_grad_(true);
+    dw.requires_grad_(true);
+    Fp8LinearOptions o;
+    o.scaling = s;
+    DTensor y = Fp8Linear(o)(dx, dw);
+    (y.to_local() * on(dy)).sum().backward();
+    return Out{y.full_tensor().cpu(), dx.grad()->full_tensor().cpu(), dw.grad()->full_tensor().cpu()};
+  };
+  auto near = [](const at::Tensor& got, const at::Tensor& want) {
+    return close(got, want, 1e-3, 1e-3 * want.abs().max().item<double>());
+  };
+  for (Fp8Scaling s : {Fp8Scaling::Tensorwise, Fp8Scaling::Rowwise, Fp8Scaling::MxBlock}) {
+    const Out want = run(cpu, s), got = run(gpu, s);
+    // The path of each product: the formats and shapes of forward, dX and dW on cuda.
+    auto q = [](int64_t rows, int64_t k, Fp8Format f) {
+      return fp8_cast(at::ones({rows, k}, at::TensorOptions().device(at::kCUDA)),
+                      at::ones({rows, 1}, at::TensorOptions().device(at::kCUDA)), f);
+    };
+    auto path = [&](const Fp8Tensor& a, const Fp8Tensor& b) {
+      const std::string why = fp8_mm_fallback(a, b, s);
+      return why.empty() ? std::string("_scaled_mm") : "emulated (" + why + ")";
+    };
+    const std::string paths = "y: " + path(q(64, 128, Fp8Format::E4M3), q(96, 128, Fp8Format::E4M3)) +
+                              "; dX: " + path(q(64, 96, Fp8Format::E5M2), q(128, 96, Fp8Format::E4M3)) +
+                              "; dW: " + path(q(96, 64, Fp8Format::E5M2), q(128, 64, Fp8Format::E4M3));
+    check(near(got.y, want.y) && near(got.dx, want.dx) && near(got.dw, want.dw),
+          std::string("FP8 Linear ") + to_string(s) + " forward/backward on cuda equals the cpu's emulated path [" +
+              paths + "]");
+  }
+}
+
 void nccl() {
   auto group = comm::current_world()->world_group("cuda");
   std::vector<at::Tensor> t{at::full({1024}, 3.0, at::TensorOptions().device(at::kCUDA))};
@@ -151,6 +199,7 @@ int main() {
         ops(cpu["tp"], gpu["tp"]);
         llama(cpu, gpu);
         host_tier();
+        fp8(cpu["tp"], gpu["tp"]);
         nccl();
       });
     }

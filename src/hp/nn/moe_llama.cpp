@@ -42,7 +42,13 @@ DTensor MoELlama::loss(const DTensor& ids, const DTensor& targets) {
   const int64_t n = logits.size(0) * logits.size(1);
   DTensor ce = cross_entropy(view(logits, {n, c_.llama.vocab}), view(targets, {n}));
   std::optional<DTensor> aux = moe_aux_loss(*this);
-  return aux ? add(ce, aux->redistribute(ce.placements())) : ce;
+  if (!aux) return ce;
+  DTensor a = aux->redistribute(ce.placements());
+  // Under mixed precision the router computes in bfloat16 while the logits come in float32.
+  if (a.scalar_type() != ce.scalar_type())
+    a = DTensor(a.to_local().to(ce.scalar_type()), a.device_mesh(),
+                make_spec(a.sizes(), ce.scalar_type(), a.device_mesh(), a.placements()));
+  return add(ce, a);
 }
 
 }  // namespace hp::nn

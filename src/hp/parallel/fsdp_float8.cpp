@@ -63,7 +63,10 @@ std::vector<at::Tensor> Float8Gather::scales(const std::vector<FSDPParam>& param
   }
   // A dry-run (meta tensors) needs the collectives and shapes, no values (where has no meta kernel).
   const at::Tensor scale = amax_.is_meta() ? at::empty_like(amax_) : fp8_scale(amax_, Fp8Format::E4M3, Fp8Scaling::Tensorwise);
-  for (size_t j = 0; j < cast_.size(); ++j) out[cast_[j]] = scale[j];
+  for (size_t j = 0; j < cast_.size(); ++j) {
+    out[cast_[j]] = scale[j];
+    layers_[j]->precast_weight().scale = scale[j];
+  }
   return out;
 }
 

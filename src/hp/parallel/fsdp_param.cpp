@@ -90,7 +90,7 @@ void FSDPParam::show_unsharded(const at::Tensor& local_alias) {
 
 void FSDPParam::pack_shard(at::Tensor slot, const at::Tensor& scale) const {
   const at::Tensor local = sharded_.to_local().detach();
-  slot.narrow(0, 0, local.numel()).view(local.sizes()).copy_(scale.defined() ? fp8_cast(local, scale, Fp8Format::E4M3)
+  slot.narrow(0, 0, local.numel()).view(local.sizes()).copy_(scale.defined() ? fp8_cast(local, scale, Fp8Format::E4M3).data
                                                                             : local);
 }
 

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "hp/base/error.h"
+#include "hp/tensor/fp8_matmul.h"
 #include "hp/tensor/fp8_operand.h"
 #include "hp/tensor/ops.h"
 
@@ -45,32 +46,35 @@ struct Fp8LinearBackward : torch::autograd::Node {
   CallLayout layout;
   Fp8LinearOptions options;
   Fp8Linear::Histories histories;
-  at::Tensor x2, w;  // tensorwise: already quantized; otherwise float32, quantized per product
+  at::Tensor x2, w;      // float32, quantized per product (rowwise, mx_block)
+  Fp8Tensor xq, wq;      // tensorwise: the forward's, reused
   std::vector<int64_t> x_sizes;
+  at::ScalarType x_dtype = at::kFloat, w_dtype = at::kFloat;
 
   Fp8LinearBackward(CallLayout l, Fp8LinearOptions o, Fp8Linear::Histories h)
       : layout(std::move(l)), options(o), histories(std::move(h)) {}
 
-  at::Tensor quantize(const Fp8Operand& op, Fp8Format f, AmaxHistory* history = nullptr) const {
-    return fp8_fake_quantize(op, f, options.scaling, layout.mesh, history);
+  Fp8Tensor quantize(const Fp8Operand& op, Fp8Format f, AmaxHistory* history = nullptr) const {
+    return fp8_quantize(op, f, options.scaling, layout.mesh, history);
   }
 
   torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
-    const at::Tensor dy2 = grads[0].reshape({-1, grads[0].size(-1)});
-    const bool tensorwise = options.scaling == Fp8Scaling::Tensorwise;
-    const at::Tensor dy_q = tensorwise ? quantize(layout.dy_along_out(dy2), Fp8Format::E5M2, histories.grad_output.get())
-                                       : at::Tensor();
+    const at::Tensor dy2 = grads[0].reshape({-1, grads[0].size(-1)}).to(at::kFloat);
+    const Fp8Scaling s = options.scaling;
+    const bool tensorwise = s == Fp8Scaling::Tensorwise;
+    const Fp8Tensor dy_q =
+        tensorwise ? quantize(layout.dy_along_out(dy2), Fp8Format::E5M2, histories.grad_output.get()) : Fp8Tensor();
     at::Tensor dx, dw;
-    if (should_compute_output(0)) {
-      at::Tensor g = tensorwise ? dy_q : quantize(layout.dy_along_out(dy2), Fp8Format::E5M2);
-      at::Tensor wq = tensorwise ? w : quantize(layout.w_along_out(w), Fp8Format::E4M3).t();
-      dx = at::matmul(g, wq).reshape(x_sizes);
+    if (should_compute_output(0)) {  // dY [tokens, out] . W [out, in], reducing out
+      Fp8Tensor g = tensorwise ? dy_q : quantize(layout.dy_along_out(dy2), Fp8Format::E5M2);
+      Fp8Tensor wt = tensorwise ? wq.t() : quantize(layout.w_along_out(w), Fp8Format::E4M3);
+      dx = fp8_mm(g, wt, s).reshape(x_sizes).to(x_dtype);
     }
-    if (should_compute_output(1)) {
-      at::Tensor g = tensorwise ? dy_q : quantize(layout.dy_along_tokens(dy2), Fp8Format::E5M2).t();
-      at::Tensor xq = tensorwise ? x2 : quantize(layout.x_along_tokens(x2), Fp8Format::E4M3).t();
-      dw = at::matmul(g.t(), xq);
+    if (should_compute_output(1)) {  // dY^T [out, tokens] . X [tokens, in], reducing tokens
+      Fp8Tensor gt = tensorwise ? dy_q.t() : quantize(layout.dy_along_tokens(dy2), Fp8Format::E5M2);
+      Fp8Tensor xt = tensorwise ? xq.t() : quantize(layout.x_along_tokens(x2), Fp8Format::E4M3);
+      dw = fp8_mm(gt, xt, s).to(w_dtype);
     }
     return {dx, dw};
   }
@@ -104,14 +108,15 @@ Fp8Linear::Fp8Linear(Fp8LinearOptions options) : options_(options) {
 }
 
 DTensor Fp8Linear::operator()(const DTensor& x_in, const DTensor& weight_in) const {
-  HP_CHECK(x_in.scalar_type() == at::kFloat && weight_in.scalar_type() == at::kFloat)
-      << "the FP8 linear takes float32 inputs and weights, got " << x_in.scalar_type() << " and "
+  auto supported = [](at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16; };
+  HP_CHECK(supported(x_in.scalar_type()) && supported(weight_in.scalar_type()))
+      << "the FP8 linear takes float32 or bfloat16 inputs and weights, got " << x_in.scalar_type() << " and "
       << weight_in.scalar_type();
   DTensor x = settled(x_in), weight = settled(weight_in);
   const DeviceMesh mesh = x.device_mesh();
   const Fp8LinearOptions options = options_;
   const Histories histories = histories_;
-  const c10::Storage precast = precast_->storage;
+  const Fp8PrecastWeight precast = *precast_;
   return dispatch(Op::linear(), {x, weight}, [mesh, options, histories, precast](const auto& t,
                                                                                  const LocalContext& ctx) {
     HP_CHECK(!ctx.inputs[0].has_partial() && !ctx.inputs[1].has_partial())
@@ -120,23 +125,30 @@ DTensor Fp8Linear::operator()(const DTensor& x_in, const DTensor& weight_in) con
     CallLayout layout{ctx.inputs[0], ctx.inputs[1], ctx.output, ctx.coord, mesh};
     const at::Tensor& x = t[0];
     const at::Tensor& w = t[1];
-    const at::Tensor x2 = x.detach().reshape({-1, x.size(-1)});
-    const at::Tensor w2 = w.detach();
+    // Scales from float32 values (bfloat16 ones are exact in float32); y in x's dtype.
+    const at::Tensor x2 = x.detach().reshape({-1, x.size(-1)}).to(at::kFloat);
+    const at::Tensor w2 = w.detach().to(at::kFloat);
     const Fp8Scaling s = options.scaling;
-    at::Tensor xq = fp8_fake_quantize(layout.x_along_in(x2), Fp8Format::E4M3, s, mesh, histories.input.get());
-    const bool cast = precast && w.has_storage() && w.storage().unsafeGetStorageImpl() == precast.unsafeGetStorageImpl();
-    at::Tensor wq = cast ? w2 : fp8_fake_quantize(layout.w_along_in(w2), Fp8Format::E4M3, s, mesh, histories.weight.get());
+    Fp8Tensor xq = fp8_quantize(layout.x_along_in(x2), Fp8Format::E4M3, s, mesh, histories.input.get());
+    // A weight fully_shard gathered as FP8 holds deq(q(W)) at the scale it was cast with;
+    // cast again at that scale it is q(W) exactly (a scale recomputed from it might not be).
+    const bool cast = precast.storage && w.has_storage() &&
+                      w.storage().unsafeGetStorageImpl() == precast.storage.unsafeGetStorageImpl();
+    Fp8Tensor wq = cast ? fp8_cast(w2, precast.scale, Fp8Format::E4M3)
+                        : fp8_quantize(layout.w_along_in(w2), Fp8Format::E4M3, s, mesh, histories.weight.get());
     std::vector<int64_t> y_sizes = x.sizes().vec();
     y_sizes.back() = w.size(0);
-    at::Tensor y = at::matmul(xq, wq.t()).reshape(y_sizes);
+    at::Tensor y = fp8_mm(xq, wq, s).reshape(y_sizes).to(x.scalar_type());
     if (!at::GradMode::is_enabled() || !(x.requires_grad() || w.requires_grad())) return y;
 
     auto node = std::shared_ptr<Fp8LinearBackward>(new Fp8LinearBackward(layout, options, histories),
                                                    torch::autograd::deleteNode);
-    const bool tensorwise = s == Fp8Scaling::Tensorwise;
-    node->x2 = tensorwise ? xq : x2;
-    node->w = tensorwise ? wq : w2;
+    if (s == Fp8Scaling::Tensorwise)
+      node->xq = xq, node->wq = wq;
+    else
+      node->x2 = x2, node->w = w2;
     node->x_sizes = x.sizes().vec();
+    node->x_dtype = x.scalar_type(), node->w_dtype = w.scalar_type();
     node->set_next_edges(torch::autograd::collect_next_edges(x, w));
     torch::autograd::set_history(y, node);
     return y;

@@ -1,8 +1,8 @@
 // y = x W^T from FP8-quantized operands, on DTensors: linear's sharding record (Partial
 // inputs are settled first: the amax of a partial term means nothing) and a local kernel
 // that fake-quantizes each operand of each product and multiplies in float32, which is
-// what an FP8 GEMM with float32 accumulation computes. CPU path; CUDA's _scaled_mm is not
-// used here.
+// what an FP8 GEMM with float32 accumulation computes; on CUDA devices with FP8 GEMMs the
+// products go through at::_scaled_mm where it takes the scaling (fp8_matmul.h).
 //
 // Each product quantizes its two operands along its own reduction dim (torchao's float8
 // recipe):
@@ -48,15 +48,17 @@ struct Fp8LinearOptions {
   bool enable_fsdp_float8_all_gather = false;
 };
 
-// The storage fully_shard's FP8 all-gather fills with deq(q(W)) at W's whole-tensor scale.
-// The product takes a weight over it as its quantized operand: quantizing it again with a
-// scale recomputed from dequantized values could move an element by one FP8 step.
+// The storage fully_shard's FP8 all-gather fills with deq(q(W)) at W's whole-tensor
+// `scale`. The product takes a weight over it as q(W) at that scale: quantizing it again
+// with a scale recomputed from dequantized values could move an element by one FP8 step.
 struct Fp8PrecastWeight {
   c10::Storage storage;
+  at::Tensor scale;  // float32 [], set by each forward's gather
 };
 
 // A callable x, W -> x W^T, holding one layer's amax histories when scaling is delayed
-// (copies share them). float32 inputs.
+// (copies share them). float32 or bfloat16 inputs (fully_shard's mixed precision), quantized
+// from float32 values; the output has the input's dtype.
 class Fp8Linear {
  public:
   explicit Fp8Linear(Fp8LinearOptions options = Fp8LinearOptions());

@@ -79,13 +79,18 @@ at::Tensor fp8_amax(const Fp8Operand& op, Fp8Scaling s, const DeviceMesh& mesh) 
   return t.is_meta() ? at::empty_like(t) : amax.index_select(1, block);
 }
 
-at::Tensor fp8_fake_quantize(const Fp8Operand& op, Fp8Format f, Fp8Scaling s, const DeviceMesh& mesh,
-                             AmaxHistory* history) {
+Fp8Tensor fp8_quantize(const Fp8Operand& op, Fp8Format f, Fp8Scaling s, const DeviceMesh& mesh,
+                       AmaxHistory* history) {
   at::Tensor amax = fp8_amax(op, s, mesh);
   // A dry-run (meta tensors) needs the collectives above and the shape, no values.
-  if (op.local.is_meta()) return at::empty_like(op.local);
+  if (op.local.is_meta()) return {at::empty_like(op.local), at::ones({}, op.local.options())};
   if (history) amax = history->delayed_amax(amax);
-  return fp8_round_trip(op.local, fp8_scale(amax, f, s), f);
+  return fp8_cast(op.local, fp8_scale(amax, f, s), f);
+}
+
+at::Tensor fp8_fake_quantize(const Fp8Operand& op, Fp8Format f, Fp8Scaling s, const DeviceMesh& mesh,
+                             AmaxHistory* history) {
+  return fp8_quantize(op, f, s, mesh, history).dequantized();
 }
 
 }  // namespace hp

@@ -35,7 +35,13 @@ Fp8Axis fp8_leading_axis(const ShardSpec& spec, const std::vector<int64_t>& coor
 // gets its block's amax).
 at::Tensor fp8_amax(const Fp8Operand& op, Fp8Scaling s, const DeviceMesh& mesh);
 
-// deq(q(op.local)) with the scales of `s`; with a history (tensorwise), the delayed amax.
+// q(op.local) with the scales of `s`; with a history (tensorwise), the delayed amax.
+// Scales are [] (tensorwise), [rows, 1] (rowwise) or [rows, reduction] (mx_block). A
+// dry-run's meta operand gives meta float32 data and a scale of 1.
+Fp8Tensor fp8_quantize(const Fp8Operand& op, Fp8Format f, Fp8Scaling s, const DeviceMesh& mesh,
+                       AmaxHistory* history = nullptr);
+
+// deq(q(op.local)): fp8_quantize(...).dequantized().
 at::Tensor fp8_fake_quantize(const Fp8Operand& op, Fp8Format f, Fp8Scaling s, const DeviceMesh& mesh,
                              AmaxHistory* history = nullptr);
 

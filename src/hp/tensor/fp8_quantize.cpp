@@ -55,18 +55,20 @@ at::Tensor fp8_scale(const at::Tensor& amax_in, Fp8Format f, Fp8Scaling s) {
   return at::where(zero, at::ones_like(scale), scale);
 }
 
-at::Tensor fp8_cast(const at::Tensor& x, const at::Tensor& scale, Fp8Format f) {
+at::Tensor Fp8Tensor::dequantized() const { return fp8_dequantize(data, scale); }
+
+at::Tensor fp8_dequantize(const at::Tensor& q, const at::Tensor& scale) { return q.to(at::kFloat) / scale; }
+
+Fp8Tensor fp8_cast(const at::Tensor& x, const at::Tensor& scale, Fp8Format f) {
   HP_CHECK(x.scalar_type() == at::kFloat && scale.scalar_type() == at::kFloat)
       << "FP8 quantization takes float32 values and scales, got " << x.scalar_type() << " and "
       << scale.scalar_type();
   const double m = fp8_max(f);
-  return (x * scale).clamp(-m, m).to(fp8_dtype(f));
+  return {(x * scale).clamp(-m, m).to(fp8_dtype(f)), scale};
 }
 
-at::Tensor fp8_dequantize(const at::Tensor& q, const at::Tensor& scale) { return q.to(at::kFloat) / scale; }
-
 at::Tensor fp8_round_trip(const at::Tensor& x, const at::Tensor& scale, Fp8Format f) {
-  return fp8_dequantize(fp8_cast(x, scale, f), scale);
+  return fp8_cast(x, scale, f).dequantized();
 }
 
 }  // namespace hp

@@ -37,12 +37,22 @@ constexpr int64_t kMxBlock = 32;
 //   format's top binade and may saturate (an amax of 500 keeps scale 1, 500 -> 448).
 at::Tensor fp8_scale(const at::Tensor& amax, Fp8Format f, Fp8Scaling s);
 
-// deq(q(x)) with `scale` broadcast against x (float32 both).
+// Values quantized to FP8: `data` in the format's dtype and the float32 `scale` they were
+// multiplied by, broadcast against it. deq = float(data) / scale.
+struct Fp8Tensor {
+  at::Tensor data, scale;
+  at::Tensor dequantized() const;
+  Fp8Tensor t() const { return {data.t(), scale.dim() == 2 ? scale.t() : scale}; }  // a view of the transpose
+};
+
+// q(x) with `scale` broadcast against x (float32 both).
+Fp8Tensor fp8_cast(const at::Tensor& x, const at::Tensor& scale, Fp8Format f);
+
+// deq(q(x)): fp8_cast(x, scale, f).dequantized().
 at::Tensor fp8_round_trip(const at::Tensor& x, const at::Tensor& scale, Fp8Format f);
-// Its two halves, for FP8 values that travel (fully_shard's FP8 all-gather): q(x) in the
-// format's dtype, and float(q) / scale. Elementwise, so casting pieces and dequantizing
-// them gives fp8_round_trip of the whole, bit for bit.
-at::Tensor fp8_cast(const at::Tensor& x, const at::Tensor& scale, Fp8Format f);
+// float(q) / scale: the second half of fp8_round_trip, for FP8 values that travel
+// (fully_shard's FP8 all-gather casts shards and dequantizes the gathered pieces:
+// elementwise, so the same bits as fp8_round_trip of the whole).
 at::Tensor fp8_dequantize(const at::Tensor& q, const at::Tensor& scale);
 
 }  // namespace hp

@@ -358,6 +358,25 @@ void validate(const TrainConfig& c) {
   HP_CHECK(t.muon_lr > 0 && std::isfinite(t.muon_lr)) << src << ": train.muon_lr = " << t.muon_lr << " must be > 0";
   HP_CHECK(c.checkpoint.every >= 0) << src << ": checkpoint.every = " << c.checkpoint.every << " must be >= 0";
   HP_CHECK(c.checkpoint.keep >= 0) << src << ": checkpoint.keep = " << c.checkpoint.keep << " must be >= 0";
+  auto dtype = [&](const char* key, const std::string& value) {
+    HP_CHECK(value == "float32" || value == "bfloat16")
+        << src << ": " << key << " = \"" << value << "\" must be \"float32\" or \"bfloat16\"";
+  };
+  dtype("train.mixed_precision_param", t.mixed_precision_param);
+  dtype("train.mixed_precision_reduce", t.mixed_precision_reduce);
+  if (t.mixed_precision()) {
+    // Only fully_shard casts parameters for compute while keeping float32 masters.
+    const char* keys = "train.mixed_precision_param / mixed_precision_reduce";
+    const bool moe = c.moe.enabled();  // whose trainer runs fully_shard at ZeRO-3 only
+    HP_CHECK(moe ? m.data_parallel == "fsdp" : m.zero_stage() > 0)
+        << src << ": " << keys << " need mesh.data_parallel = \"fsdp\"" << (moe ? " ([moe])" : ", \"zero1\" or \"zero2\"")
+        << " (it casts through fully_shard, at dp = 1 too), not \"" << m.data_parallel
+        << "\"; set it, or both keys to \"float32\"";
+    HP_CHECK(dims.pp == 1) << src << ": " << keys << " with pipeline stages (pp = " << dims.pp
+                           << ") are not supported yet (stages exchange float32 activations); set both to \"float32\"";
+    HP_CHECK(std::count(dims.order.begin(), dims.order.end(), "dp"))
+        << src << ": " << keys << " need a dp mesh dim for fully_shard; add \"dp\" to mesh.names (size 1 is fine)";
+  }
   const auto& lp = c.low_precision;
   HP_CHECK(lp.scaling.empty() || lp.scaling == "tensorwise" || lp.scaling == "rowwise" || lp.scaling == "mx_block")
       << src << ": low_precision.scaling = \"" << lp.scaling
@@ -389,9 +408,6 @@ void validate(const TrainConfig& c) {
   // A factor of 1 or less flags about half of all steps.
   HP_CHECK(mon.spike_factor == 0 || (mon.spike_factor > 1 && std::isfinite(mon.spike_factor)))
       << src << ": monitor.spike_factor = " << mon.spike_factor << " must be 0 (off) or above 1";
-  // The norms are gathered inside one stage's ranks; stages would need one more exchange.
-  HP_CHECK(mon.every == 0 || dims.pp == 1)
-      << src << ": monitor.every needs pp = 1 (the per-module norms do not cross pipeline stages yet)";
   HP_CHECK(t.seq <= md.max_seq) << src << ": train.seq = " << t.seq
                                 << " exceeds model.max_seq = " << md.max_seq;
 

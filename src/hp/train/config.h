@@ -82,6 +82,15 @@ struct LoopConfig {
   bool deterministic = false;
   std::string metrics_file;   // JSON lines of every logged step (`hp plot`); "" = none
   double peak_tflops = 0;     // per rank, for MFU; 0 = measured once at start (a float32 matmul)
+  // Mixed precision through fully_shard's MixedPrecisionPolicy (mesh.data_parallel = zero1,
+  // zero2 or fsdp; at dp = 1 fully_shard then only casts): parameters gathered and computed
+  // in mixed_precision_param, gradients reduced in mixed_precision_reduce; master weights,
+  // gradients on them and optimizer state stay float32, and so do the logits into the loss.
+  std::string mixed_precision_param = "float32";   // or "bfloat16"
+  std::string mixed_precision_reduce = "float32";  // or "bfloat16"
+  bool mixed_precision() const {
+    return mixed_precision_param != "float32" || mixed_precision_reduce != "float32";
+  }
 };
 
 struct DataConfig {

@@ -89,6 +89,10 @@ std::vector<Field> make_fields() {
       {"train", "deterministic", "deterministic kernels only", at<&T::train, &Loop::deterministic>()},
       {"train", "metrics_file", "JSON lines of every logged step; \"\" = none", at<&T::train, &Loop::metrics_file>()},
       {"train", "peak_tflops", "per rank, for MFU; 0 = measured at start", at<&T::train, &Loop::peak_tflops>()},
+      {"train", "mixed_precision_param", "float32 or bfloat16: gathered parameters and compute (fully_shard)",
+       at<&T::train, &Loop::mixed_precision_param>()},
+      {"train", "mixed_precision_reduce", "float32 or bfloat16: gradient reduction (fully_shard)",
+       at<&T::train, &Loop::mixed_precision_reduce>()},
 
       {"data", "path", "text corpus; \"\" = the fortunes corpus", at<&T::data, &Data::path>()},
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
+#include <tuple>
 
 #include "hp/base/error.h"
 #include "hp/comm/collectives.h"
@@ -16,7 +18,76 @@ struct Slot {
   std::string name;
   at::Tensor act_sq, grad_sq;  // float64 scalars; undefined until something arrives
   double replicas = 1;         // ranks holding each element of the output: the mesh over its sharded dims
+  int chunk = 0;               // its pipeline chunk (0 without stages)
 };
+
+// The chunk of the top-level module `name` is in or under.
+int chunk_of(const std::string& name, const std::map<std::string, int>& chunks) {
+  for (const auto& [top, chunk] : chunks)
+    if (name == top || name.rfind(top + ".", 0) == 0) return chunk;
+  return 0;
+}
+
+// A module's norms with where it comes in the whole model's forward: chunk, then the
+// order of first outputs inside the chunk.
+struct Placed {
+  int chunk = 0;
+  int64_t position = 0;
+  ModuleNorm norm;
+};
+
+// The first non-finite value, with a key that orders failures across stages (smaller
+// first): activations before gradients, activations by chunk, gradients from the last
+// chunk (where backward starts); then order of arrival. "" when none.
+struct Failure {
+  int64_t key = 0;
+  std::string message;
+};
+
+// Every rank's `mine`, in group order: one all-gather of the lengths, one of the bytes.
+std::vector<std::string> all_gather_text(const std::string& mine, const comm::Group& g, const DeviceMesh& mesh) {
+  const at::TensorOptions on = tensor_options(mesh, at::kLong);
+  const at::Tensor lengths = comm::all_gather(at::full({1}, static_cast<int64_t>(mine.size()), on), g).cpu();
+  const int64_t longest = lengths.max().item<int64_t>();
+  at::Tensor bytes = at::zeros({std::max<int64_t>(longest, 1)}, at::kByte);
+  std::copy(mine.begin(), mine.end(), bytes.data_ptr<uint8_t>());
+  const at::Tensor all = comm::all_gather(bytes.to(on.device()), g).cpu();
+  std::vector<std::string> out;
+  for (int r = 0; r < g.size(); ++r) {
+    const char* p = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * bytes.numel();
+    out.emplace_back(p, p + lengths[r].item<int64_t>());
+  }
+  return out;
+}
+
+// Each stage's norms and first failure, as every stage sees them: one line a norm
+// ("N chunk position act grad module"), and "F key message" for a failure.
+std::string to_text(const std::vector<Placed>& norms, const Failure& f) {
+  std::ostringstream os;
+  os.precision(17);
+  if (!f.message.empty()) os << "F " << f.key << " " << f.message << "\n";
+  for (const Placed& p : norms)
+    os << "N " << p.chunk << " " << p.position << " " << p.norm.act_norm << " " << p.norm.grad_norm << " "
+       << p.norm.module << "\n";
+  return os.str();
+}
+
+void from_text(const std::string& text, std::vector<Placed>& norms, Failure& first) {
+  std::istringstream is(text);
+  std::string kind;
+  while (is >> kind) {
+    if (kind == "F") {
+      Failure f;
+      is >> f.key;
+      std::getline(is >> std::ws, f.message);
+      if (first.message.empty() || f.key < first.key) first = f;
+    } else {
+      Placed p;
+      is >> p.chunk >> p.position >> p.norm.act_norm >> p.norm.grad_norm >> p.norm.module;
+      norms.push_back(p);
+    }
+  }
+}
 
 bool owns_parameters(nn::Module& m) {
   for (const auto& [name, p] : m.named_parameters())
@@ -64,12 +135,12 @@ struct ModuleNormRecorder::State {
   }
 };
 
-ModuleNormRecorder::ModuleNormRecorder(nn::Module& model, DeviceMesh mesh)
-    : state_(std::make_shared<State>()), mesh_(std::move(mesh)) {
+ModuleNormRecorder::ModuleNormRecorder(nn::Module& model, DeviceMesh mesh, StageNorms stages)
+    : state_(std::make_shared<State>()), mesh_(std::move(mesh)), stages_(std::move(stages)) {
   for (auto& [name, module] : model.named_modules()) {
     if (!owns_parameters(*module)) continue;
     const size_t i = state_->slots.size();
-    state_->slots.push_back(Slot{name, {}, {}, 1});
+    state_->slots.push_back(Slot{name, {}, {}, 1, chunk_of(name, stages_.chunk_of)});
     std::weak_ptr<State> weak = state_;  // the model may outlive the recorder
     module->register_forward_hook([weak, i, mesh = mesh_](nn::Module&, const DTensor&, const DTensor& out) {
       auto state = weak.lock();
@@ -109,24 +180,50 @@ std::vector<ModuleNorm> ModuleNormRecorder::collect(int64_t step) {
 
   // The first non-finite sum: outputs in forward order, then gradients in the order they
   // arrived, the lowest rank first at each.
-  for (int pass = 0; pass < 2; ++pass) {
-    for (size_t slot : pass == 0 ? fwd : bwd) {
+  Failure failure;
+  constexpr int64_t kPass = int64_t{1} << 40, kChunk = int64_t{1} << 20;
+  for (int pass = 0; pass < 2 && failure.message.empty(); ++pass) {
+    const auto& order = pass == 0 ? fwd : bwd;
+    for (size_t k = 0; k < order.size() && failure.message.empty(); ++k) {
+      const size_t slot = order[k];
       for (int r = 0; r < everyone.size(); ++r) {
         if (std::isfinite(sum_of(r, pass, slot))) continue;
-        HP_FAIL() << "non-finite " << (pass == 0 ? "activation" : "output gradient") << " in " << s.slots[slot].name
-                  << " at step " << step << " on rank " << everyone.global_rank(r);
+        const int chunk = s.slots[slot].chunk;
+        failure.key = pass * kPass + (pass == 0 ? chunk : kChunk - 1 - chunk) * kChunk + static_cast<int64_t>(k);
+        std::ostringstream os;
+        os << "non-finite " << (pass == 0 ? "activation" : "output gradient") << " in " << s.slots[slot].name
+           << " at step " << step << " on rank " << everyone.global_rank(r);
+        failure.message = os.str();
+        break;
       }
     }
   }
 
   // Each element lies on `replicas` ranks: summing every rank's share of it counts it once.
-  std::vector<ModuleNorm> norms;
-  for (size_t slot : fwd) {
+  std::vector<Placed> placed;
+  for (size_t k = 0; k < fwd.size(); ++k) {
+    const size_t slot = fwd[k];
     double act = 0, grad = 0;
     for (int r = 0; r < everyone.size(); ++r) act += sum_of(r, 0, slot), grad += sum_of(r, 1, slot);
     const double replicas = s.slots[slot].replicas;
-    norms.push_back(ModuleNorm{s.slots[slot].name, std::sqrt(act / replicas), std::sqrt(grad / replicas)});
+    placed.push_back({s.slots[slot].chunk, static_cast<int64_t>(k),
+                      ModuleNorm{s.slots[slot].name, std::sqrt(act / replicas), std::sqrt(grad / replicas)}});
   }
+  // Stages: every stage's norms and failures on every rank, so that all stop together.
+  const comm::Group* stages = stages_.other_stages;
+  if (stages && stages->size() > 1) {
+    std::vector<Placed> all;
+    Failure first;
+    for (const std::string& text : all_gather_text(to_text(placed, failure), *stages, mesh_))
+      from_text(text, all, first);
+    placed = std::move(all), failure = first;
+  }
+  HP_CHECK(failure.message.empty()) << failure.message;
+  std::stable_sort(placed.begin(), placed.end(), [](const Placed& a, const Placed& b) {
+    return std::tie(a.chunk, a.position) < std::tie(b.chunk, b.position);
+  });
+  std::vector<ModuleNorm> norms;
+  for (Placed& p : placed) norms.push_back(std::move(p.norm));
   return norms;
 }
 

@@ -19,7 +19,7 @@ Monitor::Monitor(Training& t, const TrainConfig& cfg, bool append)
       lead_(t.mesh.rank() == 0),
       loss_spikes_(cfg.monitor.spike_factor),
       grad_norm_spikes_(cfg.monitor.spike_factor) {
-  if (cfg_.every > 0) norms_.emplace(*t.model, t.stage_mesh);
+  if (cfg_.every > 0) norms_.emplace(*t.model, t.stage_mesh, StageNorms{t.other_stages, t.chunk_of});
   if (lead_ && !cfg_.file.empty()) out_.emplace(cfg_.file, append);
 }
 

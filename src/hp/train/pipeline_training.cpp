@@ -80,7 +80,7 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
   std::vector<pipeline::PipelineStage> stages;
   for (int c : sched.stages_of(pp_rank)) {
     std::shared_ptr<nn::Sequential> stage = llama_stage(*whole, layers, c);
-    for (const auto& [name, m] : stage->named_children()) mine->append(name, m);
+    for (const auto& [name, m] : stage->named_children()) mine->append(name, m), t.chunk_of[name] = c;
 
     pipeline::MeshStageOptions o;
     o.stage_index = c;

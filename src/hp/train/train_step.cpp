@@ -15,8 +15,35 @@
 namespace hp::train {
 namespace {
 
-// The MoE Llama, then data parallel over dp. Gradients of the parameters replicated over
-// ep are summed there by the ops (ep splits the batch).
+// fully_shard over dp: at a ZeRO stage with dp > 1, and at dp = 1 too with mixed precision
+// (validate() has refused it with other data_parallel values), where it only casts.
+bool shards_data(const TrainConfig& cfg) {
+  const bool sharded = cfg.moe.enabled() ? cfg.mesh.data_parallel == "fsdp" : cfg.mesh.zero_stage() > 0;
+  return sharded && (cfg.dims().dp > 1 || cfg.train.mixed_precision());
+}
+
+at::ScalarType dtype_named(const std::string& name) { return name == "bfloat16" ? at::kBFloat16 : at::kFloat; }
+
+FullyShardOptions shard_options(const TrainConfig& cfg) {
+  FullyShardOptions o;
+  if (cfg.train.mixed_precision())
+    o.mp_policy = {dtype_named(cfg.train.mixed_precision_param), dtype_named(cfg.train.mixed_precision_reduce)};
+  return cfg.moe.enabled() ? o : zero_stage_options(cfg.mesh.zero_stage(), o);
+}
+
+// The loss (and the loss reported) in float32 whatever the compute dtype, as torchtitan's
+// cross-entropy casts its logits: a bfloat16 loss keeps 3 significant digits.
+void logits_in_float32(nn::Module& model, const TrainConfig& cfg) {
+  if (cfg.train.mixed_precision_param == "float32") return;
+  model.register_forward_hook([](nn::Module&, const DTensor&, const DTensor& y) {
+    if (y.scalar_type() == at::kFloat) return y;
+    return DTensor(y.to_local().to(at::kFloat), y.device_mesh(),
+                   make_spec(y.sizes(), at::kFloat, y.device_mesh(), y.placements()));
+  });
+}
+
+// The MoE Llama: tensor parallel, experts over ep, then data parallel over dp. Gradients
+// of the parameters replicated over ep are summed there by the ops (ep splits the batch).
 void build_moe_model(Training& t, const TrainConfig& cfg) {
   const ParallelDims dims = cfg.dims();
   DeviceMesh& mesh = t.stage_mesh;
@@ -24,7 +51,10 @@ void build_moe_model(Training& t, const TrainConfig& cfg) {
   nn::MoELlama& model = *t.moe_llama;
   if (dims.dp > 1 && cfg.mesh.data_parallel == "ddp")
     t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh["dp"]));
-  if (dims.dp > 1 && cfg.mesh.data_parallel == "fsdp") fully_shard_moe_llama(model, mesh["dp"]);
+  if (shards_data(cfg)) {
+    fully_shard_moe_llama(model, mesh["dp"], shard_options(cfg));
+    logits_in_float32(model, cfg);
+  }
   t.model = t.moe_llama;
 }
 
@@ -40,10 +70,12 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
   detail::apply_activation_checkpointing(model, cfg);
   // Data parallelism from outside the model, after tensor parallelism.
   const std::vector<std::string> reduce_dims = detail::gradient_reduce_dims(cfg);
-  if (dims.dp > 1 && cfg.mesh.zero_stage() > 0)
-    fully_shard_llama(model, detail::fully_shard_mesh(mesh, cfg), zero_stage_options(cfg.mesh.zero_stage()));
-  else if (!reduce_dims.empty())
+  if (shards_data(cfg)) {
+    fully_shard_llama(model, detail::fully_shard_mesh(mesh, cfg), shard_options(cfg));
+    logits_in_float32(model, cfg);
+  } else if (!reduce_dims.empty()) {
     t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh.submesh(reduce_dims)));
+  }
   t.model = t.llama;
 }
 

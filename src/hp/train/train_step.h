@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,7 @@ struct Training {
   // pp > 1 with [moe]: the auxiliary losses this rank's stages computed in the step, each
   // times 1 / microbatches (their gradient rides on the stage outputs: nn::carry_aux_loss).
   std::shared_ptr<at::Tensor> stage_aux_loss;
+  std::map<std::string, int> chunk_of;        // pp > 1: the top-level modules of this rank's chunks, and their chunk
   std::vector<Placement> rows;  // the batch's layout on `stage_mesh`: rows over dp and ep, the same on every other dim
   std::vector<int64_t> global;  // [batch, seq] of the whole step
   int64_t data_rank = 0, data_size = 1;  // which rows of the global batch this rank reads (DataLoader)
