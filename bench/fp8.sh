@@ -6,13 +6,13 @@
 #   bf16            [train] mixed_precision_param = "bfloat16" (reduction float32)
 #   fp8_<scaling>   bf16 plus FP8 block Linears ([low_precision]): tensorwise, rowwise,
 #                   mx_block and delayed (tensorwise from a 16-step amax history)
+#   fp8_tensorwise_ag  float32 parameters, FP8 tensorwise, FP8 all-gather in fully_shard
 # Per config: the final loss (mean of the last 10 steps), the loss curve's distance from
 # fp32's (mean |loss - loss_fp32| over all steps, and the largest |loss - loss_fp32| /
 # loss_fp32), and the median step time of the second half over fp32's. Losses do not
 # depend on the machine's load; step times do (and the CPU runs FP8 as quantize ->
 # dequantize -> float32 product, slower than float32 by design).
 #   bench/fp8.sh [steps]                      (default 300)
-#   HP_FP8_ALL_GATHER=1 bench/fp8.sh          FP8 parameters in fully_shard's all-gather (see below)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-300}
@@ -22,15 +22,9 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-# --- FP8 all-gather (issue 28, item 2) --------------------------------------------------
-# Once fully_shard casts parameters to FP8 before its all-gather ([low_precision]
-# fsdp_float8_all_gather), HP_FP8_ALL_GATHER=1 turns it on in the fp8_* configs. Its bytes
-# ratio against bf16's (target <= 0.55) is not printed yet: `hp train` does not report
-# collective bytes; count them from the collective log (as tests/train/mixed_precision_test
-# does for bf16 against float32) and print `RESULT fp8_all_gather_bytes_vs_bf16` here.
-fp8_all_gather=${HP_FP8_ALL_GATHER:-0}
-# -----------------------------------------------------------------------------------------
-
+# fp8_tensorwise_ag: FP8 tensorwise with fully_shard's FP8 all-gather, on float32
+# parameters (the gather casts float32 weights; with bf16 ones it is refused). Its bytes
+# against bf16's gather are counted by bench_fsdp (RESULT fp8_all_gather_bytes_ratio).
 config() {  # name, extra TOML lines
   sed -e "s/^shape = .*/shape = [2]/" -e "s/^names = .*/names = [\"dp\"]/" \
       -e "s/^data_parallel = .*/data_parallel = \"fsdp\"/" -e "s/^steps = .*/steps = $steps/" \
@@ -50,17 +44,16 @@ config() {  # name, extra TOML lines
 }
 bf16='[train]\nmixed_precision_param = "bfloat16"\n'
 fp8() {  # scaling, delayed
-  local extra="$bf16[low_precision]\nscaling = \"$1\"\ndelayed = $2\n"
-  [ "$fp8_all_gather" = 1 ] && extra="${extra}fsdp_float8_all_gather = true\n"
-  echo "$extra"
+  echo "$bf16[low_precision]\nscaling = \"$1\"\ndelayed = $2\n"
 }
-names=(fp32 bf16 fp8_tensorwise fp8_rowwise fp8_mx_block fp8_delayed_tensorwise)
+names=(fp32 bf16 fp8_tensorwise fp8_rowwise fp8_mx_block fp8_delayed_tensorwise fp8_tensorwise_ag)
 config fp32 ""
 config bf16 "$bf16"
 config fp8_tensorwise "$(fp8 tensorwise false)"
 config fp8_rowwise "$(fp8 rowwise false)"
 config fp8_mx_block "$(fp8 mx_block false)"
 config fp8_delayed_tensorwise "$(fp8 tensorwise true)"
+config fp8_tensorwise_ag '[low_precision]\nscaling = "tensorwise"\nfsdp_float8_all_gather = true\n'
 
 echo "# bench/fp8.sh: demo model, $steps steps, dp = 2 fsdp, $(getconf _NPROCESSORS_ONLN) cores," \
      "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src tools bench || echo +changes), $(date -u '+%F %T') UTC"

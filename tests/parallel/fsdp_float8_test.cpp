@@ -126,7 +126,8 @@ TEST(FsdpFloat8AllGather, ProductTakesTheCastWeightAsIs) {
     const DTensor weight = distribute_tensor(w, mesh, {Replicate()});
     EXPECT_FLOAT_EQ(f(x, weight).to_local().item<float>(), 1.01f);  // quantized here
     f.precast_weight().storage = weight.to_local().storage();
-    EXPECT_EQ(f(x, weight).to_local().item<float>(), 1.0f);  // taken as is
+    f.precast_weight().scale = at::ones({});  // as if cast at scale 1: q(1.01) = 1
+    EXPECT_EQ(f(x, weight).to_local().item<float>(), 1.0f);  // taken as cast, not quantized again
     EXPECT_FLOAT_EQ(f(x, distribute_tensor(w.clone(), mesh, {Replicate()})).to_local().item<float>(), 1.01f);
   });
 }

@@ -90,6 +90,19 @@ TEST_P(MoETraining, MatchesSingleProcess) {
   fs::remove_all(dir);
 }
 
+// Recomputing a router would count its tokens' expert loads twice: refused, not ignored.
+TEST(MoETrainingErrors, ActivationCheckpointingIsRefused) {
+  train::TrainConfig c = config(Layout{{1}, {"dp"}}, fresh_dir("refused"));
+  c.memory.activation_checkpoint = "full";
+  try {
+    run_on_all_ranks(c);
+    ADD_FAILURE() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("memory.activation_checkpoint is not run for [moe] models"), std::string::npos)
+        << e.what();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, MoETraining,
                          ::testing::Values(Layout{{2, 2}, {"dp", "ep"}}, Layout{{4}, {"ep"}},
                                            Layout{{2, 2}, {"dp", "ep"}, "fsdp"}, Layout{{2, 2}, {"ep", "tp"}}));

@@ -11,7 +11,8 @@
 // the ranks that hold it. A replicated piece is sent by one rank only. With `overlap` the
 // matrices go in rounds (each owner's first, then its second, ...): every round's pieces
 // are sent at once, and a round's results travel back while the next round is computed,
-// on the asynchronous collectives; the arithmetic, and so the result, is the same. Everything else (momentum, weight decay, the step) is elementwise on local shards.
+// on the asynchronous collectives; the arithmetic, and so the result, is the same.
+// Everything else (momentum, weight decay, the step) is elementwise on local shards.
 #pragma once
 
 #include <map>

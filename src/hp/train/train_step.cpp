@@ -85,6 +85,9 @@ std::shared_ptr<nn::MoELlama> detail::build_moe_llama(const TrainConfig& cfg, co
   const ParallelDims dims = cfg.dims();
   HP_CHECK(!cfg.mesh.sequence_parallel || dims.tp == 1)
       << cfg.source << ": mesh.sequence_parallel is not run for [moe] models yet; set it to false";
+  // A recomputed router would count its tokens' expert loads twice.
+  HP_CHECK(cfg.memory.activation_checkpoint.empty())
+      << cfg.source << ": memory.activation_checkpoint is not run for [moe] models yet; set it to \"\"";
   auto model = std::make_shared<nn::MoELlama>(cfg.moe.model(cfg.model), mesh);
   if (dims.tp > 1) parallelize_moe_llama(*model, mesh["tp"]);
   if (dims.ep > 1) expert_parallelize_moe_llama(*model, mesh["ep"]);
@@ -223,11 +226,10 @@ StepOutput train_step(Training& t, const TrainConfig& cfg, const at::Tensor& inp
   } else {
     DTensor ids = DTensor::from_local(inputs, t.stage_mesh, t.rows, t.global);
     DTensor tgt = DTensor::from_local(targets, t.stage_mesh, t.rows, t.global);
-    DTensor loss;
-    {
+    const DTensor loss = [&] {
       auto span = phase("forward");
-      loss = t.moe_llama ? t.moe_llama->loss(ids, tgt) : t.llama->loss(ids, tgt);
-    }
+      return t.moe_llama ? t.moe_llama->loss(ids, tgt) : t.llama->loss(ids, tgt);
+    }();
     {
       auto span = phase("backward");
       loss.to_local().backward();
