@@ -58,10 +58,7 @@ std::string fresh_dir(const std::string& tag) { return hp::testing::fresh_dir("h
 
 using hp::testing::run_on_all_ranks;
 
-struct Reference {
-  train::TrainResult result;
-  std::string dir;
-};
+using hp::testing::Reference;
 
 const Reference& reference() {
   static Reference r = [] {
@@ -139,14 +136,9 @@ const Reference& staged_reference(const StagedLayout& l) {
   StagedLayout flat{{}, {}, l.schedule, l.microbatches, l.aux_loss, l.data_parallel};
   for (size_t i = 0; i < l.shape.size(); ++i)
     if (l.names[i] != "pp") flat.shape.push_back(l.shape[i]), flat.names.push_back(l.names[i]);
-  static std::map<std::string, Reference> cache;
   const std::string key = describe(Layout{flat.shape, flat.names, flat.data_parallel}) + (l.aux_loss ? " aux" : "");
-  if (!cache.count(key)) {
-    Reference& r = cache[key];
-    r.dir = fresh_dir("staged_reference_" + std::to_string(cache.size()));
-    r.result = run_on_all_ranks(staged_config(flat, r.dir));
-  }
-  return cache.at(key);
+  return hp::testing::cached_reference(key, "staged_reference", fresh_dir,
+                                       [&](const std::string& dir) { return staged_config(flat, dir); });
 }
 
 class MoEPipelineTraining : public ::testing::TestWithParam<StagedLayout> {};

@@ -60,10 +60,7 @@ std::string describe(const Layout& l) {
 
 void PrintTo(const Layout& l, std::ostream* os) { *os << describe(l); }
 
-struct Reference {
-  train::TrainResult result;
-  std::string dir;
-};
+using hp::testing::Reference;
 
 // The pp = 1 run of `l`: its other dims kept (tensor parallelism sums in its own order),
 // one process when there are none.
@@ -73,14 +70,8 @@ const Reference& reference(const Layout& l) {
   for (size_t i = 0; i < l.shape.size(); ++i)
     if (l.names[i] != "pp") flat.shape.push_back(l.shape[i]), flat.names.push_back(l.names[i]);
   if (flat.shape.size() > 1) flat.shape.erase(flat.shape.begin()), flat.names.erase(flat.names.begin());
-  static std::map<std::string, Reference> cache;
-  const std::string key = describe(flat);
-  if (!cache.count(key)) {
-    Reference& r = cache[key];
-    r.dir = fresh_dir("reference_" + std::to_string(cache.size()));
-    r.result = run_on_all_ranks(config(flat, r.dir));
-  }
-  return cache.at(key);
+  return hp::testing::cached_reference(describe(flat), "reference", fresh_dir,
+                                       [&](const std::string& dir) { return config(flat, dir); });
 }
 
 class PipelineTraining : public ::testing::TestWithParam<Layout> {};

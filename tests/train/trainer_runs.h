@@ -10,6 +10,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,26 @@ inline train::TrainResult run_on_all_ranks(const train::TrainConfig& c) {
   comm::run_local_ranks(static_cast<int>(c.world_size()), [&](int rank) { results[rank] = train::run_training(c); });
   for (size_t r = 1; r < results.size(); ++r) EXPECT_EQ(results[r].losses, results[0].losses) << "rank " << r;
   return results[0];
+}
+
+// A finished run and the directory of its checkpoints.
+struct Reference {
+  train::TrainResult result;
+  std::string dir;
+};
+
+// The run of config(dir) for `key`, made once per test binary and shared by every layout
+// that compares with it; its directory is fresh(prefix + "_" + a running number).
+inline const Reference& cached_reference(const std::string& key, const std::string& prefix,
+                                         const std::function<std::string(const std::string&)>& fresh,
+                                         const std::function<train::TrainConfig(const std::string&)>& config) {
+  static std::map<std::string, Reference> cache;
+  auto it = cache.find(prefix + " " + key);
+  if (it != cache.end()) return it->second;
+  Reference r;
+  r.dir = fresh(prefix + "_" + std::to_string(cache.size()));
+  r.result = run_on_all_ranks(config(r.dir));
+  return cache.emplace(prefix + " " + key, std::move(r)).first->second;
 }
 
 // got[k] against want[offset + k], relative `rtol`.
