@@ -2,6 +2,7 @@
 // FP8 Linears whose weights travel in FP8 (enable_fsdp_float8_all_gather, tensorwise)
 // against bf16 parameters (mp_policy.param_dtype) on the same model. Counted, not timed:
 // the same on any machine. Every rank of `mesh` (1-D, data parallel) must call it.
+// bench_fsdp prints the ratio last, as RESULT fp8_all_gather_bytes_ratio.
 #pragma once
 
 #include <ATen/ATen.h>
