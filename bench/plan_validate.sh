@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The estimator against real training on this machine: memory within 10% of the measured
-# peak, step-time ranking (Spearman) over the strategies of 4 ranks. Runs the strategies
-# in turns, `rounds` times, so that drift hits all alike; medians go into the table.
+# peak (recompute included), step-time ranking (Spearman) over the strategies of 4 ranks.
+# Runs the strategies in turns, `rounds` times, so that drift hits all alike; medians go into the table.
 #   bench/plan_validate.sh [rounds] [steps]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,8 +20,10 @@ done
 echo "measured clusters:"; grep -h -E "tflops|bandwidth|latency" "$tmp"/cluster4.toml | sed 's/^/  4 ranks: /'
 
 strategies4=("dp=4" "dp=4,zero=1" "dp=4,zero=3" "dp=2,tp=2" "dp=2,tp=2,zero=3" "tp=4"
-             "pp=2,dp=2" "pp=2,dp=2,zero=1" "pp=2,dp=2,zero=2" "pp=2,dp=2,zero=3")
-strategies2=("dp=2" "dp=2,zero=3" "tp=2")
+             "pp=2,dp=2" "pp=2,dp=2,zero=1" "pp=2,dp=2,zero=2" "pp=2,dp=2,zero=3"
+             "dp=4,recompute=selective" "dp=4,recompute=full" "dp=2,tp=2,recompute=selective"
+             "pp=2,dp=2,recompute=full")
+strategies2=("dp=2" "dp=2,zero=3" "tp=2" "dp=2,recompute=full")
 for ((r = 0; r < rounds; ++r)); do
   for s in "${strategies4[@]}"; do
     "$bin/hprun" --nproc-per-node 4 "$bin/bench_plan_validate" run "$s" "$tmp/cluster4.toml" configs/bench_3m.toml "$steps" | strip >> "$tmp/results.jsonl"

@@ -111,6 +111,26 @@ TEST(Memory, EagerActivationsByHand) {
   EXPECT_DOUBLE_EQ(eager_layer_activation_elements(m, 1, true), 1538 + 1288 + 16 + 2 + 2 * (512 + 256));
 }
 
+// Selective checkpointing of the same layer keeps the input x, q and k, v, the attention
+// output and 8 log-sum-exps, the reduce-scattered o_proj output, gate and up; with
+// sequence parallelism each norm's all-gathered output (a collective's) too.
+TEST(Memory, EagerSelectiveActivationsByHand) {
+  ModelDesc m{.name = "bench_3m", .layers = 4, .hidden = 256, .heads = 8, .kv_heads = 4, .ffn = 688, .vocab = 256,
+              .seq_len = 256};
+  EXPECT_DOUBLE_EQ(eager_selective_layer_activation_elements(m, 1), 256 + 256 + 256 + 256 + 256 + 8 + 2 * 688);
+  EXPECT_DOUBLE_EQ(eager_selective_layer_activation_elements(m, 2), 128 + 128 + 512 + 128 + 128 + 128 + 4 + 688);
+  Strategy s;
+  s.dp = 1, s.global_batch = 1, s.micro_batch = 1, s.microbatches = 1;
+  StageContents all;
+  all.dense_layers = 4, all.embedding = true, all.head = true;
+  const Numerics eager = numerics_preset("fp32-eager");
+  const double none = stage_memory(m, s, all, 0, 1, eager).activations;
+  s.recompute = Recompute::Selective;
+  // Four layers kept selectively, and one layer's dropped tensors back during its backward.
+  EXPECT_DOUBLE_EQ(stage_memory(m, s, all, 0, 1, eager).activations,
+                   none * (4 * 2664.0 + (5578 - 2664)) / (4 * 5578.0));
+}
+
 TEST(Memory, Fp32EagerNumericsCountBytesAndBuckets) {
   ModelDesc m = model_preset("tiny");
   auto st = split_stages(m, 1, 1, "1f1b");

@@ -1,7 +1,8 @@
 // Plan -> train: the config `hp plan --emit-config` writes for the fastest strategy the
-// trainer runs (on 4 devices of a small cluster), and the one `hp dryrun --emit-config`
-// writes for a pipeline strategy, each trained for 3 steps under hprun; both start from the
-// same initial loss as every other layout of the same model and seed.
+// trainer runs (on 4 devices of a small cluster), and the ones `hp dryrun --emit-config`
+// writes for a pipeline strategy and for one with selective recompute, each trained for 3
+// steps under hprun; all start from the same initial loss as every other layout of the
+// same model and seed.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -42,7 +43,7 @@ std::string train_briefly(const std::string& config) {
 }  // namespace
 
 TEST(PlanToTrain, EmittedConfigsRun) {
-  const std::string planned = temp("plan.toml"), pipelined = temp("pp.toml");
+  const std::string planned = temp("plan.toml"), pipelined = temp("pp.toml"), recomputed = temp("rc.toml");
   Result plan = shell(HP_BIN_DIR "/hp plan --model " + kModel +
                       " --topology server-8 --devices 4 --global-batch 8 --top 3 --emit-config " + planned +
                       " > " + planned + ".out");
@@ -51,15 +52,24 @@ TEST(PlanToTrain, EmittedConfigsRun) {
                      " --topology server-8 --devices 4 --strategy pp=2,dp=2,mb=4,schedule=1f1b --emit-config " +
                      pipelined + " > " + pipelined + ".out");
   ASSERT_EQ(dry.code, 0) << dry.output;
-  const std::string a = train_briefly(planned), b = train_briefly(pipelined);
+  Result rc = shell(HP_BIN_DIR "/hp dryrun --model " + kModel +
+                    " --topology server-8 --devices 4 --strategy dp=2,tp=2,gbs=8,recompute=selective --emit-config " +
+                    recomputed + " > " + recomputed + ".out");
+  ASSERT_EQ(rc.code, 0) << rc.output;
+  Result keys = shell("grep -c '^activation_checkpoint = \"selective\"' " + recomputed);
+  EXPECT_EQ(keys.output, "1\n") << "the strategy's recompute reaches the trainer's [memory] section";
+  const std::string a = train_briefly(planned), b = train_briefly(pipelined), c = train_briefly(recomputed);
   EXPECT_FALSE(a.empty());
   EXPECT_EQ(a, b) << "the same model, seed and data start at the same loss whatever the layout";
-  for (const auto& f : {planned, pipelined}) std::remove(f.c_str()), std::remove((f + ".out").c_str());
+  EXPECT_EQ(a, c) << "recompute does not change the loss";
+  for (const auto& f : {planned, pipelined, recomputed}) std::remove(f.c_str()), std::remove((f + ".out").c_str());
 }
 
 TEST(PlanToTrain, WhatTheTrainerDoesNotRunIsNamed) {
   Result r = shell(HP_BIN_DIR "/hp dryrun --model " + kModel +
-                   " --topology server-8 --devices 4 --strategy dp=4,recompute=full --emit-config " + temp("x.toml"));
+                   " --topology server-8 --devices 4 --strategy pp=2,dp=2,mb=4,schedule=zb-h1,recompute=full "
+                   "--emit-config " + temp("x.toml"));
   EXPECT_NE(r.code, 0);
-  EXPECT_NE(r.output.find("does not recompute activations"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("splits the backward, which a fully recomputed region cannot"), std::string::npos)
+      << r.output;
 }

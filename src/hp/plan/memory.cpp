@@ -63,6 +63,16 @@ double eager_layer_activation_elements(const ModelDesc& m, int64_t tp, bool moe_
   return 2 * norm + attn + mlp;
 }
 
+double eager_selective_layer_activation_elements(const ModelDesc& m, int64_t tp) {
+  const double t = double(tp), h = m.hidden, q = m.q_dim() / t, kv = m.kv_dim() / t, f = m.ffn / t;
+  // The layer's input and the attention output's reduce-scatter (h/t each: the residual
+  // sum the second norm recomputes from); q and k (rotary recomputes from them), v and
+  // the attention output with one log-sum-exp per head; gate and up. Under sequence
+  // parallelism each norm's all-gathered output (h) is a collective's and stays too.
+  const double gathered = tp > 1 ? 2 * h : 0;
+  return 2 * h / t + gathered + 2 * q + 2 * kv + m.heads / t + 2 * f;
+}
+
 StageParams stage_params(const ModelDesc& m, const Strategy& s, const StageContents& st) {
   const ParamCounts pc = count_params(m);
   const double h = m.hidden, t = s.tp;
@@ -118,9 +128,13 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
   const double t = s.tp;
   double per_mb = 0;
   if (n.eager) {
-    // Eager ops keep everything unless the whole layer is recomputed (its input kept).
+    // Eager ops keep everything unless the layer is recomputed: all of it (its input
+    // kept), or its cheap ops (dense layers; MoE layers are not checkpointed).
     if (s.recompute == Recompute::Full) {
       per_mb = st.layers() * m.hidden / t;
+    } else if (s.recompute == Recompute::Selective) {
+      if (st.dense_layers) per_mb += st.dense_layers * eager_selective_layer_activation_elements(m, s.tp);
+      if (st.moe_layers) per_mb += st.moe_layers * eager_layer_activation_elements(m, s.tp, true);
     } else {
       if (st.dense_layers) per_mb += st.dense_layers * eager_layer_activation_elements(m, s.tp);
       if (st.moe_layers) per_mb += st.moe_layers * eager_layer_activation_elements(m, s.tp, true);
@@ -134,6 +148,10 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
   mem.activations = inflight * per_mb;
   if (s.recompute == Recompute::Full && st.layers() > 0 && n.eager) {
     mem.activations += tokens * eager_layer_activation_elements(m, s.tp, st.moe_layers > 0) * n.activation_bytes;
+  } else if (s.recompute == Recompute::Selective && st.dense_layers > 0 && n.eager) {
+    // The backward of one layer rematerializes what it dropped.
+    mem.activations += tokens * n.activation_bytes *
+                       (eager_layer_activation_elements(m, s.tp) - eager_selective_layer_activation_elements(m, s.tp));
   } else if (s.recompute == Recompute::Full && st.layers() > 0) {
     // The backward of one layer rematerializes all of it.
     const bool moe = st.moe_layers > 0;

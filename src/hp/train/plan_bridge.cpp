@@ -52,8 +52,6 @@ TrainConfig config_of(const plan::ModelDesc& m, const plan::Strategy& s) {
 }
 
 void apply_strategy(TrainConfig& cfg, const plan::Strategy& s) {
-  HP_CHECK(s.recompute == plan::Recompute::None)
-      << "strategy " << plan::to_string(s) << ": the trainer does not recompute activations";
   cfg.train.batch = s.global_batch;
   const ParallelDims dims = ParallelDims::from_strategy(s);
   cfg.mesh.shape = dims.config_shape();
@@ -64,6 +62,12 @@ void apply_strategy(TrainConfig& cfg, const plan::Strategy& s) {
   cfg.mesh.cp_ulysses_degree = s.cp_mode == "hybrid" ? s.cp_ulysses : 1;
   static const char* const stages[] = {"ddp", "zero1", "zero2", "fsdp"};
   cfg.mesh.data_parallel = stages[s.zero];
+  // Each layer is one checkpointed region; selective keeps the default policy's outputs,
+  // as the estimator counts them.
+  static const char* const recompute[] = {"", "selective", "full"};
+  cfg.memory.activation_checkpoint = recompute[static_cast<int>(s.recompute)];
+  cfg.memory.checkpoint_modules = MemoryConfig{}.checkpoint_modules;
+  cfg.memory.memory_budget = 0;
   cfg.pipeline = PipelineConfig{};
   if (s.pp > 1) {
     cfg.pipeline.schedule = s.schedule;
