@@ -379,6 +379,7 @@ TrainConfig all_changed() {
   c.moe.load_balance_bias = true;
   c.moe.bias_update_rate = 0.002;
   c.moe.capacity_factor = 1.25;
+  c.moe.num_chunks = 3;
   c.memory.activation_checkpoint = "selective";
   c.memory.checkpoint_modules = {"layers.*.mlp"};
   c.memory.memory_budget = 0.5;
@@ -469,6 +470,7 @@ TEST(TrainConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(d.moe.load_balance_bias, c.moe.load_balance_bias);
   EXPECT_EQ(bits(d.moe.bias_update_rate), bits(c.moe.bias_update_rate));
   EXPECT_EQ(bits(d.moe.capacity_factor), bits(c.moe.capacity_factor));
+  EXPECT_EQ(d.moe.num_chunks, c.moe.num_chunks);
   EXPECT_EQ(d.memory.activation_checkpoint, c.memory.activation_checkpoint);
   EXPECT_EQ(d.memory.checkpoint_modules, c.memory.checkpoint_modules);
   EXPECT_EQ(bits(d.memory.memory_budget), bits(c.memory.memory_budget));
