@@ -18,6 +18,7 @@
 #include <map>
 #include <mutex>
 
+#include "comm/scoped_env.h"
 #include "hp/optim/adamw.h"
 #include "hp/parallel.h"
 
@@ -176,6 +177,23 @@ TEST(MoEChunks, Dp2Ep2FullyShard) {
   Spec s = chunked(2, 2);
   s.dp = 2, s.fsdp = true;
   expect_matches_unchunked(s);
+}
+
+// The chunks' exchanges on the progress engine, overlapped, against the same exchanges
+// run on the calling thread (HP_ASYNC_COLLECTIVES=0): bitwise equal.
+TEST(MoEChunks, BitwiseEqualWithCollectivesOnTheCallingThread) {
+  Spec s = chunked(4, 3);
+  s.config.moe.num_shared_experts = 1;
+  MoERun overlapped = train(s);
+  MoERun on_caller;
+  {
+    ScopedEnv off("HP_ASYNC_COLLECTIVES", "0");
+    on_caller = train(s);
+  }
+  EXPECT_EQ(overlapped.losses, on_caller.losses);
+  for (auto which : {&MoERun::first_grads, &MoERun::final_params})
+    for (auto& [name, t] : on_caller.*which)
+      EXPECT_TRUE(at::equal((overlapped.*which).at(name), t)) << name << " differs";
 }
 
 // Chunked, dispatch and combine still move exactly 2 * T * top_k * dim floats over all
