@@ -232,6 +232,48 @@ TEST(MoEChunks, DispatchMovesTheAnalyticBytes) {
   EXPECT_EQ(float_numel[0] + float_numel[1] + float_numel[2] + float_numel[3], 2 * t * k * dim);
 }
 
+// The overlap's order, read from the collective log (which records each exchange when it
+// is posted). Top-1 of tied scores sends every token to expert 3, on rank 1: rank 0 sends
+// rows in every dispatch chunk and none in the combines. Forward: all C dispatches are
+// posted before any chunk's combine (posted one by one, dispatch and combine would
+// alternate); backward: all combine gradients before any dispatch gradient.
+TEST(MoEChunks, ExchangesArePostedAheadOfTheExperts) {
+  const int64_t t = 12, dim = 16, chunks = 3;
+  std::vector<std::vector<int64_t>> forward(2), backward(2);  // rows per float all-to-all, in order
+  comm::run_local_ranks(2, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {2}, {"ep"});
+    manual_seed(7);
+    nn::MoEOptions o;
+    o.num_experts = 4, o.top_k = 1, o.num_chunks = chunks;
+    nn::MoE moe(dim, 8, o, mesh);
+    for (auto& [name, p] : moe.named_parameters())
+      if (name == "router.gate.weight") p->to_local().detach().zero_();
+    parallelize_module(moe, mesh["ep"], {{"", ExpertParallel()}});
+    DTensor x = hp::randn({t, dim}, mesh, {Shard(0)});
+    x.to_local().requires_grad_(true);
+    auto& log = comm::current_world()->collective_log();
+    auto rows = [&] {
+      std::vector<int64_t> out;
+      for (const auto& r : log.records())
+        if (r.op == "all_to_all" && r.dtype == at::kFloat) out.push_back(r.numel / dim);
+      log.clear();
+      return out;
+    };
+    log.clear();
+    log.enable();
+    DTensor y = moe(x);
+    forward[rank] = rows();
+    y.to_local().sum().backward();
+    backward[rank] = rows();
+    log.enable(false);
+  });
+  const int64_t per_chunk = t / 2 / chunks;  // rank 0's 6 tokens in 3 chunks
+  EXPECT_EQ(forward[0], (std::vector<int64_t>{per_chunk, per_chunk, per_chunk, 0, 0, 0}));
+  EXPECT_EQ(forward[1], (std::vector<int64_t>{per_chunk, per_chunk, per_chunk, 2 * per_chunk, 2 * per_chunk,
+                                              2 * per_chunk}));
+  EXPECT_EQ(backward[0], (std::vector<int64_t>{per_chunk, per_chunk, per_chunk, 0, 0, 0}));
+}
+
 TEST(MoEChunks, BadChunkCountsAreRefused) {
   for (int64_t chunks : {0, -2}) {
     nn::MoEOptions o;
