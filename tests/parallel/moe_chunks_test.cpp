@@ -21,6 +21,7 @@
 #include "comm/scoped_env.h"
 #include "hp/optim/adamw.h"
 #include "hp/parallel.h"
+#include "hp/tensor/weight_outputs.h"
 
 using namespace hp;
 
@@ -272,6 +273,26 @@ TEST(MoEChunks, ExchangesArePostedAheadOfTheExperts) {
   EXPECT_EQ(forward[1], (std::vector<int64_t>{per_chunk, per_chunk, per_chunk, 2 * per_chunk, 2 * per_chunk,
                                               2 * per_chunk}));
   EXPECT_EQ(backward[0], (std::vector<int64_t>{per_chunk, per_chunk, per_chunk, 0, 0, 0}));
+}
+
+// Zero-bubble schedules split the backward into I and W; the chunks' one backward node
+// computes both, so a chunked forward under a split backward's recorder is refused.
+TEST(MoEChunks, SplitBackwardIsRefused) {
+  comm::run_local_ranks(2, [&](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {2}, {"ep"});
+    nn::MoEOptions o;
+    o.num_experts = 4, o.num_chunks = 2;
+    nn::MoE moe(16, 8, o, mesh);
+    parallelize_module(moe, mesh["ep"], {{"", ExpertParallel()}});
+    DTensor x = hp::randn({8, 16}, mesh, {Shard(0)});
+    WeightOutputRecorder recorder;
+    try {
+      moe(x);
+      ADD_FAILURE() << "chunked experts ran under a split backward's recorder";
+    } catch (const hp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("split backward"), std::string::npos) << e.what();
+    }
+  });
 }
 
 TEST(MoEChunks, BadChunkCountsAreRefused) {

@@ -28,6 +28,7 @@
 #include "hp/comm/trace.h"
 #include "hp/layout/shard_spec.h"
 #include "hp/parallel/token_dispatcher_chunks.h"
+#include "hp/tensor/weight_outputs.h"
 
 namespace hp {
 namespace {
@@ -201,6 +202,10 @@ AllToAllTokenDispatcher::ChunkPlan AllToAllTokenDispatcher::plan_chunks(int64_t 
 at::Tensor AllToAllTokenDispatcher::run_experts(const at::Tensor& sorted, const nn::ExpertFunction& experts,
                                                 const std::function<void()>& behind_exchange) {
   if (!pipelines() || sorted.is_meta()) return TokenDispatcher::run_experts(sorted, experts, behind_exchange);
+  HP_CHECK(!WeightOutputRecorder::recording())
+      << "MoE num_chunks " << options().num_chunks << ": a split backward (zero-bubble schedules' I and W) cannot "
+      << "run through the chunked experts, whose one backward node computes both; use num_chunks = 1 or a schedule "
+      << "without split backwards (1f1b, gpipe, interleaved-1f1b)";
   auto state = std::make_shared<ChunkedExperts>();
   state->group = &group_;
   state->plan = std::make_shared<const ChunkPlan>(plan_chunks(options().num_chunks));
