@@ -8,10 +8,12 @@
 //
 // Chunked rows: at the largest expert-parallel degree the same step with the token
 // exchange in C chunks (MoEOptions::num_chunks, default C = 2 and 4), taking turns with
-// C = 1; RESULT moe_chunked_speedup_ep<ep>_chunks<C> is tokens/s chunked over unchunked.
+// C = 1; RESULT moe_chunked_speedup_ep<ep>_chunks<C> is tokens/s chunked over unchunked,
+// and the a2a share of a chunked row is the time the step waited on its exchanges.
 // The overlap pays where the transfers need no core, across hosts:
 //   scripts/emulate_hosts --hosts 2 --rate 1gbit -- build/bin/hprun --nnodes 2 \
-//     --node-rank {node_rank} --master-addr {master_addr} --nproc-per-node 1 build/bin/bench_moe 6 4
+//     --node-rank {node_rank} --master-addr {master_addr} --master-port {master_port} --nproc-per-node 1 \
+//     build/bin/bench_moe 6 4
 //   build/bin/hprun --nproc-per-node 4 build/bin/bench_moe [steps] [rounds] [chunks, e.g. 2,4] [top_k]
 // A larger top_k (8: every expert) makes the exchange and the experts a larger share of
 // the step, the rest of the model unchanged.
@@ -149,6 +151,8 @@ int main(int argc, char** argv) {
                   double(tokens) / (median(r.ms) / 1e3));
       std::printf("RESULT moe_chunked_speedup_ep%lld_chunks%lld %.3f x\n", (long long)ep, (long long)chunks,
                   unchunked / median(r.ms));
+      std::printf("RESULT moe_a2a_share_ep%lld_chunks%lld %.3f\n", (long long)ep, (long long)chunks,
+                  median(r.a2a_share));
       std::printf("RESULT moe_token_a2a_bytes_over_analytic_ep%lld_chunks%lld %.4f\n", (long long)ep,
                   (long long)chunks, r.token_bytes / r.analytic);
       continue;
