@@ -5,7 +5,18 @@
 // forward, summed over ranks, against the analytic 2 * T * k * h * 4 per MoE layer (T
 // tokens of the global batch): the dispatchers' rows, and every float all-to-all of the
 // collective log (the layout changes of other ops add a few).
-//   build/bin/hprun --nproc-per-node 4 build/bin/bench_moe [steps] [rounds]
+//
+// Chunked rows: at the largest expert-parallel degree the same step with the token
+// exchange in C chunks (MoEOptions::num_chunks, default C = 2 and 4), taking turns with
+// C = 1; RESULT moe_chunked_speedup_ep<ep>_chunks<C> is tokens/s chunked over unchunked,
+// and the a2a share of a chunked row is the time the step waited on its exchanges.
+// The overlap pays where the transfers need no core, across hosts:
+//   scripts/emulate_hosts --hosts 2 --rate 1gbit -- build/bin/hprun --nnodes 2 \
+//     --node-rank {node_rank} --master-addr {master_addr} --master-port {master_port} --nproc-per-node 1 \
+//     build/bin/bench_moe 6 4
+//   build/bin/hprun --nproc-per-node 4 build/bin/bench_moe [steps] [rounds] [chunks, e.g. 2,4] [top_k]
+// A larger top_k (8: every expert) makes the exchange and the experts a larger share of
+// the step, the rest of the model unchanged.
 // Gradients of replicated parameters are summed by the ops at each use (no DDP buckets)
 // at every degree alike.
 #include <ATen/ATen.h>
@@ -14,6 +25,8 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <sstream>
+#include <utility>
 
 #include "hp/comm/world.h"
 #include "hp/optim/adamw.h"
@@ -39,12 +52,19 @@ int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 6;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
   HP_CHECK(steps > 0 && rounds > 0) << "bench_moe: steps and rounds must be > 0";
+  std::vector<int64_t> chunk_counts;
+  {
+    std::stringstream list(argc > 3 ? argv[3] : "2,4");
+    for (std::string c; std::getline(list, c, ',');) chunk_counts.push_back(std::stoll(c));
+  }
+  for (int64_t c : chunk_counts) HP_CHECK(c > 1) << "bench_moe: chunk counts must be > 1, got " << c;
+  const int64_t top_k = argc > 4 ? std::atoll(argv[4]) : 2;
   comm::init_distributed();
   const int64_t world = comm::current_world()->size();
   nn::MoELlamaConfig c;
   c.llama.vocab = 256, c.llama.dim = 128, c.llama.layers = 4, c.llama.heads = 4, c.llama.kv_heads = 2;
   c.llama.ffn_dim = 384, c.llama.max_seq = 128;
-  c.moe.num_experts = 8, c.moe.top_k = 2, c.moe.aux_loss_coef = 0.01;
+  c.moe.num_experts = 8, c.moe.top_k = top_k, c.moe.aux_loss_coef = 0.01;
   c.moe_hidden_dim = 96, c.dense_layers = 1;
   const int64_t batch = 4 * world, seq = 64, tokens = batch * seq;
   const int64_t moe_layers = c.llama.layers - c.dense_layers;
@@ -52,18 +72,26 @@ int main(int argc, char** argv) {
   std::vector<int64_t> degrees;
   for (int64_t ep : {1, 2, 4})
     if (world % ep == 0 && ep <= c.moe.num_experts) degrees.push_back(ep);
-  std::map<int64_t, Result> results;
+  using Variant = std::pair<int64_t, int64_t>;  // ep, chunks
+  std::vector<Variant> variants;
+  for (int64_t ep : degrees) variants.push_back({ep, 1});
+  const int64_t chunked_ep = degrees.back();
+  if (chunked_ep > 1)
+    for (int64_t chunks : chunk_counts) variants.push_back({chunked_ep, chunks});
+  std::map<Variant, Result> results;
   for (int round = 0; round < rounds; ++round)
-    for (int64_t ep : degrees) {
+    for (const auto& [ep, chunks] : variants) {
       DeviceMesh mesh = init_device_mesh("cpu", {world / ep, ep}, {"dp", "ep"});
       manual_seed(7);
-      nn::MoELlama model(c, mesh);
+      nn::MoELlamaConfig vc = c;
+      vc.moe.num_chunks = chunks;
+      nn::MoELlama model(vc, mesh);
       if (ep > 1) expert_parallelize_moe_llama(model, mesh["ep"]);
       optim::AdamW opt(model.parameters());
       std::vector<AllToAllTokenDispatcher*> dispatchers;
       for (nn::MoE* m : nn::moe_layers(model))
         if (auto* d = dynamic_cast<AllToAllTokenDispatcher*>(&m->token_dispatcher())) dispatchers.push_back(d);
-      Result& r = results[ep];
+      Result& r = results[{ep, chunks}];
       auto& log = comm::current_world()->collective_log();
       for (int step = 0; step < steps + 2; ++step) {  // two warm-up steps plan the layouts
         at::Tensor t = (hp::rand({batch, seq + 1}, at::kDouble) * c.llama.vocab).floor().to(at::kLong);
@@ -106,17 +134,29 @@ int main(int argc, char** argv) {
               (long long)world, rounds, steps, (long long)batch, (long long)seq, (long long)tokens,
               (long long)c.llama.dim, (long long)c.llama.layers, (long long)c.dense_layers,
               (long long)c.moe.num_experts, (long long)c.moe.top_k, (long long)c.moe_hidden_dim);
-  std::printf("%4s %10s %10s %10s %12s %16s %16s %16s\n", "ep", "ms/step", "tokens/s", "vs ep=1", "a2a share",
-              "all a2a B/fwd", "token a2a B/fwd", "analytic");
-  const double base = median(results[degrees[0]].ms);
-  for (int64_t ep : degrees) {
-    const Result& r = results[ep];
-    std::printf("%4lld %10.1f %10.0f %9.2fx %11.1f%% %16.0f %16.0f %16.0f\n", (long long)ep, median(r.ms),
-                double(tokens) / (median(r.ms) / 1e3), base / median(r.ms), 100 * median(r.a2a_share), r.bytes,
-                r.token_bytes, r.analytic);
+  std::printf("%4s %6s %10s %10s %10s %12s %16s %16s %16s\n", "ep", "chunks", "ms/step", "tokens/s", "vs ep=1",
+              "a2a share", "all a2a B/fwd", "token a2a B/fwd", "analytic");
+  const double base = median(results[{degrees[0], 1}].ms);
+  for (const auto& [ep, chunks] : variants) {
+    const Result& r = results[{ep, chunks}];
+    std::printf("%4lld %6lld %10.1f %10.0f %9.2fx %11.1f%% %16.0f %16.0f %16.0f\n", (long long)ep, (long long)chunks,
+                median(r.ms), double(tokens) / (median(r.ms) / 1e3), base / median(r.ms), 100 * median(r.a2a_share),
+                r.bytes, r.token_bytes, r.analytic);
   }
-  for (int64_t ep : degrees) {
-    const Result& r = results[ep];
+  for (const auto& [ep, chunks] : variants) {
+    const Result& r = results[{ep, chunks}];
+    if (chunks > 1) {
+      const double unchunked = median(results[{ep, 1}].ms);
+      std::printf("RESULT moe_tokens_per_s_ep%lld_chunks%lld %.0f tokens/s\n", (long long)ep, (long long)chunks,
+                  double(tokens) / (median(r.ms) / 1e3));
+      std::printf("RESULT moe_chunked_speedup_ep%lld_chunks%lld %.3f x\n", (long long)ep, (long long)chunks,
+                  unchunked / median(r.ms));
+      std::printf("RESULT moe_a2a_share_ep%lld_chunks%lld %.3f\n", (long long)ep, (long long)chunks,
+                  median(r.a2a_share));
+      std::printf("RESULT moe_token_a2a_bytes_over_analytic_ep%lld_chunks%lld %.4f\n", (long long)ep,
+                  (long long)chunks, r.token_bytes / r.analytic);
+      continue;
+    }
     std::printf("RESULT moe_tokens_per_s_ep%lld %.0f tokens/s\n", (long long)ep, double(tokens) / (median(r.ms) / 1e3));
     std::printf("RESULT moe_speedup_ep%lld %.3f x\n", (long long)ep, base / median(r.ms));
     if (ep > 1) {

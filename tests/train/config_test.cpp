@@ -379,6 +379,7 @@ TrainConfig all_changed() {
   c.moe.load_balance_bias = true;
   c.moe.bias_update_rate = 0.002;
   c.moe.capacity_factor = 1.25;
+  c.moe.num_chunks = 3;
   c.memory.activation_checkpoint = "selective";
   c.memory.checkpoint_modules = {"layers.*.mlp"};
   c.memory.memory_budget = 0.5;
@@ -469,6 +470,7 @@ TEST(TrainConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(d.moe.load_balance_bias, c.moe.load_balance_bias);
   EXPECT_EQ(bits(d.moe.bias_update_rate), bits(c.moe.bias_update_rate));
   EXPECT_EQ(bits(d.moe.capacity_factor), bits(c.moe.capacity_factor));
+  EXPECT_EQ(d.moe.num_chunks, c.moe.num_chunks);
   EXPECT_EQ(d.memory.activation_checkpoint, c.memory.activation_checkpoint);
   EXPECT_EQ(d.memory.checkpoint_modules, c.memory.checkpoint_modules);
   EXPECT_EQ(bits(d.memory.memory_budget), bits(c.memory.memory_budget));
@@ -497,8 +499,8 @@ TEST(TrainConfig, PrinterPrintsTheTable) {
   }
   for (const auto& f : hp::train::config_fields()) table.push_back(f.section + "." + f.key);
   EXPECT_EQ(printed, table);
-  // 7 mesh, 4 pipeline, 10 model, 14 moe, 16 train, 1 data, 5 checkpoint, 4 low_precision, 5 memory, 4 monitor
-  EXPECT_EQ(table.size(), 70u);
+  // 7 mesh, 4 pipeline, 10 model, 15 moe, 16 train, 1 data, 5 checkpoint, 4 low_precision, 5 memory, 4 monitor
+  EXPECT_EQ(table.size(), 71u);
   EXPECT_EQ(hp::train::config_sections(), (std::vector<std::string>{"mesh", "pipeline", "model", "moe", "train", "data",
                                                                     "checkpoint", "low_precision", "memory",
                                                                     "monitor"}));

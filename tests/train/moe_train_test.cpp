@@ -31,12 +31,13 @@ struct Layout {
   std::vector<int64_t> shape;
   std::vector<std::string> names;
   std::string data_parallel = "ddp";
+  int64_t num_chunks = 1;
 };
 
 std::string describe(const Layout& l) {
   std::string s;
   for (size_t i = 0; i < l.shape.size(); ++i) s += (i ? " x " : "") + l.names[i] + "=" + std::to_string(l.shape[i]);
-  return s + " " + l.data_parallel;
+  return s + " " + l.data_parallel + (l.num_chunks > 1 ? " chunks=" + std::to_string(l.num_chunks) : "");
 }
 
 void PrintTo(const Layout& l, std::ostream* os) { *os << describe(l); }
@@ -48,6 +49,7 @@ train::TrainConfig config(const Layout& l, const std::string& dir) {
   c.model.max_seq = 16;
   c.moe.num_experts = 4, c.moe.top_k = 2, c.moe.hidden_dim = 16, c.moe.dense_layers = 1;
   c.moe.aux_loss_coef = 0.01, c.moe.load_balance_bias = true, c.moe.bias_update_rate = 0.01;
+  c.moe.num_chunks = l.num_chunks;
   c.train.steps = 5, c.train.batch = 8, c.train.seq = 16, c.train.lr = 1e-2, c.train.warmup = 2;
   c.train.deterministic = true;
   c.checkpoint.dir = dir, c.checkpoint.keep = 0, c.checkpoint.async = false;
@@ -102,7 +104,8 @@ TEST(MoETrainingErrors, ActivationCheckpointingIsRefused) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, MoETraining,
                          ::testing::Values(Layout{{2, 2}, {"dp", "ep"}}, Layout{{4}, {"ep"}},
-                                           Layout{{2, 2}, {"dp", "ep"}, "fsdp"}, Layout{{2, 2}, {"ep", "tp"}}));
+                                           Layout{{2, 2}, {"dp", "ep"}, "fsdp"}, Layout{{2, 2}, {"ep", "tp"}},
+                                           Layout{{2, 2}, {"dp", "ep"}, "fsdp", 3}));
 
 struct StagedLayout {
   std::vector<int64_t> shape;

@@ -187,9 +187,21 @@ at::Tensor GroupedExperts::run(const at::Tensor& tokens, const std::vector<int64
   // Through the module's hooks, so that wrappers (fully_shard) see the call. The tokens of
   // each rank differ in number: wrapped as this rank's own whole tensor.
   const DeviceMesh& mesh = w1_->device_mesh();
-  grouping_ = Grouping{tokens_per_expert, token_layout};
+  grouping_ = Grouping{tokens_per_expert, token_layout, nullptr, {}};
   DTensor in(tokens, mesh,
              make_spec(tokens.sizes().vec(), tokens.scalar_type(), mesh, std::vector<Placement>(mesh.ndim(), Replicate())));
+  at::Tensor out = (*this)(in).to_local();
+  grouping_.reset();
+  return out;
+}
+
+at::Tensor GroupedExperts::run_through(TokenDispatcher& dispatcher, const at::Tensor& sorted,
+                                       const std::vector<Placement>& token_layout,
+                                       const std::function<void()>& behind_exchange) {
+  const DeviceMesh& mesh = w1_->device_mesh();
+  grouping_ = Grouping{{}, token_layout, &dispatcher, behind_exchange};
+  DTensor in(sorted, mesh,
+             make_spec(sorted.sizes().vec(), sorted.scalar_type(), mesh, std::vector<Placement>(mesh.ndim(), Replicate())));
   at::Tensor out = (*this)(in).to_local();
   grouping_.reset();
   return out;
@@ -198,17 +210,17 @@ at::Tensor GroupedExperts::run(const at::Tensor& tokens, const std::vector<int64
 DTensor GroupedExperts::forward(const DTensor& x) {
   HP_CHECK(grouping_) << "GroupedExperts computes tokens grouped by expert: call run(tokens, tokens_per_expert, "
                          "layout), as MoE does";
-  at::Tensor out = compute(x.to_local(), grouping_->tokens_per_expert, grouping_->token_layout);
+  ExpertFunction experts = function(grouping_->token_layout);
+  at::Tensor out = grouping_->through
+                       ? grouping_->through->run_experts(x.to_local(), experts, grouping_->behind_exchange)
+                       : experts.run(x.to_local(), grouping_->tokens_per_expert, experts.weights);
   return DTensor(out, x.device_mesh(), make_spec(out.sizes().vec(), out.scalar_type(), x.device_mesh(), x.placements()));
 }
 
-at::Tensor GroupedExperts::compute(const at::Tensor& tokens, const std::vector<int64_t>& tokens_per_expert,
-                                   const std::vector<Placement>& token_layout) {
+ExpertFunction GroupedExperts::function(const std::vector<Placement>& token_layout) {
   const DeviceMesh& mesh = w1_->device_mesh();
   HP_CHECK(int64_t(token_layout.size()) == mesh.ndim())
       << "experts: token layout " << to_string_list(token_layout) << " is not on the experts' mesh " << mesh.to_string();
-  HP_CHECK(int64_t(tokens_per_expert.size()) == w1_->to_local().size(0))
-      << "experts: " << tokens_per_expert.size() << " token counts for " << w1_->to_local().size(0) << " local experts";
   std::vector<int> hidden_split;  // expert tensor parallel: partial outputs to sum
   for (int k = 0; k < mesh.ndim(); ++k) {
     const Placement& p = w1_->placements()[k];
@@ -224,15 +236,22 @@ at::Tensor GroupedExperts::compute(const at::Tensor& tokens, const std::vector<i
       hidden_split.push_back(k);
     }
   }
-  at::Tensor x = tokens;
-  for (int k : hidden_split) x = comm::autograd::all_reduce_sum_backward(x, mesh.group(k));
-  at::Tensor w1 = local_parameter(*w1_, token_layout), w2 = local_parameter(*w2_, token_layout),
-             w3 = local_parameter(*w3_, token_layout);
-  at::Tensor h = at::silu(grouped_mm(x, w1.transpose(1, 2), tokens_per_expert)) *
-                 grouped_mm(x, w3.transpose(1, 2), tokens_per_expert);
-  at::Tensor out = grouped_mm(h, w2.transpose(1, 2), tokens_per_expert);
-  for (int k : hidden_split) out = comm::autograd::all_reduce_sum(out, mesh.group(k));
-  return out;
+  ExpertFunction f;
+  f.weights = {local_parameter(*w1_, token_layout), local_parameter(*w2_, token_layout),
+               local_parameter(*w3_, token_layout)};
+  f.run = [&mesh, hidden_split](const at::Tensor& tokens, const std::vector<int64_t>& tokens_per_expert,
+                                const std::vector<at::Tensor>& w) {
+    HP_CHECK(int64_t(tokens_per_expert.size()) == w[0].size(0))
+        << "experts: " << tokens_per_expert.size() << " token counts for " << w[0].size(0) << " local experts";
+    at::Tensor x = tokens;
+    for (int k : hidden_split) x = comm::autograd::all_reduce_sum_backward(x, mesh.group(k));
+    at::Tensor h = at::silu(grouped_mm(x, w[0].transpose(1, 2), tokens_per_expert)) *
+                   grouped_mm(x, w[2].transpose(1, 2), tokens_per_expert);
+    at::Tensor out = grouped_mm(h, w[1].transpose(1, 2), tokens_per_expert);
+    for (int k : hidden_split) out = comm::autograd::all_reduce_sum(out, mesh.group(k));
+    return out;
+  };
+  return f;
 }
 
 MoE::MoE(int64_t dim, int64_t hidden_dim, const MoEOptions& options, const DeviceMesh& mesh)
@@ -240,7 +259,7 @@ MoE::MoE(int64_t dim, int64_t hidden_dim, const MoEOptions& options, const Devic
       router_(register_module("router", std::make_shared<TokenChoiceTopKRouter>(dim, options, mesh))),
       experts_(register_module("experts",
                                std::make_shared<GroupedExperts>(dim, hidden_dim, options.num_experts, mesh))),
-      dispatcher_(std::make_shared<TokenDispatcher>(TokenDispatcherOptions{options.capacity_factor})) {
+      dispatcher_(std::make_shared<TokenDispatcher>(TokenDispatcherOptions{options.capacity_factor, options.num_chunks})) {
   if (o_.num_shared_experts > 0) {
     LlamaConfig shared;
     shared.dim = dim;
@@ -254,12 +273,22 @@ DTensor MoE::forward(const DTensor& x) {
   DTensor flat = view(x, {-1, d});
   Routing r = router_->route(flat);
   aux_loss_ = r.aux_loss;
-  DispatchedTokens in = dispatcher_->dispatch(flat.to_local(), r.indices, o_.num_experts);
-  at::Tensor out = experts_->run(in.tokens, in.tokens_per_expert, flat.placements());
-  at::Tensor per_choice = dispatcher_->combine(out);  // [T, top_k, D]
+  at::Tensor per_choice;  // [T, top_k, D]
+  std::optional<DTensor> shared;
+  if (dispatcher_->pipelines()) {
+    // The shared experts compute while the routed tokens' last exchange is in flight.
+    std::function<void()> run_shared;
+    if (shared_experts_) run_shared = [&] { shared = (*shared_experts_)(flat); };
+    at::Tensor sorted = dispatcher_->sort(flat.to_local(), r.indices, o_.num_experts);
+    per_choice = dispatcher_->unsort(experts_->run_through(*dispatcher_, sorted, flat.placements(), run_shared));
+  } else {
+    DispatchedTokens in = dispatcher_->dispatch(flat.to_local(), r.indices, o_.num_experts);
+    at::Tensor out = experts_->run(in.tokens, in.tokens_per_expert, flat.placements());
+    per_choice = dispatcher_->combine(out);
+  }
   at::Tensor routed = (per_choice * r.weights.unsqueeze(-1).to(per_choice.scalar_type())).sum(1);
   DTensor y(routed, flat.device_mesh(), flat.spec());
-  if (shared_experts_) y = add(y, (*shared_experts_)(flat));
+  if (shared_experts_) y = add(y, shared ? *shared : (*shared_experts_)(flat));
   return view(y, x.sizes());
 }
 

@@ -62,16 +62,21 @@ class GroupedExperts : public Module {
   // (expert tensor parallel) they see the tokens whole and sum their partial outputs.
   at::Tensor run(const at::Tensor& tokens, const std::vector<int64_t>& tokens_per_expert,
                  const std::vector<Placement>& token_layout);
+  // The same with the dispatcher around the experts: `sorted` is dispatcher.sort's output,
+  // the result run_experts' (the module's hooks see those two).
+  at::Tensor run_through(TokenDispatcher& dispatcher, const at::Tensor& sorted,
+                         const std::vector<Placement>& token_layout, const std::function<void()>& behind_exchange);
   DTensor& w1() { return *w1_; }
   DTensor& w2() { return *w2_; }
   DTensor& w3() { return *w3_; }
 
  private:
-  at::Tensor compute(const at::Tensor& tokens, const std::vector<int64_t>& tokens_per_expert,
-                     const std::vector<Placement>& token_layout);
+  ExpertFunction function(const std::vector<Placement>& token_layout);
   struct Grouping {
     std::vector<int64_t> tokens_per_expert;
     std::vector<Placement> token_layout;
+    TokenDispatcher* through = nullptr;  // run_through's
+    std::function<void()> behind_exchange;
   };
   std::optional<Grouping> grouping_;  // of the call in progress
   DTensor *w1_, *w2_, *w3_;

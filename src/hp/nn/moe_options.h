@@ -26,6 +26,10 @@ struct MoEOptions {
   // Tokens an expert accepts from one rank's batch: ceil(factor * T * top_k / experts);
   // later tokens (in token order) are dropped. 0: dropless.
   double capacity_factor = 0;
+  // Expert parallelism: the routed tokens go out and come back in this many chunks (split
+  // by token), one chunk's exchange running while another's experts compute, the shared
+  // experts behind the last exchange. 1: one exchange each way.
+  int64_t num_chunks = 1;
 
   void validate() const;  // throws naming the inconsistent fields
 };
@@ -37,6 +41,7 @@ inline void MoEOptions::validate() const {
   HP_CHECK(score_func == "softmax" || score_func == "sigmoid")
       << "MoE score_func must be \"softmax\" or \"sigmoid\", got \"" << score_func << "\"";
   HP_CHECK(num_shared_experts >= 0) << "MoE num_shared_experts must be >= 0, got " << num_shared_experts;
+  HP_CHECK(num_chunks >= 1) << "MoE num_chunks must be >= 1 (1: unchunked), got " << num_chunks;
   HP_CHECK(capacity_factor >= 0) << "MoE capacity_factor must be >= 0 (0: dropless), got " << capacity_factor;
   if (num_expert_groups > 0) {
     HP_CHECK(num_experts % num_expert_groups == 0)

@@ -25,12 +25,17 @@ at::Tensor place_rows(const at::Tensor& src, const at::Tensor& index, int64_t ro
 }
 
 DispatchedTokens TokenDispatcher::dispatch(const at::Tensor& tokens, const at::Tensor& indices, int64_t num_experts) {
+  at::Tensor sorted = sort(tokens, indices, num_experts);
+  return exchange(sorted, per_expert_);
+}
+
+at::Tensor TokenDispatcher::sort(const at::Tensor& tokens, const at::Tensor& indices, int64_t num_experts) {
   HP_CHECK(tokens.dim() == 2 && indices.dim() == 2 && indices.size(0) == tokens.size(0))
       << "dispatch needs tokens [T, D] and indices [T, top_k], got " << tokens.sizes() << " and " << indices.sizes();
   num_tokens_ = tokens.size(0);
   top_k_ = indices.size(1);
   assignments_ = num_tokens_ * top_k_;
-  if (tokens.is_meta()) return dispatch_even(tokens, num_experts);
+  if (tokens.is_meta()) return sort_even(tokens, num_experts);
   at::Tensor flat = indices.reshape({-1}).to(at::kLong).cpu();
   at::Tensor order = at::argsort(flat, /*stable=*/true);  // by expert, token order within one
   at::Tensor counts = at::bincount(flat, {}, num_experts);
@@ -53,15 +58,17 @@ DispatchedTokens TokenDispatcher::dispatch(const at::Tensor& tokens, const at::T
     order = at::tensor(keep, at::kLong);
   }
   kept_ = order.to(tokens.device());
-  at::Tensor sorted = select_rows(tokens, at::floor_divide(kept_, top_k_));
-  return exchange(sorted, per_expert);
+  per_expert_ = std::move(per_expert);
+  return select_rows(tokens, sorted_token_ids());
 }
+
+at::Tensor TokenDispatcher::sorted_token_ids() const { return at::floor_divide(kept_, top_k_); }
 
 int64_t TokenDispatcher::capacity_of(int64_t num_experts) const {
   return static_cast<int64_t>(std::ceil(options_.capacity_factor * double(assignments_) / double(num_experts)));
 }
 
-DispatchedTokens TokenDispatcher::dispatch_even(const at::Tensor& tokens, int64_t num_experts) {
+at::Tensor TokenDispatcher::sort_even(const at::Tensor& tokens, int64_t num_experts) {
   std::vector<int64_t> per_expert(num_experts, assignments_ / num_experts);
   for (int64_t e = 0; e < assignments_ % num_experts; ++e) ++per_expert[e];
   dropped_ = 0;
@@ -75,11 +82,21 @@ DispatchedTokens TokenDispatcher::dispatch_even(const at::Tensor& tokens, int64_
     kept += n;
   }
   kept_ = at::empty({kept}, tokens.options().dtype(at::kLong));
-  return exchange(select_rows(tokens, kept_), per_expert);
+  per_expert_ = std::move(per_expert);
+  return select_rows(tokens, kept_);
 }
 
-at::Tensor TokenDispatcher::combine(const at::Tensor& expert_out) {
-  at::Tensor back = exchange_back(expert_out);  // [kept, D] in sorted order
+at::Tensor TokenDispatcher::combine(const at::Tensor& expert_out) { return unsort(exchange_back(expert_out)); }
+
+at::Tensor TokenDispatcher::run_experts(const at::Tensor& sorted, const ExpertFunction& experts,
+                                        const std::function<void()>& behind_exchange) {
+  DispatchedTokens in = exchange(sorted, per_expert_);
+  at::Tensor back = exchange_back(experts.run(in.tokens, in.tokens_per_expert, experts.weights));
+  if (behind_exchange) behind_exchange();
+  return back;
+}
+
+at::Tensor TokenDispatcher::unsort(const at::Tensor& back) {
   return place_rows(back, kept_, assignments_).reshape({num_tokens_, top_k_, back.size(1)});
 }
 

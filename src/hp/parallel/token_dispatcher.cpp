@@ -8,6 +8,7 @@
 #include "hp/comm/autograd.h"
 #include "hp/comm/collectives.h"
 #include "hp/layout/shard_spec.h"
+#include "hp/parallel/token_dispatcher_chunks.h"
 
 namespace hp {
 namespace {
@@ -32,6 +33,25 @@ at::Tensor exchange_rows(const at::Tensor& t, const comm::Group& g, const std::v
 }
 
 }  // namespace
+
+at::Tensor expert_major_order(const int64_t* arrived, int sources, int64_t experts, std::vector<int64_t>* per_expert) {
+  // Arrived grouped by source then expert; the experts want them by expert then source.
+  const int64_t* a = arrived;
+  std::vector<int64_t> source_start(sources, 0), order;
+  for (int s = 1; s < sources; ++s) {
+    source_start[s] = source_start[s - 1];
+    for (int64_t e = 0; e < experts; ++e) source_start[s] += a[(s - 1) * experts + e];
+  }
+  per_expert->assign(experts, 0);
+  for (int64_t e = 0; e < experts; ++e)
+    for (int s = 0; s < sources; ++s) {
+      int64_t start = source_start[s];
+      for (int64_t f = 0; f < e; ++f) start += a[s * experts + f];
+      for (int64_t i = 0; i < a[s * experts + e]; ++i) order.push_back(start + i);
+      (*per_expert)[e] += a[s * experts + e];
+    }
+  return at::tensor(order, at::kLong);
+}
 
 nn::DispatchedTokens AllToAllTokenDispatcher::exchange(const at::Tensor& sorted,
                                                        const std::vector<int64_t>& tokens_per_expert) {
@@ -64,19 +84,8 @@ nn::DispatchedTokens AllToAllTokenDispatcher::exchange(const at::Tensor& sorted,
   sent_ = sorted.size(0);
   received_ = received.size(0);
 
-  // Arrived grouped by source then expert; the experts want them by expert then source.
-  std::vector<int64_t> source_start(p, 0), order;
-  for (int s = 1; s < p; ++s) source_start[s] = source_start[s - 1] + recv_splits_[s - 1];
-  std::vector<int64_t> per_expert(mine.size, 0);
-  order.reserve(received_);
-  for (int64_t e = 0; e < mine.size; ++e)
-    for (int s = 0; s < p; ++s) {
-      int64_t start = source_start[s];
-      for (int64_t f = 0; f < e; ++f) start += a[s * mine.size + f];
-      for (int64_t i = 0; i < a[s * mine.size + e]; ++i) order.push_back(start + i);
-      per_expert[e] += a[s * mine.size + e];
-    }
-  by_expert_ = at::tensor(order, at::kLong).to(sorted.device());
+  std::vector<int64_t> per_expert;
+  by_expert_ = expert_major_order(a, p, mine.size, &per_expert).to(sorted.device());
   return {nn::select_rows(received, by_expert_), per_expert};
 }
 

@@ -3,6 +3,11 @@
 // expert, travel to the ranks holding their experts and back. Token counts go first (one
 // small all-to-all), then the tokens in one all-to-all with uneven splits; its backward
 // is the inverse all-to-all. No token is gathered anywhere.
+//
+// With num_chunks > 1 the dispatcher runs the experts itself (token_dispatcher_chunks.cpp):
+// the tokens go out in chunks, every chunk's all-to-all posted at once on the progress
+// engine; each chunk's experts run as soon as it lands and its outputs go back at once,
+// behind the next chunk's experts. The backward does the same in reverse.
 #pragma once
 
 #include <memory>
@@ -18,19 +23,28 @@ class AllToAllTokenDispatcher : public nn::TokenDispatcher {
   AllToAllTokenDispatcher(const comm::Group& group, nn::TokenDispatcherOptions options = {})
       : TokenDispatcher(options), group_(group) {}
 
-  // Rows this rank sent and received in the last dispatch's token all-to-all.
+  bool pipelines() const override { return options().num_chunks > 1; }
+  at::Tensor run_experts(const at::Tensor& sorted, const nn::ExpertFunction& experts,
+                         const std::function<void()>& behind_exchange) override;
+
+  // Rows this rank sent and received in the last dispatch's token all-to-all(s).
   int64_t rows_sent() const { return sent_; }
   int64_t rows_received() const { return received_; }
   // Wall time this rank spent in the dispatcher's all-to-alls (counts and rows, forward
-  // and backward) since construction or the last reset: the exchange's share of a step.
+  // and backward; chunked, the time it waited on them) since construction or the last
+  // reset: the exchange's exposed share of a step.
   double all_to_all_seconds() const { return *seconds_; }
   void reset_all_to_all_seconds() { *seconds_ = 0; }
+
+  struct ChunkPlan;  // token_dispatcher_chunks.h
 
  protected:
   nn::DispatchedTokens exchange(const at::Tensor& sorted, const std::vector<int64_t>& tokens_per_expert) override;
   at::Tensor exchange_back(const at::Tensor& expert_out) override;
 
  private:
+  ChunkPlan plan_chunks(int64_t chunks);
+
   const comm::Group& group_;
   std::vector<int64_t> send_splits_, recv_splits_;  // rows per peer rank
   at::Tensor by_expert_;  // received rows reordered from (source, expert) to (expert, source)

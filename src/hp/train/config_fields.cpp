@@ -74,6 +74,8 @@ std::vector<Field> make_fields() {
       {"moe", "bias_update_rate", "step of the expert bias per optimizer step", at<&T::moe, &MoE::bias_update_rate>()},
       {"moe", "capacity_factor", "tokens an expert takes from a rank, times the even share; 0 = dropless",
        at<&T::moe, &MoE::capacity_factor>()},
+      {"moe", "num_chunks", "expert parallel: token exchange in chunks overlapped with the experts; 1 = one",
+       at<&T::moe, &MoE::num_chunks>()},
 
       {"train", "steps", "optimizer steps", at<&T::train, &Loop::steps>()},
       {"train", "batch", "global: sequences per step over all dp ranks", at<&T::train, &Loop::batch>()},

@@ -1,0 +1,309 @@
+// Expert parallelism with the token exchange in chunks (MoEOptions::num_chunks) against the
+// same run unchunked, on the same mesh and numbers: the loss of every step, every gradient
+// of the first step, every parameter after 5 AdamW steps, on every rank (each rank's whole
+// tensors must also agree bitwise with every other rank's). The model is moe_test's tiny
+// MoELlama (4 experts, top-2, experts 8 wide), batch 4 x 8 tokens.
+//
+// Equality. Chunks are row subsets of the unchunked grouped products (same tokens, same
+// routing, capacity applied before chunking), so the first forward, whose weights are
+// equal, is bitwise equal (the step-0 loss is compared exactly). The expert weights'
+// gradients are sums of C partial products instead of one, which rounds differently;
+// from there on values agree to float32 rounding: relative 1e-6, with an absolute floor
+// of 1e-6 (a few float32 steps of the parameters' size; AdamW's division by the root of
+// the second moment lifts rounding differences of small gradients to that size).
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <map>
+#include <mutex>
+
+#include "comm/scoped_env.h"
+#include "hp/optim/adamw.h"
+#include "hp/parallel.h"
+#include "hp/tensor/weight_outputs.h"
+
+using namespace hp;
+
+namespace {
+
+struct MoERun {
+  std::vector<double> losses;
+  std::map<std::string, at::Tensor> first_grads, final_params;
+  std::vector<double> drop_rates;  // per rank, step 0
+};
+
+struct Spec {
+  int64_t ep = 2;
+  int64_t dp = 1;
+  int64_t chunks = 1;
+  bool fsdp = false;
+  bool zero_router = false;  // step 0 routes every token alike (ties go to the lowest experts)
+  nn::MoELlamaConfig config;
+  Spec() {
+    config.llama.vocab = 32, config.llama.dim = 16, config.llama.layers = 2, config.llama.heads = 4;
+    config.llama.kv_heads = 2, config.llama.ffn_dim = 24, config.llama.max_seq = 8;
+    config.moe.num_experts = 4, config.moe.top_k = 2, config.moe.aux_loss_coef = 0.01;
+    config.moe_hidden_dim = 8, config.dense_layers = 1;
+  }
+};
+
+MoERun train(const Spec& s) {
+  const int64_t batch = 4, seq = 8, steps = 5;
+  nn::MoELlamaConfig config = s.config;
+  config.moe.num_chunks = s.chunks;
+  std::mutex mu;
+  std::vector<MoERun> views(s.ep * s.dp);
+  comm::run_local_ranks(static_cast<int>(s.ep * s.dp), [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {s.dp, s.ep}, {"dp", "ep"});
+    manual_seed(1234);
+    nn::MoELlama model(config, mesh);
+    if (s.zero_router)
+      for (auto& [name, p] : model.named_parameters())
+        if (name.find("router.gate") != std::string::npos) p->to_local().detach().zero_();
+    parallelize_module(model, mesh["ep"], {{"layers.1.moe", ExpertParallel()}});
+    if (s.fsdp) {
+      for (auto& [name, m] : model.named_modules())
+        if (name == "layers.1.moe.experts") fully_shard(*m, mesh["dp"]);
+      for (auto& [name, m] : model.named_modules())
+        if (name == "layers.0" || name == "layers.1") fully_shard(*m, mesh["dp"]);
+      fully_shard(model, mesh["dp"]);
+    }
+    optim::AdamW opt(model.parameters(), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+    nn::MoE& moe = *nn::moe_layers(model).at(0);
+    EXPECT_EQ(moe.token_dispatcher().pipelines(), s.chunks > 1);
+    const at::Tensor tokens = (hp::rand({batch, seq + 1}, at::kDouble) * config.llama.vocab).floor().to(at::kLong);
+    DTensor ids = distribute_tensor(tokens.narrow(1, 0, seq).contiguous(), mesh, {Shard(0), Shard(0)});
+    DTensor targets = distribute_tensor(tokens.narrow(1, 1, seq).contiguous(), mesh, {Shard(0), Shard(0)});
+    MoERun mine;
+    for (int64_t step = 0; step < steps; ++step) {
+      DTensor loss = model.loss(ids, targets);
+      loss.to_local().backward();
+      mine.losses.push_back(loss.full_tensor().item<double>());
+      if (step == 0) {
+        mine.drop_rates.push_back(moe.token_dispatcher().drop_rate());
+        for (auto& [name, p] : model.named_parameters()) mine.first_grads[name] = p->grad()->full_tensor();
+      }
+      opt.step();
+      opt.zero_grad();
+      nn::update_expert_bias(model);
+    }
+    for (auto& [name, p] : model.named_parameters()) mine.final_params[name] = p->full_tensor();
+    std::lock_guard<std::mutex> lock(mu);
+    views[rank] = mine;
+  });
+  for (size_t r = 1; r < views.size(); ++r) {
+    EXPECT_EQ(views[r].losses, views[0].losses) << "rank " << r;
+    for (auto which : {&MoERun::first_grads, &MoERun::final_params})
+      for (auto& [name, t] : views[0].*which)
+        EXPECT_TRUE(at::equal((views[r].*which).at(name), t)) << "rank " << r << "'s " << name << " differs";
+  }
+  MoERun out = views[0];
+  out.drop_rates.clear();
+  for (auto& v : views) out.drop_rates.push_back(v.drop_rates.at(0));
+  return out;
+}
+
+// `s` in s.chunks chunks against the same run in one.
+void expect_matches_unchunked(Spec s) {
+  ASSERT_GT(s.chunks, 1);
+  MoERun run = train(s);
+  s.chunks = 1;
+  MoERun ref = train(s);
+  ASSERT_EQ(run.losses.size(), ref.losses.size());
+  EXPECT_EQ(run.losses[0], ref.losses[0]) << "the first forward must be bitwise the unchunked one";
+  for (size_t i = 1; i < ref.losses.size(); ++i)
+    EXPECT_NEAR(run.losses[i], ref.losses[i], 1e-6 * std::abs(ref.losses[i])) << "loss at step " << i;
+  EXPECT_EQ(run.drop_rates, ref.drop_rates);
+  auto close = [](const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+    ASSERT_EQ(got.sizes(), want.sizes()) << what;
+    EXPECT_TRUE(at::allclose(got, want, 1e-6, 1e-6)) << what << ": max abs diff " << (got - want).abs().max().item<double>();
+  };
+  for (auto& [name, g] : ref.first_grads) close(run.first_grads.at(name), g, "gradient of " + name);
+  for (auto& [name, p] : ref.final_params) close(run.final_params.at(name), p, "parameter " + name);
+}
+
+Spec chunked(int64_t ep, int64_t chunks) {
+  Spec s;
+  s.ep = ep, s.chunks = chunks;
+  return s;
+}
+
+}  // namespace
+
+TEST(MoEChunks, Ep2TwoChunks) { expect_matches_unchunked(chunked(2, 2)); }
+TEST(MoEChunks, Ep2ThreeChunks) { expect_matches_unchunked(chunked(2, 3)); }
+TEST(MoEChunks, Ep4TwoChunks) { expect_matches_unchunked(chunked(4, 2)); }
+TEST(MoEChunks, Ep4ThreeChunks) { expect_matches_unchunked(chunked(4, 3)); }
+
+// 8 tokens per rank in 12 chunks: the last chunks are empty on every rank, and still
+// exchanged (zero rows) in step.
+TEST(MoEChunks, MoreChunksThanTokens) { expect_matches_unchunked(chunked(4, 12)); }
+
+// 6 experts over 4 ranks (2, 2, 2, 0): one rank computes no expert at all.
+TEST(MoEChunks, RankWithoutExperts) {
+  Spec s = chunked(4, 3);
+  s.config.moe.num_experts = 6;
+  expect_matches_unchunked(s);
+}
+
+// Step 0 sends every token to one expert (top-1, all scores tied): the other experts,
+// and the rank not holding it, get nothing in any chunk.
+TEST(MoEChunks, AllTokensToOneExpert) {
+  Spec s = chunked(2, 3);
+  s.config.moe.top_k = 1;
+  s.zero_router = true;
+  expect_matches_unchunked(s);
+}
+
+// Tied scores and capacity 1.0: half of step 0's assignments drop, before chunking.
+TEST(MoEChunks, CapacityFactorDrops) {
+  Spec s = chunked(2, 2);
+  s.config.moe.capacity_factor = 1.0, s.config.moe.aux_loss_coef = 0;
+  s.zero_router = true;
+  MoERun run = train(s);
+  EXPECT_EQ(run.drop_rates, (std::vector<double>{0.5, 0.5}));
+  expect_matches_unchunked(s);
+}
+
+// The shared experts run behind the last combine.
+TEST(MoEChunks, SharedExperts) {
+  Spec s = chunked(2, 3);
+  s.config.moe.num_shared_experts = 1, s.config.moe.score_func = "sigmoid";
+  expect_matches_unchunked(s);
+}
+
+// Experts fully sharded over dp as well: the chunks run inside the experts' unit.
+TEST(MoEChunks, Dp2Ep2FullyShard) {
+  Spec s = chunked(2, 2);
+  s.dp = 2, s.fsdp = true;
+  expect_matches_unchunked(s);
+}
+
+// The chunks' exchanges on the progress engine, overlapped, against the same exchanges
+// run on the calling thread (HP_ASYNC_COLLECTIVES=0): bitwise equal.
+TEST(MoEChunks, BitwiseEqualWithCollectivesOnTheCallingThread) {
+  Spec s = chunked(4, 3);
+  s.config.moe.num_shared_experts = 1;
+  MoERun overlapped = train(s);
+  MoERun on_caller;
+  {
+    ScopedEnv off("HP_ASYNC_COLLECTIVES", "0");
+    on_caller = train(s);
+  }
+  EXPECT_EQ(overlapped.losses, on_caller.losses);
+  for (auto which : {&MoERun::first_grads, &MoERun::final_params})
+    for (auto& [name, t] : on_caller.*which)
+      EXPECT_TRUE(at::equal((overlapped.*which).at(name), t)) << name << " differs";
+}
+
+// Chunked, dispatch and combine still move exactly 2 * T * top_k * dim floats over all
+// ranks, plus one all-to-all of the counts of every chunk.
+TEST(MoEChunks, DispatchMovesTheAnalyticBytes) {
+  const int64_t t = 24, dim = 16, k = 2, experts = 6, chunks = 3;
+  std::vector<int64_t> float_numel(4);
+  comm::run_local_ranks(4, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {4}, {"ep"});
+    manual_seed(7);
+    nn::MoEOptions o;
+    o.num_experts = experts, o.top_k = k, o.num_chunks = chunks;
+    nn::MoE moe(dim, 8, o, mesh);
+    parallelize_module(moe, mesh["ep"], {{"", ExpertParallel()}});
+    DTensor x = hp::randn({t, dim}, mesh, {Shard(0)});
+    auto& log = comm::current_world()->collective_log();
+    log.clear();
+    log.enable();
+    DTensor y = moe(x);
+    log.enable(false);
+    int counts_exchanges = 0, token_exchanges = 0;
+    for (const auto& r : log.records()) {
+      EXPECT_NE(r.op, "all_gather") << r.to_string();
+      if (r.op != "all_to_all") continue;
+      if (r.dtype == at::kLong) {
+        ++counts_exchanges;
+        EXPECT_EQ(r.numel, chunks * experts);
+      } else {
+        ++token_exchanges;
+        float_numel[rank] += r.numel;
+      }
+    }
+    EXPECT_EQ(counts_exchanges, 1);
+    EXPECT_EQ(token_exchanges, 2 * chunks);
+  });
+  EXPECT_EQ(float_numel[0] + float_numel[1] + float_numel[2] + float_numel[3], 2 * t * k * dim);
+}
+
+// The overlap's order, read from the collective log (which records each exchange when it
+// is posted). Top-1 of tied scores sends every token to expert 3, on rank 1: rank 0 sends
+// rows in every dispatch chunk and none in the combines. Forward: all C dispatches are
+// posted before any chunk's combine (posted one by one, dispatch and combine would
+// alternate); backward: all combine gradients before any dispatch gradient.
+TEST(MoEChunks, ExchangesArePostedAheadOfTheExperts) {
+  const int64_t t = 12, dim = 16, chunks = 3;
+  std::vector<std::vector<int64_t>> forward(2), backward(2);  // rows per float all-to-all, in order
+  comm::run_local_ranks(2, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {2}, {"ep"});
+    manual_seed(7);
+    nn::MoEOptions o;
+    o.num_experts = 4, o.top_k = 1, o.num_chunks = chunks;
+    nn::MoE moe(dim, 8, o, mesh);
+    for (auto& [name, p] : moe.named_parameters())
+      if (name == "router.gate.weight") p->to_local().detach().zero_();
+    parallelize_module(moe, mesh["ep"], {{"", ExpertParallel()}});
+    DTensor x = hp::randn({t, dim}, mesh, {Shard(0)});
+    x.to_local().requires_grad_(true);
+    auto& log = comm::current_world()->collective_log();
+    auto rows = [&] {
+      std::vector<int64_t> out;
+      for (const auto& r : log.records())
+        if (r.op == "all_to_all" && r.dtype == at::kFloat) out.push_back(r.numel / dim);
+      log.clear();
+      return out;
+    };
+    log.clear();
+    log.enable();
+    DTensor y = moe(x);
+    forward[rank] = rows();
+    y.to_local().sum().backward();
+    backward[rank] = rows();
+    log.enable(false);
+  });
+  const int64_t per_chunk = t / 2 / chunks;  // rank 0's 6 tokens in 3 chunks
+  EXPECT_EQ(forward[0], (std::vector<int64_t>{per_chunk, per_chunk, per_chunk, 0, 0, 0}));
+  EXPECT_EQ(forward[1], (std::vector<int64_t>{per_chunk, per_chunk, per_chunk, 2 * per_chunk, 2 * per_chunk,
+                                              2 * per_chunk}));
+  EXPECT_EQ(backward[0], (std::vector<int64_t>{per_chunk, per_chunk, per_chunk, 0, 0, 0}));
+}
+
+// Zero-bubble schedules split the backward into I and W; the chunks' one backward node
+// computes both, so a chunked forward under a split backward's recorder is refused.
+TEST(MoEChunks, SplitBackwardIsRefused) {
+  comm::run_local_ranks(2, [&](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {2}, {"ep"});
+    nn::MoEOptions o;
+    o.num_experts = 4, o.num_chunks = 2;
+    nn::MoE moe(16, 8, o, mesh);
+    parallelize_module(moe, mesh["ep"], {{"", ExpertParallel()}});
+    DTensor x = hp::randn({8, 16}, mesh, {Shard(0)});
+    WeightOutputRecorder recorder;
+    try {
+      moe(x);
+      ADD_FAILURE() << "chunked experts ran under a split backward's recorder";
+    } catch (const hp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("split backward"), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST(MoEChunks, BadChunkCountsAreRefused) {
+  for (int64_t chunks : {0, -2}) {
+    nn::MoEOptions o;
+    o.num_chunks = chunks;
+    try {
+      o.validate();
+      ADD_FAILURE() << "num_chunks " << chunks << " accepted";
+    } catch (const hp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("num_chunks"), std::string::npos) << e.what();
+    }
+  }
+}
