@@ -88,11 +88,13 @@ TEST_P(AsyncTP, BitwiseEqualToWholeCollectives) {
   if (GetParam().rtol == 0) expect_bitwise(pieces, whole);
   else hp::testing::expect_runs_match(pieces, whole, GetParam().rtol, 1e-6);
   EXPECT_LT(whole.losses.back(), whole.losses.front());
-  // The decomposition ran (or the comparison would prove nothing): per block, q, k, v, the
-  // head and gate, up gather (once per input) and o, down scatter in point-to-point pieces.
-  ASSERT_EQ(sends_on.size(), 1u);
+  // The decomposition ran (or the comparison would prove nothing), each input gathered
+  // once: per block and peer, one piece out for the input of q, k, v, one for gate, up and
+  // one for each of o and down, forward, and one for each of o and down backward; one more
+  // for the head's input.
+  const int64_t layers = hp::testing::tiny_llama().layers, peers = GetParam().tp - 1;
   EXPECT_EQ(sends_off, std::vector<int64_t>{0});
-  EXPECT_GT(sends_on[0], 0);
+  EXPECT_EQ(sends_on, std::vector<int64_t>{peers * (6 * layers + (GetParam().tied ? 0 : 1))});
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, AsyncTP,
