@@ -504,8 +504,8 @@ TEST(TrainConfig, PrinterPrintsTheTable) {
   }
   for (const auto& f : hp::train::config_fields()) table.push_back(f.section + "." + f.key);
   EXPECT_EQ(printed, table);
-  // 7 mesh, 4 pipeline, 10 model, 14 moe, 16 train, 1 data, 5 checkpoint, 4 low_precision, 5 memory, 4 monitor
-  EXPECT_EQ(table.size(), 70u);
+  // 8 mesh, 4 pipeline, 10 model, 14 moe, 16 train, 1 data, 5 checkpoint, 4 low_precision, 5 memory, 4 monitor
+  EXPECT_EQ(table.size(), 71u);
   EXPECT_EQ(hp::train::config_sections(), (std::vector<std::string>{"mesh", "pipeline", "model", "moe", "train", "data",
                                                                     "checkpoint", "low_precision", "memory",
                                                                     "monitor"}));
