@@ -89,7 +89,8 @@ int main(int argc, char** argv) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  std::printf("tp = %lld (sequence parallel), %d rounds x %d steps, batch %lld x seq %lld, Llama dim %lld layers %lld\n",
+  std::printf("tp = %lld (sequence parallel), %d rounds x %d steps, batch %lld x seq %lld, Llama dim %lld "
+              "layers %lld\n",
               (long long)world, rounds, steps, (long long)batch, (long long)seq, (long long)c.dim,
               (long long)c.layers);
   for (const std::string& mode : modes)

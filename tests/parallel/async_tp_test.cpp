@@ -110,7 +110,8 @@ INSTANTIATE_TEST_SUITE_P(Layouts, AsyncTP,
                                            Config{"tp3_uneven_seq", 1, 3, Wrap::None, false, 1e-6},  //
                                            Config{"tp3_uneven_seq_wide", 1, 3, Wrap::None, false, 0, true},  //
                                            Config{"tp4", 1, 4},                         //
-                                           Config{"tp4_seq3_one_rank_empty", 1, 4, Wrap::None, false, 1e-6, false, 3},  //
+                                           Config{"tp4_seq3_one_rank_empty", 1, 4, Wrap::None, false, 1e-6, false,
+                                                  3},  //
                                            Config{"dp2_x_tp2", 2, 2},                   //
                                            Config{"ddp2_x_tp2", 2, 2, Wrap::DDP},       //
                                            Config{"fsdp2_x_tp2", 2, 2, Wrap::FSDP},     //

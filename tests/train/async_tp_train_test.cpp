@@ -66,8 +66,8 @@ TEST_P(AsyncTPTraining, BitwiseEqualWithoutIt) {
   EXPECT_GT(pieces_pieces, 0);
   EXPECT_EQ(pieces.losses, whole.losses);
   EXPECT_LT(whole.losses.back(), whole.losses.front());
-  const int n = hp::testing::expect_close_params(checkpoint::step_dir(pieces_dir, 5), checkpoint::step_dir(whole_dir, 5),
-                                                 0, 0, "async_tp");
+  const int n = hp::testing::expect_close_params(checkpoint::step_dir(pieces_dir, 5),
+                                                 checkpoint::step_dir(whole_dir, 5), 0, 0, "async_tp");
   EXPECT_EQ(n, 2 + 2 * 9 + 1);  // embedding, head; 9 per block; final norm
   std::filesystem::remove_all(whole_dir);
   std::filesystem::remove_all(pieces_dir);

@@ -142,6 +142,8 @@ std::vector<int> from_mine(const Pieces& p) {
 struct Gathered {
   at::Tensor key, full;
   int64_t version = -1;
+  const comm::Group* group = nullptr;
+  int64_t seq_dim = -1;
 };
 thread_local Gathered last_gathered;
 
@@ -152,7 +154,8 @@ std::pair<at::Tensor, at::Tensor> gather_and_multiply(const at::Tensor& key, con
                                                       const comm::Group& g, const Pieces& p, int64_t seq_dim) {
   at::NoGradGuard no_grad;
   Gathered& cached = last_gathered;
-  if (cached.key.defined() && cached.key.is_same(key) && cached.version == key._version())
+  if (cached.key.defined() && cached.key.is_same(key) && cached.version == key._version() && cached.group == &g &&
+      cached.seq_dim == seq_dim)
     return {at::linear(cached.full, w), cached.full};
   const int64_t total = p.offsets.back() + p.sizes.back();
   at::Tensor full = at::empty(with_extent(xs.sizes(), seq_dim, total), xs.options());
@@ -165,7 +168,7 @@ std::pair<at::Tensor, at::Tensor> gather_and_multiply(const at::Tensor& key, con
     ys[r] = at::linear(piece, w);
   }
   ex.finish();
-  cached = Gathered{key, full, key._version()};
+  cached = Gathered{key, full, key._version(), &g, seq_dim};
   return {at::cat(ys, seq_dim), full};
 }
 
