@@ -157,3 +157,25 @@ TEST(AsyncTPErrors, NeedsSequenceParallelAndLinears) {
     }
   });
 }
+
+// FP8 applied after async_tp replaces the products of the Linears it takes: those take
+// their input whole again (the plain FP8 path), the others (the head, kept float32) keep
+// their pieces.
+TEST(AsyncTPWithFP8, LaterFP8ProductsReplaceTheAsyncOnes) {
+  auto with_fp8 = [](LlamaRunSpec spec) {
+    auto inner = spec.parallelize;
+    spec.parallelize = [inner](nn::Llama& model, const DeviceMesh& mesh) {
+      auto set_sync = inner(model, mesh);
+      apply_low_precision(model, LowPrecisionConfig{});
+      return set_sync;
+    };
+    return spec;
+  };
+  const Config tp2{"tp2", 1, 2};
+  std::vector<int64_t> sends_off, sends_on;
+  const LlamaRun whole = hp::testing::train_llama(with_fp8(spec_of(tp2, false, &sends_off)));
+  const LlamaRun pieces = hp::testing::train_llama(with_fp8(spec_of(tp2, true, &sends_on)));
+  expect_bitwise(pieces, whole);
+  EXPECT_EQ(sends_off, std::vector<int64_t>{0});
+  EXPECT_EQ(sends_on, std::vector<int64_t>{1});  // the head's input
+}

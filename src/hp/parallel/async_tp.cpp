@@ -288,14 +288,24 @@ DTensor scattered_product(const DTensor& x, const DTensor& weight, int tp_dim, i
   return DTensor(y, mesh, out);
 }
 
+// Named types, so that is_async_tp_product can recognise them.
+struct GatheredProduct {
+  int tp_dim, seq_dim;
+  DTensor operator()(const DTensor& x, const DTensor& w) const { return gathered_product(x, w, tp_dim, seq_dim); }
+};
+struct ScatteredProduct {
+  int tp_dim, seq_dim;
+  DTensor operator()(const DTensor& x, const DTensor& w) const { return scattered_product(x, w, tp_dim, seq_dim); }
+};
+
 }  // namespace
 
-nn::Linear::Product all_gather_linear(int tp_dim, int seq_dim) {
-  return [tp_dim, seq_dim](const DTensor& x, const DTensor& w) { return gathered_product(x, w, tp_dim, seq_dim); };
-}
+nn::Linear::Product all_gather_linear(int tp_dim, int seq_dim) { return GatheredProduct{tp_dim, seq_dim}; }
 
-nn::Linear::Product linear_reduce_scatter(int tp_dim, int seq_dim) {
-  return [tp_dim, seq_dim](const DTensor& x, const DTensor& w) { return scattered_product(x, w, tp_dim, seq_dim); };
+nn::Linear::Product linear_reduce_scatter(int tp_dim, int seq_dim) { return ScatteredProduct{tp_dim, seq_dim}; }
+
+bool is_async_tp_product(const nn::Linear::Product& product) {
+  return product.target<GatheredProduct>() != nullptr || product.target<ScatteredProduct>() != nullptr;
 }
 
 }  // namespace hp

@@ -26,4 +26,8 @@ namespace hp {
 nn::Linear::Product all_gather_linear(int tp_dim, int seq_dim = 1);      // input Shard(seq) -> output Shard(-1)
 nn::Linear::Product linear_reduce_scatter(int tp_dim, int seq_dim = 1);  // input Shard(-1) -> output Shard(seq)
 
+// Is `product` one of these? A product set later (FP8's) replaces it, and the Linear then
+// takes its input whole again.
+bool is_async_tp_product(const nn::Linear::Product& product);
+
 }  // namespace hp

@@ -32,18 +32,21 @@ nn::Module::PostHook output_to(int dim, Placement p) {
 }
 
 // async_tp: the product gathers a sequence-sharded input itself, so the input hook lets
-// Shard(seq) through and lays out anything else as usual.
+// Shard(seq) through and lays out anything else as usual; so it does everything once a
+// product set later (FP8) has replaced the async one.
 nn::Module::PreHook input_to_or_sequence_sharded(int dim, Placement p) {
-  return [dim, p](nn::Module&, const DTensor& x) {
-    if (x.placements().at(dim).is_shard(kSequenceDim)) return x;
+  return [dim, p](nn::Module& m, const DTensor& x) {
+    if (x.placements().at(dim).is_shard(kSequenceDim) &&
+        is_async_tp_product(static_cast<nn::Linear&>(m).product()))
+      return x;
     return x.redistribute(with_placement(x.placements(), dim, resolve(p, x.dim())));
   };
 }
 
 // A Linear product set from outside already (low precision) cannot be decomposed too.
 void set_async_product(nn::Linear& lin, nn::Linear::Product product, const char* style) {
-  HP_CHECK(!lin.product()) << style << " with async_tp: the Linear already has its own product (low precision?); "
-                           << "apply async_tp to plain Linears";
+  HP_CHECK(!lin.product()) << style << " with async_tp: the Linear already has its own product (FP8?); "
+                           << "apply async_tp before apply_low_precision, which then replaces it";
   lin.set_product(std::move(product));
 }
 
