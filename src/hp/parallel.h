@@ -2,6 +2,7 @@
 #pragma once
 
 #include "hp/nn.h"
+#include "hp/parallel/async_tp.h"
 #include "hp/parallel/context_parallel.h"
 #include "hp/parallel/data_parallel.h"
 #include "hp/parallel/expert_parallel.h"

@@ -211,7 +211,7 @@ TEST(TrainConfig, ErrorsListWhatTheTableKnows) {
              "known sections: [mesh], [pipeline], [model], [moe], [train], [data], [checkpoint], [low_precision], "
              "[memory], [monitor])");
   EXPECT_HAS(load_error("[mesh]\nfoo = 1\n"),
-             "unknown key mesh.foo (known: context_parallel, cp_load_balance, cp_ulysses_degree, data_parallel, names, sequence_parallel, shape)");
+             "unknown key mesh.foo (known: async_tp, context_parallel, cp_load_balance, cp_ulysses_degree, data_parallel, names, sequence_parallel, shape)");
   EXPECT_HAS(load_error("[pipeline]\nstages = 2\n"),
              "unknown key pipeline.stages (known: microbatches, schedule, split, virtual_stages)");
 }
@@ -258,6 +258,11 @@ TEST(TrainConfig, InconsistentValuesAreErrors) {
   EXPECT_HAS(load_error("[mesh]\nshape = [3]\n"), "train.batch = 8 must be divisible by the dp");
   EXPECT_HAS(load_error("[mesh]\nshape = [1, 8]\nnames = [\"dp\", \"tp\"]\n"),
              "divisible by the tp mesh dim (8)");
+  EXPECT_HAS(load_error("[mesh]\nshape = [1, 2]\nnames = [\"dp\", \"tp\"]\nasync_tp = true\n"),
+             "set mesh.sequence_parallel = true with tp > 1");
+  EXPECT_HAS(load_error("[mesh]\nshape = [1, 3]\nnames = [\"dp\", \"tp\"]\nsequence_parallel = true\nasync_tp = true\n"
+                        "[model]\nheads = 6\nkv_heads = 3\ndim = 192\nffn_dim = 384\n"),
+             "train.seq = 64 must be divisible by the tp mesh dim (3)");
   EXPECT_HAS(load_error("[model]\nheads = 3\nkv_heads = 3\n"), "model.dim = 128 must be divisible");
   EXPECT_HAS(load_error("[model]\nkv_heads = 3\n"), "model.heads = 4 must be divisible");
   EXPECT_HAS(load_error("[model]\nvocab = 100\n"), "byte-level");
@@ -321,6 +326,7 @@ TrainConfig all_changed() {
   c.mesh.shape = {2, 2};
   c.mesh.names = {"dp", "tp"};
   c.mesh.sequence_parallel = true;
+  c.mesh.async_tp = true;
   c.mesh.data_parallel = "fsdp";
   c.mesh.context_parallel = "hybrid";  // no cp dim: its settings are not checked
   c.mesh.cp_load_balance = false;
@@ -412,6 +418,7 @@ TEST(TrainConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(d.mesh.shape, c.mesh.shape);
   EXPECT_EQ(d.mesh.names, c.mesh.names);
   EXPECT_EQ(d.mesh.sequence_parallel, c.mesh.sequence_parallel);
+  EXPECT_EQ(d.mesh.async_tp, c.mesh.async_tp);
   EXPECT_EQ(d.mesh.data_parallel, c.mesh.data_parallel);
   EXPECT_EQ(d.mesh.context_parallel, c.mesh.context_parallel);
   EXPECT_EQ(d.mesh.cp_load_balance, c.mesh.cp_load_balance);
@@ -499,8 +506,8 @@ TEST(TrainConfig, PrinterPrintsTheTable) {
   }
   for (const auto& f : hp::train::config_fields()) table.push_back(f.section + "." + f.key);
   EXPECT_EQ(printed, table);
-  // 7 mesh, 4 pipeline, 10 model, 15 moe, 16 train, 1 data, 5 checkpoint, 4 low_precision, 5 memory, 4 monitor
-  EXPECT_EQ(table.size(), 71u);
+  // 8 mesh, 4 pipeline, 10 model, 15 moe, 16 train, 1 data, 5 checkpoint, 4 low_precision, 5 memory, 4 monitor
+  EXPECT_EQ(table.size(), 72u);
   EXPECT_EQ(hp::train::config_sections(), (std::vector<std::string>{"mesh", "pipeline", "model", "moe", "train", "data",
                                                                     "checkpoint", "low_precision", "memory",
                                                                     "monitor"}));

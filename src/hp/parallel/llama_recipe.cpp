@@ -9,27 +9,32 @@
 namespace hp {
 
 void parallelize_llama(nn::Llama& model, const DeviceMesh& tp_mesh, const LlamaParallelOptions& o) {
+  HP_CHECK(!o.async_tp || o.sequence_parallel)
+      << "parallelize_llama: async_tp decomposes the sequence-parallel collectives; set sequence_parallel too";
   // Between blocks activations are Replicate, or Shard(1) (sequence) with sequence parallel.
   const Placement between = o.sequence_parallel ? Shard(1) : Replicate();
-  ParallelPlan plan = {
+  const bool a = o.async_tp;
+  // async_tp: q, k, v (gate, up) gather their sequence-sharded input themselves, once.
+  ParallelPlan plan;
+  if (!a) plan.push_back({"layers.*.attn", PrepareModuleInput(Replicate())});
+  plan.insert(plan.end(), {
       {"tok_embeddings", RowwiseParallel(Replicate(), between)},
-      {"layers.*.attn", PrepareModuleInput(Replicate())},
-      {"layers.*.attn.q_proj", ColwiseParallel()},
-      {"layers.*.attn.k_proj", ColwiseParallel()},
-      {"layers.*.attn.v_proj", ColwiseParallel()},
-      {"layers.*.attn.o_proj", RowwiseParallel(std::nullopt, between)},
-      {"layers.*.mlp", PrepareModuleInput(Replicate())},
-      {"layers.*.mlp.gate_proj", ColwiseParallel()},
-      {"layers.*.mlp.up_proj", ColwiseParallel()},
-      {"layers.*.mlp.down_proj", RowwiseParallel(std::nullopt, between)},
-  };
+      {"layers.*.attn.q_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
+      {"layers.*.attn.k_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
+      {"layers.*.attn.v_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
+      {"layers.*.attn.o_proj", RowwiseParallel(std::nullopt, between, a)},
+      {"layers.*.mlp.gate_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
+      {"layers.*.mlp.up_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
+      {"layers.*.mlp.down_proj", RowwiseParallel(std::nullopt, between, a)},
+  });
+  if (!a) plan.push_back({"layers.*.mlp", PrepareModuleInput(Replicate())});
   if (o.sequence_parallel) {
     plan.push_back({"layers.*.attn_norm", SequenceParallel()});
     plan.push_back({"layers.*.mlp_norm", SequenceParallel()});
     plan.push_back({"norm", SequenceParallel()});
   }
   if (!model.config().tied_embeddings)
-    plan.push_back({"output", ColwiseParallel(Replicate(), o.loss_parallel ? Shard(-1) : Replicate())});
+    plan.push_back({"output", ColwiseParallel(Replicate(), o.loss_parallel ? Shard(-1) : Replicate(), a)});
   parallelize_module(model, tp_mesh, plan);
 }
 

@@ -14,6 +14,10 @@ namespace hp {
 struct LlamaParallelOptions {
   bool sequence_parallel = false;  // norms and residuals on sequence-sharded activations
   bool loss_parallel = true;       // logits stay vocabulary-sharded into the loss
+  // With sequence_parallel: the all-gather before each column-parallel Linear and the
+  // reduce-scatter after each row-parallel one split into per-rank pieces that travel
+  // while other pieces multiply (PyTorch's async TP; async_tp.h). Bitwise the same result.
+  bool async_tp = false;
 };
 
 void parallelize_llama(nn::Llama& model, const DeviceMesh& tp_mesh, const LlamaParallelOptions& options = {});

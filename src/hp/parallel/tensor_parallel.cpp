@@ -3,9 +3,12 @@
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
 #include "hp/nn/layers.h"
+#include "hp/parallel/async_tp.h"
 
 namespace hp {
 namespace {
+
+constexpr int kSequenceDim = 1;  // of [batch, seq, hidden] activations
 
 void reshard_parameter(DTensor& p, int dim, Placement placement) {
   p = nn::make_parameter(p.redistribute(with_placement(p.placements(), dim, placement)));
@@ -28,34 +31,69 @@ nn::Module::PostHook output_to(int dim, Placement p) {
   };
 }
 
+// async_tp: the product gathers a sequence-sharded input itself, so the input hook lets
+// Shard(seq) through and lays out anything else as usual; so it does everything once a
+// product set later (FP8) has replaced the async one.
+nn::Module::PreHook input_to_or_sequence_sharded(int dim, Placement p) {
+  return [dim, p](nn::Module& m, const DTensor& x) {
+    if (x.placements().at(dim).is_shard(kSequenceDim) &&
+        is_async_tp_product(static_cast<nn::Linear&>(m).product()))
+      return x;
+    return x.redistribute(with_placement(x.placements(), dim, resolve(p, x.dim())));
+  };
+}
+
+// A Linear product set from outside already (low precision) cannot be decomposed too.
+void set_async_product(nn::Linear& lin, nn::Linear::Product product, const char* style) {
+  HP_CHECK(!lin.product()) << style << " with async_tp: the Linear already has its own product (FP8?); "
+                           << "apply async_tp before apply_low_precision, which then replaces it";
+  lin.set_product(std::move(product));
+}
+
 class Colwise : public ParallelStyle {
  public:
-  Colwise(Placement in, Placement out) : in_(in), out_(out) {}
+  Colwise(Placement in, Placement out, bool async_tp) : in_(in), out_(out), async_tp_(async_tp) {}
   void apply(nn::Module& m, const DeviceMesh&, int dim) const override {
-    if (auto* lin = dynamic_cast<nn::Linear*>(&m)) {
+    auto* lin = dynamic_cast<nn::Linear*>(&m);
+    if (lin) {
       reshard_parameter(lin->weight(), dim, Shard(0));
       if (lin->bias()) reshard_parameter(*lin->bias(), dim, Shard(0));
     } else if (auto* emb = dynamic_cast<nn::Embedding*>(&m)) {
+      HP_CHECK(!async_tp_) << "ColwiseParallel with async_tp applies to Linear modules, not Embedding";
       reshard_parameter(emb->weight(), dim, Shard(1));
     } else {
       HP_FAIL() << "ColwiseParallel applies to Linear and Embedding modules";
     }
-    m.register_forward_pre_hook(input_to(dim, in_));
+    if (async_tp_) {
+      set_async_product(*lin, all_gather_linear(dim, kSequenceDim), "ColwiseParallel");
+      m.register_forward_pre_hook(input_to_or_sequence_sharded(dim, in_));
+    } else {
+      m.register_forward_pre_hook(input_to(dim, in_));
+    }
     m.register_forward_hook(output_to(dim, out_));
   }
 
  private:
   Placement in_, out_;
+  bool async_tp_;
 };
 
 class Rowwise : public ParallelStyle {
  public:
-  Rowwise(std::optional<Placement> in, Placement out) : in_(in), out_(out) {}
+  Rowwise(std::optional<Placement> in, Placement out, bool async_tp) : in_(in), out_(out), async_tp_(async_tp) {}
   void apply(nn::Module& m, const DeviceMesh&, int dim) const override {
+    HP_CHECK(!async_tp_ || out_.is_shard(kSequenceDim))
+        << "RowwiseParallel with async_tp decomposes a reduce-scatter: its output must be Shard(" << kSequenceDim
+        << "), got " << out_.to_string();
     if (auto* lin = dynamic_cast<nn::Linear*>(&m)) {
       reshard_parameter(lin->weight(), dim, Shard(1));
       m.register_forward_pre_hook(input_to(dim, in_.value_or(Shard(-1))));
+      if (async_tp_) {
+        HP_CHECK(!lin->bias()) << "RowwiseParallel with async_tp: a Linear with a bias is not supported";
+        set_async_product(*lin, linear_reduce_scatter(dim, kSequenceDim), "RowwiseParallel");
+      }
     } else if (auto* emb = dynamic_cast<nn::Embedding*>(&m)) {
+      HP_CHECK(!async_tp_) << "RowwiseParallel with async_tp applies to Linear modules, not Embedding";
       reshard_parameter(emb->weight(), dim, Shard(0));
       m.register_forward_pre_hook(input_to(dim, in_.value_or(Replicate())));
     } else {
@@ -67,6 +105,7 @@ class Rowwise : public ParallelStyle {
  private:
   std::optional<Placement> in_;
   Placement out_;
+  bool async_tp_;
 };
 
 class SequenceSharded : public ParallelStyle {
@@ -129,9 +168,11 @@ bool name_matches(const std::string& pattern, const std::string& name) {
   return true;
 }
 
-Style ColwiseParallel(Placement input, Placement output) { return std::make_shared<Colwise>(input, output); }
-Style RowwiseParallel(std::optional<Placement> input, Placement output) {
-  return std::make_shared<Rowwise>(input, output);
+Style ColwiseParallel(Placement input, Placement output, bool async_tp) {
+  return std::make_shared<Colwise>(input, output, async_tp);
+}
+Style RowwiseParallel(std::optional<Placement> input, Placement output, bool async_tp) {
+  return std::make_shared<Rowwise>(input, output, async_tp);
 }
 Style SequenceParallel(int seq_dim) { return std::make_shared<SequenceSharded>(seq_dim); }
 Style PrepareModuleInput(Placement layout) { return std::make_shared<PrepareInput>(layout); }

@@ -25,11 +25,16 @@ using Style = std::shared_ptr<const ParallelStyle>;
 
 // Linear: weight rows sharded; input Replicate, output sharded on its last dim.
 // Embedding: table columns sharded. `output` Replicate gathers the output.
-Style ColwiseParallel(Placement input = Replicate(), Placement output = Shard(-1));
+// `async_tp` (Linear): an input arriving sequence-sharded (Shard(1), sequence parallel) is
+// gathered piece by piece, each piece multiplied as it arrives (async_tp.h).
+Style ColwiseParallel(Placement input = Replicate(), Placement output = Shard(-1), bool async_tp = false);
 // Linear: weight columns sharded; input sharded on its last dim, partial output reduced to
 // `output` (Replicate, or Shard(1) for sequence parallel: a reduce-scatter).
 // Embedding: table rows (vocabulary) sharded; input Replicate.
-Style RowwiseParallel(std::optional<Placement> input = std::nullopt, Placement output = Replicate());
+// `async_tp` (Linear, output Shard(1)): the reduce-scatter's pieces are sent as their rows
+// are multiplied (async_tp.h).
+Style RowwiseParallel(std::optional<Placement> input = std::nullopt, Placement output = Replicate(),
+                      bool async_tp = false);
 // Norms and other per-token modules on sequence-sharded activations: input and output
 // Shard(dim), parameters Replicate.
 Style SequenceParallel(int seq_dim = 1);

@@ -435,6 +435,9 @@ void validate(const TrainConfig& c) {
   HP_CHECK(!m.sequence_parallel || t.seq % tp == 0)
       << src << ": with mesh.sequence_parallel, train.seq = " << t.seq
       << " must be divisible by the tp mesh dim (" << tp << ")";
+  HP_CHECK(!m.async_tp || (m.sequence_parallel && tp > 1))
+      << src << ": mesh.async_tp decomposes the sequence-parallel collectives of a tp mesh dim; set "
+      << "mesh.sequence_parallel = true with tp > 1, or async_tp = false";
   const int64_t cp = dims.cp;
   const bool hybrid = m.context_parallel == "hybrid";
   HP_CHECK(hybrid || m.context_parallel == "ulysses" || m.context_parallel == "ring" ||

@@ -20,6 +20,9 @@ struct MeshConfig {
   std::vector<int64_t> shape{1};       // devices per mesh dim; product = world size
   std::vector<std::string> names{"dp"};
   bool sequence_parallel = false;      // shard norms/activations along seq inside tp
+  // The sequence-parallel all-gathers and reduce-scatters split into per-rank pieces that
+  // travel while other pieces multiply (parallel/async_tp.h); needs sequence_parallel.
+  bool async_tp = false;
   // How dp ranks combine gradients and share state: "ddp" (bucketed all-reduce overlapped
   // with backward), "replicate" (each use of a parameter all-reduces its gradient inside
   // autograd), or fully_shard at a ZeRO stage: "zero1" (optimizer states sharded; parameters

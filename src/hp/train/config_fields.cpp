@@ -33,6 +33,8 @@ std::vector<Field> make_fields() {
       {"mesh", "names", "a name per dim: dp, tp, cp, ep or pp", at<&T::mesh, &Mesh::names>()},
       {"mesh", "sequence_parallel", "shard norms and activations along seq inside tp",
        at<&T::mesh, &Mesh::sequence_parallel>()},
+      {"mesh", "async_tp", "sequence-parallel collectives in pieces behind the matmuls (needs sequence_parallel)",
+       at<&T::mesh, &Mesh::async_tp>()},
       {"mesh", "data_parallel", "ddp, replicate, zero1, zero2 or fsdp", at<&T::mesh, &Mesh::data_parallel>()},
       {"mesh", "context_parallel", "attention over cp: ulysses, ring, allgather_kv or hybrid",
        at<&T::mesh, &Mesh::context_parallel>()},

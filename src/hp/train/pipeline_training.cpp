@@ -65,7 +65,7 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
     whole = build_moe_llama(cfg, sm);
   } else {
     auto llama = std::make_shared<nn::Llama>(cfg.model, sm);
-    if (dims.tp > 1) parallelize_llama(*llama, sm["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
+    if (dims.tp > 1) parallelize_llama(*llama, sm["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true, cfg.mesh.async_tp});
     apply_context_parallel(*llama, sm, cfg);
     apply_precision(*llama, cfg);
     apply_activation_checkpointing(*llama, cfg);

@@ -64,7 +64,7 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
   DeviceMesh& mesh = t.stage_mesh;
   t.llama = std::make_shared<nn::Llama>(cfg.model, mesh);
   nn::Llama& model = *t.llama;
-  if (dims.tp > 1) parallelize_llama(model, mesh["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true});
+  if (dims.tp > 1) parallelize_llama(model, mesh["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true, cfg.mesh.async_tp});
   detail::apply_context_parallel(model, mesh, cfg);
   detail::apply_precision(model, cfg);
   detail::apply_activation_checkpointing(model, cfg);
