@@ -68,8 +68,8 @@ std::vector<at::Tensor> SwapOptimizer::bring_in(size_t b) const {
 }
 
 void SwapOptimizer::send_out(size_t b) {
-  write(b);
   if (options_.parameters) options_.parameters->send_out(batches_[b].params);
+  write(b);
 }
 
 void SwapOptimizer::install(size_t b, std::vector<at::Tensor> state) {
