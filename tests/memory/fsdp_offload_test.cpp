@@ -14,6 +14,7 @@
 #include <atomic>
 #include <csignal>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 
 #include "hp/optim/muon.h"
@@ -26,11 +27,26 @@ using hp::testing::LlamaRunSpec;
 
 namespace {
 
+// Every test removes what it made (FileTier removes only its own directories).
+std::vector<std::string> made_dirs;
+std::mutex made_mu;
 std::string fresh_dir() {
   char tmpl[] = "/tmp/hp_fsdp_offload_XXXXXX";
   HP_CHECK(::mkdtemp(tmpl) != nullptr) << "mkdtemp failed";
+  std::lock_guard<std::mutex> lock(made_mu);
+  made_dirs.push_back(tmpl);
   return tmpl;
 }
+struct RemoveMadeDirs : ::testing::EmptyTestEventListener {
+  void OnTestEnd(const ::testing::TestInfo&) override {
+    for (const std::string& d : made_dirs) std::filesystem::remove_all(d);
+    made_dirs.clear();
+  }
+};
+const bool remove_made_dirs = [] {
+  ::testing::UnitTest::GetInstance()->listeners().Append(new RemoveMadeDirs);
+  return true;
+}();
 
 enum class Offload { None, Files, Host };
 enum class Step { Streamed, BroughtIn };  // SwapOptimizer given the offloaded parameters; any optimizer after bring_in_offloaded()
