@@ -234,6 +234,9 @@ at::Tensor FSDPUnit::gather_slot(const at::Tensor& flat, size_t i) const {
 
 void FSDPUnit::start_gather() {
   if (state_ != State::Sharded || params_.empty()) return;
+  // Offloaded shards come in for the pack (and FP8's scales) and go out once packed.
+  for (FSDPParam& p : params_)
+    if (p.offloaded()) p.bring_in(/*grad=*/false, /*changing=*/false);
   if (!float8_) plan_gather();
   // At most one gather reads the gather buffers: one still in flight (a prefetch that
   // another unit's unshard overtook) finishes first; its result stays with its unit.
@@ -241,9 +244,6 @@ void FSDPUnit::start_gather() {
     run_->gathering->gather_.wait();
   run_->gathering = this;
   // Backward is under way while its callback is queued: gathers then are backward's.
-  // Offloaded shards come in for the pack (and FP8's scales) and go out once packed.
-  for (FSDPParam& p : params_)
-    if (p.offloaded()) p.bring_in(/*grad=*/false, /*changing=*/false);
   scales_ = float8_->scales(params_, *shard_, /*forward=*/!run_->callback_queued);
   at::Tensor send = run_->send_buffer(*shard_, gather_total_, gather_dtype_, device_, FSDPRun::Use::Gather);
   for (size_t i = 0; i < params_.size(); ++i) params_[i].pack_shard(gather_slot(send, i), scales_[i]);
