@@ -1,7 +1,7 @@
 // fully_shard with an offload policy against the same fully_shard run without one, on the
 // same model, seed and data: the loss of every step, every gradient of the first step and
 // every parameter after 5 steps, bitwise on every rank (offload moves bytes, it changes no
-// arithmetic). Layouts: fsdp 2, fsdp 3 (uneven shards; also bf16 mixed precision), fsdp 2 x tp 2, ZeRO-1/2/3 with
+// arithmetic). Layouts: fsdp 2, fsdp 3 (uneven shards; also bf16 mixed precision, FP8 all-gather), fsdp 2 x tp 2, ZeRO-1/2/3 with
 // gradient accumulation on 2 and 3 ranks; AdamW and Muon; the optimizer streaming
 // parameters, gradients and state (SwapOptimizer) or stepping on everything brought in.
 // Counted: the shards' and gradients' bytes leave memory. Errors: a vanished offload file,
@@ -57,6 +57,7 @@ struct Case {
   int zero = 0;  // a ZeRO stage over 2 micro-steps; 0: one step per batch
   bool muon = false;
   bool bf16 = false;  // mixed precision: bfloat16 gathers and compute, float32 reduction
+  bool fp8 = false;   // FP8 Linears whose weights are gathered in FP8 (scales from the shards)
   Step step = Step::Streamed;
 };
 
@@ -96,6 +97,11 @@ LlamaRunSpec offload_spec(const Case& c, Offload offload) {
   const std::string dir = offload == Offload::Files ? fresh_dir() : "";
   spec.parallelize = [c, offload, dir](nn::Llama& model, const DeviceMesh& mesh) {
     if (c.tp) parallelize_llama(model, mesh["tp"], {/*sequence_parallel=*/true, /*loss_parallel=*/true});
+    if (c.fp8) {
+      LowPrecisionConfig lp;
+      lp.enable_fsdp_float8_all_gather = true;
+      apply_low_precision(model, lp);
+    }
     FullyShardOptions o = c.zero ? zero_stage_options(c.zero) : FullyShardOptions{};
     if (c.bf16) o.mp_policy = {at::kBFloat16, at::kFloat};
     if (offload == Offload::Files) o.offload_policy = FileOffloadPolicy{dir};
@@ -143,6 +149,11 @@ TEST(FsdpOffload, FilesSteppedInMemory3Ranks) {
 TEST(FsdpOffload, FilesMixedPrecision3Ranks) {
   Case c{{3}};
   c.bf16 = true;
+  expect_same_as_without(c);
+}
+TEST(FsdpOffload, FilesFloat8AllGather3Ranks) {
+  Case c{{3}};
+  c.fp8 = true;
   expect_same_as_without(c);
 }
 TEST(FsdpOffload, HostMemory3Ranks) { expect_same_as_without({{3}}, Offload::Host); }
