@@ -1,11 +1,11 @@
 // fully_shard with an offload policy against the same fully_shard run without one, on the
 // same model, seed and data: the loss of every step, every gradient of the first step and
 // every parameter after 5 steps, bitwise on every rank (offload moves bytes, it changes no
-// arithmetic). Layouts: fsdp 2, fsdp 3 (uneven shards; also bf16 mixed precision, FP8 all-gather), fsdp 2 x tp 2, ZeRO-1/2/3 with
-// gradient accumulation on 2 and 3 ranks; AdamW and Muon; the optimizer streaming
-// parameters, gradients and state (SwapOptimizer) or stepping on everything brought in.
-// Counted: the shards' and gradients' bytes leave memory. Errors: a vanished offload file,
-// a full disk that loses nothing.
+// arithmetic). Layouts: fsdp 2, fsdp 3 (uneven shards; also bf16 mixed precision and FP8
+// all-gather), fsdp 2 x tp 2, ZeRO-1/2/3 with gradient accumulation on 2 and 3 ranks;
+// AdamW and Muon; the optimizer streaming parameters, gradients and state (SwapOptimizer)
+// or stepping on everything brought in. Counted: the shards' and gradients' bytes leave
+// memory. Errors: a vanished offload file, a full disk that loses nothing.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -49,7 +49,9 @@ const bool remove_made_dirs = [] {
 }();
 
 enum class Offload { None, Files, Host };
-enum class Step { Streamed, BroughtIn };  // SwapOptimizer given the offloaded parameters; any optimizer after bring_in_offloaded()
+// Streamed: a SwapOptimizer given the offloaded parameters; BroughtIn: AdamW or Muon after
+// FSDPModule::bring_in_offloaded().
+enum class Step { Streamed, BroughtIn };
 
 struct Case {
   std::vector<int64_t> mesh;

@@ -77,7 +77,8 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
   const std::vector<std::string> reduce_dims = detail::gradient_reduce_dims(cfg);
   if (shards_data(cfg)) {
     FullyShardOptions o = shard_options(cfg);
-    const bool offload = !cfg.memory.fsdp_offload_dir.empty() && mesh.device_type() != "meta";  // a dry-run has no bytes
+    // A dry-run's meta tensors have no bytes to offload.
+    const bool offload = !cfg.memory.fsdp_offload_dir.empty() && mesh.device_type() != "meta";
     if (offload) o.offload_policy = FileOffloadPolicy{cfg.memory.fsdp_offload_dir};
     FSDPModule root = fully_shard_llama(model, detail::fully_shard_mesh(mesh, cfg), o);
     if (offload) t.offloaded = root;
@@ -172,13 +173,14 @@ void check_fsdp_offload(const TrainConfig& cfg) {
   if (cfg.memory.fsdp_offload_dir.empty()) return;
   const ParallelDims dims = cfg.dims();
   const std::string key = cfg.source + ": memory.fsdp_offload_dir";
-  HP_CHECK(!cfg.moe.enabled() && dims.pp == 1) << key << " runs on the dense model without pipeline stages only (pp = "
-                                               << dims.pp << (cfg.moe.enabled() ? ", [moe]" : "") << "); set it to \"\"";
+  HP_CHECK(!cfg.moe.enabled() && dims.pp == 1)
+      << key << " runs on the dense model without pipeline stages only (pp = " << dims.pp
+      << (cfg.moe.enabled() ? ", [moe]" : "") << "); set it to \"\"";
   HP_CHECK(shards_data(cfg)) << key << " offloads fully_shard's shards: it needs mesh.data_parallel = \"fsdp\", "
-                             << "\"zero1\" or \"zero2\" with dp > 1, not \"" << cfg.mesh.data_parallel << "\" with dp = "
-                             << dims.dp;
-  HP_CHECK(cfg.train.optimizer == "adamw")
-      << key << " needs train.optimizer = \"adamw\", not \"" << cfg.train.optimizer << "\" (the streamed optimizer is AdamW)";
+                             << "\"zero1\" or \"zero2\" with dp > 1, not \"" << cfg.mesh.data_parallel
+                             << "\" with dp = " << dims.dp;
+  HP_CHECK(cfg.train.optimizer == "adamw") << key << " needs train.optimizer = \"adamw\", not \"" << cfg.train.optimizer
+                                           << "\" (the streamed optimizer is AdamW)";
   HP_CHECK(cfg.checkpoint.dir.empty() && !cfg.monitor.enabled())
       << key << " with checkpoint.dir or [monitor] is not supported yet (they read the parameters between steps, "
       << "when they are in files)";
