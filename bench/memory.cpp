@@ -16,13 +16,21 @@
 // Per mode: the process's peak RSS over its steps (VmHWM, reset through
 // /proc/self/clear_refs). Medians over all steps of a mode; ratios against none. The
 // planner's figures for the same model (plan/memory.h, plan/estimator.h) are printed
-// beside them. RESULT lines last.
+// beside them.
+//
+// fully_shard offload (one rank, so a shard is a whole parameter): fsdp (AdamW in memory),
+// fsdp_optoffload (SwapOptimizer, state in files) and fsdp_offload (FileOffloadPolicy:
+// parameters and gradients in files too, streamed by the SwapOptimizer with the state).
+// A fresh model per mode and round, modes alternating; per step the wall time, the step's
+// peak of counted storage above what was allocated before the model was built, and what
+// stays allocated between steps. RESULT lines last.
 #include <ATen/ATen.h>
 #include <stdlib.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
@@ -32,6 +40,7 @@
 #include "hp/memory.h"
 #include "hp/nn.h"
 #include "hp/optim/adamw.h"
+#include "hp/parallel.h"
 #include "hp/plan/estimator.h"
 #include "hp/plan/memory.h"
 #include "hp/plan/model_desc.h"
@@ -74,19 +83,100 @@ std::vector<Mode> modes() {
   return {none, full, sel, half, off, off_np};
 }
 
+std::string temp_dir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir = std::string(tmp ? tmp : "/tmp") + "/hp_bench_memory_XXXXXX";
+  HP_CHECK(::mkdtemp(dir.data()) != nullptr) << "mkdtemp " << dir;
+  return dir;
+}
+
 std::unique_ptr<optim::Optimizer> make_optimizer(nn::Llama& model, int offload, int64_t batch_bytes) {
   optim::AdamWOptions ao;
   ao.lr = 1e-3;
   if (offload == 0) return std::make_unique<optim::AdamW>(model.parameters(), ao);
-  const char* tmp = std::getenv("TMPDIR");
-  std::string dir = std::string(tmp ? tmp : "/tmp") + "/hp_bench_memory_XXXXXX";
-  HP_CHECK(::mkdtemp(dir.data()) != nullptr) << "mkdtemp " << dir;
+  const std::string dir = temp_dir();
   memory::SwapOptimizerOptions so;
   so.batch_bytes = batch_bytes;
   so.prefetch = offload == 1;
   return std::make_unique<memory::SwapOptimizer>(
       model.parameters(), [ao](std::vector<DTensor*> ps) { return std::make_unique<optim::AdamW>(ps, ao); },
       std::make_shared<memory::FileTier>(dir), so);
+}
+
+struct FsdpRows {
+  std::map<std::string, std::vector<double>> time, peak, between;
+};
+
+// One mode's model, optimizer and steps; offloaded files under `dir`.
+void run_fsdp_mode(const std::string& name, const std::string& dir, const nn::LlamaConfig& c, const DTensor& ids,
+                   const DTensor& targets, int steps, FsdpRows& rows) {
+  optim::AdamWOptions ao;
+  ao.lr = 1e-3;
+  auto adamw = [ao](std::vector<DTensor*> ps) { return std::make_unique<optim::AdamW>(ps, ao); };
+  const int64_t base = cpu_memory_allocated();
+  manual_seed(0);
+  auto model = std::make_unique<nn::Llama>(c, ids.device_mesh());
+  FullyShardOptions o;
+  if (name == "fsdp_offload") o.offload_policy = FileOffloadPolicy{dir + "/shards"};
+  FSDPModule root = fully_shard_llama(*model, ids.device_mesh()["dp"], o);
+  int64_t param_bytes = 0;
+  for (DTensor* p : model->parameters()) param_bytes += static_cast<int64_t>(p->to_local().nbytes());
+  std::unique_ptr<optim::Optimizer> opt;
+  if (name == "fsdp") {
+    opt = adamw(model->parameters());
+  } else {
+    memory::SwapOptimizerOptions so;
+    so.batch_bytes = param_bytes / 8;
+    if (name == "fsdp_offload") so.parameters = root.offloaded_parameters();
+    opt = std::make_unique<memory::SwapOptimizer>(model->parameters(), adamw,
+                                                  std::make_shared<memory::FileTier>(dir + "/optimizer"), so);
+  }
+  for (int s = 0; s <= steps; ++s) {  // step 0 allocates the optimizer state: untimed
+    reset_cpu_memory_peak();
+    auto t0 = Clock::now();
+    model->loss(ids, targets).to_local().backward();
+    opt->step();
+    opt->zero_grad();
+    const double time = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (s == 0) continue;
+    rows.time[name].push_back(time);
+    rows.peak[name].push_back(double(cpu_memory_peak() - base));
+    rows.between[name].push_back(double(cpu_memory_allocated() - base));
+  }
+}
+
+// fsdp, fsdp_optoffload and fsdp_offload (above), RESULT lines into `results`.
+void fsdp_rows(const nn::LlamaConfig& c, const DTensor& ids, const DTensor& targets, int rounds, int steps,
+               std::vector<std::string>& results) {
+  const std::vector<std::string> names{"fsdp", "fsdp_optoffload", "fsdp_offload"};
+  FsdpRows rows;
+  for (int r = 0; r < rounds; ++r)
+    for (size_t i = 0; i < names.size(); ++i) {
+      const std::string& name = names[(i + r) % names.size()];
+      const std::string dir = temp_dir();
+      run_fsdp_mode(name, dir, c, ids, targets, steps, rows);
+      std::filesystem::remove_all(dir);
+    }
+  std::printf("%-19s %9s %7s %14s %7s %17s\n", "fully_shard, 1 rank", "step ms", "ratio", "step peak MiB", "ratio",
+              "between steps MiB");
+  const double t0 = median(rows.time["fsdp"]), p0 = median(rows.peak["fsdp"]);
+  for (const std::string& n : names)
+    std::printf("%-19s %9.1f %7.3f %14.1f %7.3f %17.1f\n", n.c_str(), 1e3 * median(rows.time[n]),
+                median(rows.time[n]) / t0, median(rows.peak[n]) / (1 << 20), median(rows.peak[n]) / p0,
+                median(rows.between[n]) / (1 << 20));
+  const std::string tag = "L" + std::to_string(c.layers);
+  auto result = [&](const std::string& key, double v) {
+    char line[160];
+    std::snprintf(line, sizeof line, "RESULT memory_%s_%s %.3f", key.c_str(), tag.c_str(), v);
+    results.push_back(line);
+  };
+  const double t1 = median(rows.time["fsdp_optoffload"]), p1 = median(rows.peak["fsdp_optoffload"]);
+  result("fsdp_offload_step_time_ratio", median(rows.time["fsdp_offload"]) / t0);
+  result("fsdp_offload_step_time_ratio_vs_optoffload", median(rows.time["fsdp_offload"]) / t1);
+  result("fsdp_offload_step_peak_ratio", median(rows.peak["fsdp_offload"]) / p0);
+  result("fsdp_offload_step_peak_ratio_vs_optoffload", median(rows.peak["fsdp_offload"]) / p1);
+  result("fsdp_between_steps_mib", median(rows.between["fsdp"]) / (1 << 20));
+  result("fsdp_offload_between_steps_mib", median(rows.between["fsdp_offload"]) / (1 << 20));
 }
 
 void set_mode(nn::Llama& model, const Mode& m) {
@@ -150,6 +240,8 @@ int main(int argc, char** argv) {
         rss[m.name].push_back(peak_rss());
       }
     opt.reset();
+    std::vector<std::string> fsdp_results;
+    fsdp_rows(c, ids, targets, rounds, steps, fsdp_results);
     plan::ModelDesc d;
     d.name = "bench", d.layers = layers, d.hidden = c.dim, d.heads = c.heads, d.kv_heads = c.kv_heads;
     d.ffn = c.ffn_dim, d.vocab = c.vocab, d.seq_len = seq;
@@ -186,6 +278,7 @@ int main(int argc, char** argv) {
     std::printf("RESULT memory_offload_noprefetch_step_time_ratio_%s %.3f\n", tag.c_str(),
                 median(time["offload_noprefetch"]) / t0);
     std::printf("RESULT memory_none_act_peak_mib_%s %.1f\n", tag.c_str(), a0 / (1 << 20));
+    for (const std::string& line : fsdp_results) std::printf("%s\n", line.c_str());
   });
   return 0;
 }

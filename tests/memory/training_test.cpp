@@ -1,4 +1,4 @@
-// `hp train`'s [memory] keys (activation checkpointing, optimizer offload to files) against
+// `hp train`'s [memory] keys (activation checkpointing, optimizer and fully_shard offload to files) against
 // the same configuration without them, ranks as threads: the loss of every step, bitwise
 // (recompute and offload change no arithmetic), on every rank. Layouts: pp = 2 (1F1B),
 // tp = 2 (sequence parallel), dp = 2 with fully_shard.
@@ -6,9 +6,11 @@
 
 #include <stdlib.h>
 
+#include <atomic>
 #include <filesystem>
 
 #include "hp/comm/local_ranks.h"
+#include "hp/train/train_step.h"
 #include "hp/train/trainer.h"
 #include "train/trainer_runs.h"
 
@@ -31,6 +33,29 @@ train::TrainConfig config(const std::string& dim, const std::string& dp) {
 
 std::vector<double> losses(const train::TrainConfig& c) { return hp::testing::run_on_all_ranks(c).losses; }
 
+// As losses(c), counting the shard files every rank holds before its second step.
+std::vector<double> offloaded_losses(const train::TrainConfig& c, std::atomic<int>* shard_files) {
+  std::vector<train::TrainResult> results(c.world_size());
+  comm::run_local_ranks(static_cast<int>(c.world_size()), [&](int rank) {
+    train::TrainHooks hooks;
+    hooks.before_step = [&](train::Training& t, int64_t step) {
+      if (step != 1 || !t.offloaded) return;
+      const std::string mine = c.memory.fsdp_offload_dir + "/rank" + std::to_string(rank) + ".unit";
+      for (const auto& e : std::filesystem::recursive_directory_iterator(c.memory.fsdp_offload_dir))
+        if (e.path().string().rfind(mine, 0) == 0 && e.path().extension() == ".param") ++*shard_files;
+    };
+    results[rank] = train::run_training(c, hooks);
+  });
+  for (size_t r = 1; r < results.size(); ++r) EXPECT_EQ(results[r].losses, results[0].losses) << "rank " << r;
+  return results[0].losses;
+}
+
+std::string fresh_dir() {
+  char tmpl[] = "/tmp/hp_train_offload_XXXXXX";
+  HP_CHECK(::mkdtemp(tmpl) != nullptr) << "mkdtemp failed";
+  return tmpl;
+}
+
 void expect_same(const std::string& dim, const std::string& dp, const std::string& mode, double budget = 0,
                  bool offload = false) {
   const train::TrainConfig plain = config(dim, dp);
@@ -39,9 +64,7 @@ void expect_same(const std::string& dim, const std::string& dp, const std::strin
   c.memory.memory_budget = budget;
   std::string dir;
   if (offload) {
-    char tmpl[] = "/tmp/hp_train_offload_XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir = tmpl;
+    dir = fresh_dir();
     c.memory.optimizer_offload_dir = dir;
     c.memory.optimizer_offload_batch_mib = 1;
   }
@@ -57,3 +80,35 @@ TEST(MemoryTraining, Pp2FullCheckpointing) { expect_same("pp", "ddp", "full"); }
 TEST(MemoryTraining, Pp2Selective) { expect_same("pp", "ddp", "selective"); }
 TEST(MemoryTraining, Tp2SelectiveBudget) { expect_same("tp", "ddp", "selective", 0.5); }
 TEST(MemoryTraining, FsdpFullCheckpointingAndOptimizerOffload) { expect_same("dp", "fsdp", "full", 0, true); }
+
+// fully_shard's shards in files, the optimizer streaming them: with clipping (which brings
+// every gradient in) and without (the optimizer brings each batch in), on 2 ranks and on 3
+// (uneven shards).
+TEST(MemoryTraining, FsdpOffloadToFiles) {
+  for (int64_t dp : {2, 3})
+    for (double clip : {1.0, 0.0}) {
+      train::TrainConfig plain = config("dp", "fsdp");
+      plain.mesh.shape = {dp}, plain.train.batch = 6, plain.train.grad_clip = clip;
+      train::TrainConfig c = plain;
+      c.memory.fsdp_offload_dir = fresh_dir();
+      c.memory.optimizer_offload_batch_mib = 1;
+      const std::vector<double> want = losses(plain);
+      std::atomic<int> shard_files{0};
+      EXPECT_EQ(offloaded_losses(c, &shard_files), want) << "dp " << dp << " grad_clip " << clip;
+      EXPECT_GT(shard_files.load(), 0) << "no shard files";
+      EXPECT_LT(want.back(), want.front());
+      std::filesystem::remove_all(c.memory.fsdp_offload_dir);
+    }
+}
+
+TEST(MemoryTraining, FsdpOffloadNeedsFullyShard) {
+  train::TrainConfig c = config("dp", "ddp");
+  c.memory.fsdp_offload_dir = "/tmp/unused";
+  try {
+    losses(c);
+    ADD_FAILURE() << "expected an error";
+  } catch (const hp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("memory.fsdp_offload_dir offloads fully_shard's shards"), std::string::npos)
+        << e.what();
+  }
+}

@@ -40,6 +40,7 @@ struct LlamaRunSpec {
     return std::make_unique<optim::AdamW>(m.parameters(), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
   };
   std::function<void(nn::Llama&, int64_t step)> after_backward;  // inspects the model
+  std::function<void(nn::Llama&)> before_final;  // runs before the final parameters are read
   std::function<void(nn::LlamaConfig&)> configure;               // changes tiny_llama()
   // Lays out a batch's ids and targets [B, S] (default: rows split over the dp* dims).
   std::function<std::pair<DTensor, DTensor>(const at::Tensor& ids, const at::Tensor& targets, const DeviceMesh&)>
@@ -103,6 +104,7 @@ inline LlamaRun train_llama(const LlamaRunSpec& spec) {
       opt->step();
       opt->zero_grad();
     }
+    if (spec.before_final) spec.before_final(model);
     for (auto& [name, p] : model.named_parameters()) mine.final_params[name] = p->full_tensor();
     std::lock_guard<std::mutex> lock(mu);
     views[rank] = mine;

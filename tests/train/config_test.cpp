@@ -391,6 +391,7 @@ TrainConfig all_changed() {
   c.memory.memory_budget = 0.5;
   c.memory.optimizer_offload_dir = "/tmp/offload";
   c.memory.optimizer_offload_batch_mib = 8;
+  c.memory.fsdp_offload_dir = "/tmp/fsdp_offload";
   c.monitor.every = 10;
   c.monitor.file = "runs/monitor.jsonl";
   c.monitor.spike_factor = 2.5;
@@ -483,6 +484,7 @@ TEST(TrainConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(bits(d.memory.memory_budget), bits(c.memory.memory_budget));
   EXPECT_EQ(d.memory.optimizer_offload_dir, c.memory.optimizer_offload_dir);
   EXPECT_EQ(d.memory.optimizer_offload_batch_mib, c.memory.optimizer_offload_batch_mib);
+  EXPECT_EQ(d.memory.fsdp_offload_dir, c.memory.fsdp_offload_dir);
   EXPECT_EQ(d.monitor.every, c.monitor.every);
   EXPECT_EQ(d.monitor.file, c.monitor.file);
   EXPECT_EQ(bits(d.monitor.spike_factor), bits(c.monitor.spike_factor));
@@ -506,8 +508,8 @@ TEST(TrainConfig, PrinterPrintsTheTable) {
   }
   for (const auto& f : hp::train::config_fields()) table.push_back(f.section + "." + f.key);
   EXPECT_EQ(printed, table);
-  // 8 mesh, 4 pipeline, 10 model, 15 moe, 16 train, 1 data, 5 checkpoint, 4 low_precision, 5 memory, 4 monitor
-  EXPECT_EQ(table.size(), 72u);
+  // 8 mesh, 4 pipeline, 10 model, 15 moe, 16 train, 1 data, 5 checkpoint, 4 low_precision, 6 memory, 4 monitor
+  EXPECT_EQ(table.size(), 73u);
   EXPECT_EQ(hp::train::config_sections(), (std::vector<std::string>{"mesh", "pipeline", "model", "moe", "train", "data",
                                                                     "checkpoint", "low_precision", "memory",
                                                                     "monitor"}));

@@ -14,7 +14,7 @@
 namespace hp::memory {
 
 struct HostTier::Entry {
-  at::Tensor host;  // contiguous bytes, pinned when it holds a device tensor's
+  at::Tensor host;  // contiguous bytes, pinned when it holds a device tensor's (and pin_memory is on)
 #ifdef HP_CUDA
   std::unique_ptr<at::cuda::CUDAEvent> copied;  // recorded on the copy stream after the last copy
   void wait() {
@@ -68,7 +68,7 @@ std::unique_ptr<at::cuda::CUDAEvent> on_copy_stream(const at::Tensor& device_ten
 
 }  // namespace
 
-HostTier::HostTier() = default;
+HostTier::HostTier(bool pin_memory) : pin_memory_(pin_memory) {}
 
 HostTier::~HostTier() {
   for (auto& [key, e] : entries_) e->wait();
@@ -81,8 +81,8 @@ void HostTier::write(const std::string& key, const at::Tensor& t) {
   std::unique_ptr<Entry>& e = entries_[key];
   if (!e) e = std::make_unique<Entry>();
   e->wait();  // the buffer's previous copy must end before it is overwritten
-  if (!e->host.defined() || e->host.numel() != n || e->host.is_pinned() != c.is_cuda())
-    e->host = host_buffer(n, c.is_cuda());
+  const bool pinned = c.is_cuda() && pin_memory_;
+  if (!e->host.defined() || e->host.numel() != n || e->host.is_pinned() != pinned) e->host = host_buffer(n, pinned);
   if (n == 0) return;
 #ifdef HP_CUDA
   if (c.is_cuda()) {

@@ -21,7 +21,8 @@ namespace hp::memory {
 
 class HostTier : public StorageTier {
  public:
-  HostTier();
+  // pin_memory off: pageable host buffers (copies of device tensors then block the caller).
+  explicit HostTier(bool pin_memory = true);
   ~HostTier() override;  // waits for copies still in flight
   void write(const std::string& key, const at::Tensor& t) override;
   void read(const std::string& key, at::Tensor& into) override;
@@ -32,6 +33,7 @@ class HostTier : public StorageTier {
   struct Entry;  // a host buffer and, for device copies, the event that ends its copy
 
  private:
+  bool pin_memory_;
   mutable std::mutex mu_;
   std::map<std::string, std::unique_ptr<Entry>> entries_;
 };

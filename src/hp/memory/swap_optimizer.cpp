@@ -34,6 +34,7 @@ SwapOptimizer::SwapOptimizer(std::vector<DTensor*> params, OptimizerFactory make
   }
   for (auto& g : groups) {
     Batch b;
+    b.params = g;
     b.inner = make(g);
     HP_CHECK(b.inner) << "SwapOptimizer: the factory made no optimizer";
     b.entries = b.inner->state();
@@ -59,6 +60,16 @@ std::vector<at::Tensor> SwapOptimizer::load(size_t b) const {
     out.push_back(t);
   }
   return out;
+}
+
+std::vector<at::Tensor> SwapOptimizer::bring_in(size_t b) const {
+  if (options_.parameters) options_.parameters->bring_in(batches_[b].params);
+  return batches_[b].resident ? std::vector<at::Tensor>() : load(b);
+}
+
+void SwapOptimizer::send_out(size_t b) {
+  if (options_.parameters) options_.parameters->send_out(batches_[b].params);
+  write(b);
 }
 
 void SwapOptimizer::install(size_t b, std::vector<at::Tensor> state) {
@@ -101,16 +112,17 @@ void SwapOptimizer::step() {
     if (writing.valid()) finish(written, [&] { writing.get(); });
   };
   for (size_t b = 0; b < batches_.size(); ++b) {
-    if (!batches_[b].resident) install(b, next.valid() ? next.get() : load(b));
-    if (options_.prefetch && b + 1 < batches_.size() && !batches_[b + 1].resident)
-      next = std::async(std::launch::async, [this, b] { return load(b + 1); });
+    std::vector<at::Tensor> state = next.valid() ? next.get() : bring_in(b);
+    if (!batches_[b].resident) install(b, std::move(state));
+    if (options_.prefetch && b + 1 < batches_.size())
+      next = std::async(std::launch::async, [this, b] { return bring_in(b + 1); });
     batches_[b].inner->step();
     finish_writing();  // the batch before: at most three batches in memory
     if (options_.write_behind) {
-      writing = std::async(std::launch::async, [this, b] { write(b); });
+      writing = std::async(std::launch::async, [this, b] { send_out(b); });
       written = b;
     } else {
-      finish(b, [&] { write(b); });
+      finish(b, [&] { send_out(b); });
     }
   }
   finish_writing();

@@ -20,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "hp/memory/offloaded_parameters.h"
 #include "hp/memory/storage_tier.h"
 #include "hp/optim/optimizer.h"
 
@@ -29,6 +30,10 @@ struct SwapOptimizerOptions {
   int64_t batch_bytes = int64_t{64} << 20;  // of parameters per batch
   bool prefetch = true;                     // read batch n+1 while batch n updates
   bool write_behind = true;                 // write batch n while batch n+1 updates
+  // Parameters kept off memory too (FSDPModule::offloaded_parameters()): each batch's are
+  // brought in with its state and sent out with it, so parameters, gradients and state
+  // stream together.
+  std::shared_ptr<OffloadedParameters> parameters;
 };
 
 using OptimizerFactory = std::function<std::unique_ptr<optim::Optimizer>(std::vector<DTensor*>)>;
@@ -52,6 +57,7 @@ class SwapOptimizer : public optim::Optimizer {
 
  private:
   struct Batch {
+    std::vector<DTensor*> params;
     std::unique_ptr<optim::Optimizer> inner;
     std::vector<optim::StateEntry> entries;
     std::vector<std::vector<int64_t>> sizes;  // of each entry
@@ -63,6 +69,8 @@ class SwapOptimizer : public optim::Optimizer {
   void install(size_t b, std::vector<at::Tensor> state);
   void evict(size_t b);
   void write(size_t b) const;
+  std::vector<at::Tensor> bring_in(size_t b) const;  // parameters and state
+  void send_out(size_t b);
   void release(size_t b);
 
   std::vector<DTensor*> params_;

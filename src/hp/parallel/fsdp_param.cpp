@@ -29,6 +29,15 @@ int choose_dim(const ShardSpec& spec, int shard_dim, int64_t shards, const std::
   return fallback;
 }
 
+// Gives a tensor's storage back to its allocator, or allocates it again at its size.
+void release(const at::Tensor& t) { t.storage().unsafeGetStorageImpl()->reset(); }
+void restore(const at::Tensor& t) {
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = (t.storage_offset() + t.numel()) * t.element_size();
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(nbytes));
+  storage->set_nbytes(nbytes);
+}
+
 }  // namespace
 
 FSDPParam::FSDPParam(std::string name, DTensor* slot, int shard_dim, int replicate_dim,
@@ -128,11 +137,65 @@ void FSDPParam::pack_grad(const at::Tensor& grad, at::Tensor send, int64_t offse
 void FSDPParam::accumulate_grad(const at::Tensor& reduced, int64_t offset) {
   at::Tensor local = sharded_.to_local();
   at::Tensor g = reduced.narrow(0, offset, local.numel()).view(local.sizes()).to(local.scalar_type());
+  if (tier_) load_grad();
   at::Tensor& grad = local.mutable_grad();
   if (grad.defined())
     grad.add_(g);
   else
-    grad = g.clone();
+    grad = g.clone();  // its own storage: `reduced` is the collective's buffer
+  if (!tier_) return;
+  grad_dirty_ = true;  // kept, and written again by send_out(), if this write fails
+  tier_->write(key_ + ".grad", grad);
+  release(grad);
+  grad_out_ = true, grad_dirty_ = false;
+}
+
+void FSDPParam::offload_to(std::shared_ptr<memory::StorageTier> tier, std::string key) {
+  tier_ = std::move(tier);
+  key_ = std::move(key);
+  shard_dirty_ = true;
+  send_out();
+}
+
+void FSDPParam::bring_in(bool grad, bool changing) {
+  load_shard();
+  shard_dirty_ = shard_dirty_ || changing;
+  if (!grad) return;
+  load_grad();
+  grad_dirty_ = grad_dirty_ || changing;
+}
+
+void FSDPParam::load_shard() {
+  if (!shard_out_) return;
+  at::Tensor local = sharded_.to_local();
+  restore(local);
+  tier_->read(key_ + ".param", local);
+  shard_out_ = false;
+}
+
+// zero_grad() drops the gradient: then its file is stale and stays unread.
+void FSDPParam::load_grad() {
+  at::Tensor g = sharded_.to_local().grad();
+  if (!g.defined()) grad_out_ = false;
+  if (!grad_out_) return;
+  restore(g);
+  tier_->read(key_ + ".grad", g);
+  grad_out_ = false;
+}
+
+void FSDPParam::send_out() {
+  at::Tensor local = sharded_.to_local();
+  if (!shard_out_) {
+    if (shard_dirty_) tier_->write(key_ + ".param", local);
+    release(local);
+    shard_out_ = true, shard_dirty_ = false;
+  }
+  at::Tensor g = local.grad();
+  if (g.defined() && !grad_out_) {
+    if (grad_dirty_) tier_->write(key_ + ".grad", g);
+    release(g);
+    grad_out_ = true, grad_dirty_ = false;
+  }
 }
 
 }  // namespace hp::parallel

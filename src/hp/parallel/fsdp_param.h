@@ -10,9 +10,11 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "hp/memory/storage_tier.h"
 #include "hp/tensor/dtensor.h"
 
 namespace hp::parallel {
@@ -24,6 +26,7 @@ class FSDPParam {
   FSDPParam(std::string name, DTensor* slot, int shard_dim, int replicate_dim, at::ScalarType compute_dtype);
 
   const std::string& name() const { return name_; }
+  DTensor* slot() const { return slot_; }  // the module's parameter
   const DTensor& sharded() const { return sharded_; }
   int64_t padded_numel() const { return padded_numel_; }  // one rank's slot in a flat buffer
   int64_t unsharded_bytes() const;                         // 0 while resharded
@@ -51,7 +54,19 @@ class FSDPParam {
   void pack_grad(const at::Tensor& grad, at::Tensor send, int64_t offset) const;
   void accumulate_grad(const at::Tensor& reduced, int64_t offset);
 
+  // Offload (fully_shard's offload policy): between uses the shard and its gradient live in
+  // `tier` under key.param and key.grad, their storage released (the tensors keep their
+  // shapes). The gradient is written as accumulate_grad leaves it.
+  void offload_to(std::shared_ptr<memory::StorageTier> tier, std::string key);
+  bool offloaded() const { return tier_ != nullptr; }
+  // Reads the shard (and with `grad` its gradient) back if it is out. `changing`: the caller
+  // may change them, so send_out() writes them back.
+  void bring_in(bool grad, bool changing);
+  void send_out();  // writes what may have changed, then releases the memory
+
  private:
+  void load_shard();
+  void load_grad();
   struct Piece {
     int64_t offset, size;  // along dim_, within the unsharded local tensor
     std::vector<int64_t> shape;
@@ -67,6 +82,10 @@ class FSDPParam {
   std::vector<int> reduce_dims_;
   at::Tensor unsharded_;  // its storage is freed when resharded
   size_t unsharded_nbytes_;
+  std::shared_ptr<memory::StorageTier> tier_;  // null: not offloaded
+  std::string key_;
+  bool shard_out_ = false, grad_out_ = false;      // in the tier, storage released
+  bool shard_dirty_ = false, grad_dirty_ = false;  // brought in by someone who may change it
 };
 
 }  // namespace hp::parallel

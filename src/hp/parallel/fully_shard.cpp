@@ -86,6 +86,9 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
       padded_total_ += p.padded_numel();
     }
     run_ = std::make_shared<FSDPRun>();
+    if (params_.empty()) return;
+    if (auto tier = make_offload_tier(options_.offload_policy, params_[0].sharded().device_mesh().rank()))
+      for (FSDPParam& p : params_) p.offload_to(tier, p.name());
   }
 
   void adopt(const std::shared_ptr<FSDPUnit>& inner) {
@@ -104,6 +107,10 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
     return found;
   }
   void set_slots(std::vector<DTensor*> slots) { slots_ = {slots.begin(), slots.end()}; }
+  template <typename F>
+  void for_each_param(F&& f) {
+    for (FSDPParam& p : params_) f(p);
+  }
   int64_t unsharded_bytes() const {
     int64_t n = 0;
     for (const FSDPParam& p : params_) n += p.unsharded_bytes();
@@ -227,6 +234,9 @@ at::Tensor FSDPUnit::gather_slot(const at::Tensor& flat, size_t i) const {
 
 void FSDPUnit::start_gather() {
   if (state_ != State::Sharded || params_.empty()) return;
+  // Offloaded shards come in for the pack (and FP8's scales) and go out once packed.
+  for (FSDPParam& p : params_)
+    if (p.offloaded()) p.bring_in(/*grad=*/false, /*changing=*/false);
   if (!float8_) plan_gather();
   // At most one gather reads the gather buffers: one still in flight (a prefetch that
   // another unit's unshard overtook) finishes first; its result stays with its unit.
@@ -237,6 +247,8 @@ void FSDPUnit::start_gather() {
   scales_ = float8_->scales(params_, *shard_, /*forward=*/!run_->callback_queued);
   at::Tensor send = run_->send_buffer(*shard_, gather_total_, gather_dtype_, device_, FSDPRun::Use::Gather);
   for (size_t i = 0; i < params_.size(); ++i) params_[i].pack_shard(gather_slot(send, i), scales_[i]);
+  for (FSDPParam& p : params_)
+    if (p.offloaded()) p.send_out();
   gather_ = comm::all_gather_async(send, *shard_, 0);
   state_ = State::Gathering;
 }
@@ -349,7 +361,46 @@ void FSDPUnit::finish_reduce(const at::Tensor& reduced) {
   for (size_t i = 0; i < params_.size(); ++i) params_[i].accumulate_grad(reduced, offsets_[i]);
 }
 
+// The offloaded parameters under a root, found by their module slots.
+class FSDPOffloaded : public memory::OffloadedParameters {
+ public:
+  explicit FSDPOffloaded(const std::shared_ptr<FSDPUnit>& root) : root_(root) {
+    root->for_each([this](FSDPUnit& u) {
+      u.for_each_param([this](FSDPParam& p) {
+        if (p.offloaded()) by_slot_[p.slot()] = &p;
+      });
+    });
+  }
+  void bring_in(const std::vector<DTensor*>& params) override {
+    for (DTensor* s : params)
+      if (FSDPParam* p = find(s)) p->bring_in(/*grad=*/true, /*changing=*/true);
+  }
+  void send_out(const std::vector<DTensor*>& params) override {
+    for (DTensor* s : params)
+      if (FSDPParam* p = find(s)) p->send_out();
+  }
+
+ private:
+  FSDPParam* find(const DTensor* slot) const {
+    auto it = by_slot_.find(slot);
+    return it == by_slot_.end() ? nullptr : it->second;
+  }
+  std::shared_ptr<FSDPUnit> root_;  // keeps the parameters alive
+  std::map<const DTensor*, FSDPParam*> by_slot_;
+};
+
 }  // namespace parallel
+
+void FSDPModule::bring_in_offloaded() {
+  unit_->for_each([](parallel::FSDPUnit& u) {
+    u.for_each_param([](parallel::FSDPParam& p) {
+      if (p.offloaded()) p.bring_in(/*grad=*/true, /*changing=*/true);
+    });
+  });
+}
+std::shared_ptr<memory::OffloadedParameters> FSDPModule::offloaded_parameters() const {
+  return std::make_shared<parallel::FSDPOffloaded>(unit_);
+}
 
 void FSDPModule::set_requires_gradient_sync(bool on) {
   unit_->for_each([on](parallel::FSDPUnit& u) { u.sync_ = on; });

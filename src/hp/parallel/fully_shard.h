@@ -21,7 +21,9 @@
 #include <optional>
 
 #include "hp/comm/device_mesh.h"
+#include "hp/memory/offloaded_parameters.h"
 #include "hp/nn/module.h"
+#include "hp/parallel/fsdp_offload.h"
 
 namespace hp {
 
@@ -38,6 +40,7 @@ struct FullyShardOptions {
   bool reshard_after_backward = true;
   bool prefetch = true;               // gather the next unit while this one computes
   MixedPrecisionPolicy mp_policy;
+  OffloadPolicyVariant offload_policy;  // sharded parameters and gradients off memory (fsdp_offload.h)
 };
 
 namespace parallel {
@@ -56,6 +59,14 @@ class FSDPModule {
   void set_prefetch(bool on);
   // Bytes of gathered (unsharded) parameters this unit and those inside it hold now.
   int64_t unsharded_bytes() const;
+
+  // With an offload policy: brings every offloaded shard and gradient of this unit and those
+  // inside it into memory, to read or change (clipping, a checkpoint, an optimizer other
+  // than memory::SwapOptimizer); each goes out again at its unit's next all-gather.
+  void bring_in_offloaded();
+  // The offloaded parameters of this unit and those inside it, for
+  // memory::SwapOptimizerOptions::parameters (the optimizer then streams them by batch).
+  std::shared_ptr<memory::OffloadedParameters> offloaded_parameters() const;
 
  private:
   std::shared_ptr<parallel::FSDPUnit> unit_;

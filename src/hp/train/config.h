@@ -127,6 +127,9 @@ struct MemoryConfig {
   double memory_budget = 0;  // selective: fraction of each region's activations kept; 0 = the policy decides
   std::string optimizer_offload_dir;    // AdamW state in files here between steps (a dir per rank); "" = off
   int64_t optimizer_offload_batch_mib = 64;  // parameters per streamed batch
+  // fully_shard's parameter and gradient shards in files here between uses (FileOffloadPolicy,
+  // a dir per rank and unit); the optimizer then streams them with its state. "" = off.
+  std::string fsdp_offload_dir;
 };
 
 // The precision monitor (monitor.h): each part is off at 0 and costs nothing then.

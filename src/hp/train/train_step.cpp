@@ -31,6 +31,11 @@ FullyShardOptions shard_options(const TrainConfig& cfg) {
   return cfg.moe.enabled() ? o : zero_stage_options(cfg.mesh.zero_stage(), o);
 }
 
+// A dir per rank: ranks may share a disk.
+std::string rank_dir(const std::string& dir) {
+  return dir + "/rank" + std::to_string(comm::current_world()->rank());
+}
+
 // The loss (and the loss reported) in float32 whatever the compute dtype, as torchtitan's
 // cross-entropy casts its logits: a bfloat16 loss keeps 3 significant digits.
 void logits_in_float32(nn::Module& model, const TrainConfig& cfg) {
@@ -71,7 +76,12 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
   // Data parallelism from outside the model, after tensor parallelism.
   const std::vector<std::string> reduce_dims = detail::gradient_reduce_dims(cfg);
   if (shards_data(cfg)) {
-    fully_shard_llama(model, detail::fully_shard_mesh(mesh, cfg), shard_options(cfg));
+    FullyShardOptions o = shard_options(cfg);
+    // A dry-run's meta tensors have no bytes to offload.
+    const bool offload = !cfg.memory.fsdp_offload_dir.empty() && mesh.device_type() != "meta";
+    if (offload) o.offload_policy = FileOffloadPolicy{cfg.memory.fsdp_offload_dir};
+    FSDPModule root = fully_shard_llama(model, detail::fully_shard_mesh(mesh, cfg), o);
+    if (offload) t.offloaded = root;
     logits_in_float32(model, cfg);
   } else if (!reduce_dims.empty()) {
     t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh.submesh(reduce_dims)));
@@ -156,8 +166,30 @@ std::vector<Placement> batch_placements(const DeviceMesh& stage_mesh, bool seque
   return p;
 }
 
+namespace {
+// fully_shard's shards in files: where the trainer runs it so far. Checked when built, as
+// the optimizer's keys are.
+void check_fsdp_offload(const TrainConfig& cfg) {
+  if (cfg.memory.fsdp_offload_dir.empty()) return;
+  const ParallelDims dims = cfg.dims();
+  const std::string key = cfg.source + ": memory.fsdp_offload_dir";
+  HP_CHECK(!cfg.moe.enabled() && dims.pp == 1)
+      << key << " runs on the dense model without pipeline stages only (pp = " << dims.pp
+      << (cfg.moe.enabled() ? ", [moe]" : "") << "); set it to \"\"";
+  HP_CHECK(shards_data(cfg)) << key << " offloads fully_shard's shards: it needs mesh.data_parallel = \"fsdp\", "
+                             << "\"zero1\" or \"zero2\" with dp > 1, not \"" << cfg.mesh.data_parallel
+                             << "\" with dp = " << dims.dp;
+  HP_CHECK(cfg.train.optimizer == "adamw") << key << " needs train.optimizer = \"adamw\", not \"" << cfg.train.optimizer
+                                           << "\" (the streamed optimizer is AdamW)";
+  HP_CHECK(cfg.checkpoint.dir.empty() && !cfg.monitor.enabled())
+      << key << " with checkpoint.dir or [monitor] is not supported yet (they read the parameters between steps, "
+      << "when they are in files)";
+}
+}  // namespace
+
 Training build_training(const TrainConfig& cfg, const std::string& device) {
   validate(cfg);
+  check_fsdp_offload(cfg);
   // Every mesh dim (size 1 too) and its groups, built up front in the same order on every rank.
   const ParallelDims dims = cfg.dims();
   DeviceMesh mesh = init_device_mesh(device, dims.mesh_shape(), dims.mesh_names());
@@ -178,11 +210,14 @@ Training build_training(const TrainConfig& cfg, const std::string& device) {
     optim::MuonOptions muon;
     muon.lr = cfg.train.muon_lr, muon.weight_decay = cfg.train.weight_decay;
     t.opt = std::make_unique<optim::ChainedOptimizer>(optim::get_hyper_optimizer(*t.model, muon, adamw));
-  } else if (!cfg.memory.optimizer_offload_dir.empty()) {
+  } else if (!cfg.memory.optimizer_offload_dir.empty() || t.offloaded) {
+    // With the shards in files the optimizer streams them with its state (in files too).
     memory::SwapOptimizerOptions so;
     so.batch_bytes = cfg.memory.optimizer_offload_batch_mib << 20;
-    auto tier = std::make_shared<memory::FileTier>(cfg.memory.optimizer_offload_dir + "/rank" +
-                                                   std::to_string(comm::current_world()->rank()));
+    if (t.offloaded) so.parameters = t.offloaded->offloaded_parameters();
+    const std::string& dir = cfg.memory.optimizer_offload_dir;
+    auto tier = std::make_shared<memory::FileTier>(dir.empty() ? rank_dir(cfg.memory.fsdp_offload_dir) + ".optimizer"
+                                                               : rank_dir(dir));
     t.opt = std::make_unique<memory::SwapOptimizer>(
         t.params, [adamw](std::vector<DTensor*> ps) { return std::make_unique<optim::AdamW>(ps, adamw); }, tier, so);
   } else {
@@ -237,6 +272,9 @@ StepOutput train_step(Training& t, const TrainConfig& cfg, const at::Tensor& inp
     out.loss = loss.to_local();
   }
   auto span = phase("optimizer");
+  // Clipping reads every gradient and scales it: offloaded shards come in for it, and the
+  // optimizer sends them out batch by batch.
+  if (t.offloaded && cfg.train.grad_clip > 0) t.offloaded->bring_in_offloaded();
   if (cfg.train.grad_clip > 0) out.grad_norm = optim::clip_grad_norm_(t.params, cfg.train.grad_clip, t.other_stages);
   if (before_update) before_update();
   t.opt->step();

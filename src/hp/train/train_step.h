@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,7 @@ struct Training {
   int64_t cp_rank = 0;
   std::vector<int64_t> cp_sizes{1};
   double base_lr = 0;
+  std::optional<FSDPModule> offloaded;  // [memory] fsdp_offload_dir: the root unit whose shards are in files
 };
 
 // Mesh, model (tensor parallel over "tp", experts over "ep", then ddp or fully_shard over
