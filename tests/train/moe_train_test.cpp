@@ -84,7 +84,41 @@ TEST_P(MoETraining, MatchesSingleProcess) {
   // embedding, head, final norm; dense block 9; MoE block: 2 norms, 4 attention, gate,
   // w1-w3, expert bias
   EXPECT_EQ(compared, 3 + 9 + 11) << where;
+  // fully_shard splits the parameters outside the experts over every rank reading its own
+  // rows (dp x ep): one checkpoint chunk each.
+  if (l.data_parallel == "fsdp") {
+    int64_t data_ranks = 1;
+    for (size_t i = 0; i < l.names.size(); ++i)
+      if (l.names[i] == "dp" || l.names[i] == "ep") data_ranks *= l.shape[i];
+    for (const auto& [name, t] : checkpoint::read_metadata(checkpoint::step_dir(dir, 5)).tensors)
+      if (name.rfind("model.", 0) == 0 && name.find("moe.experts") == std::string::npos &&
+          name.find("expert_bias") == std::string::npos)
+        EXPECT_EQ(static_cast<int64_t>(t.chunks.size()), data_ranks) << where << ": " << name;
+  }
   fs::remove_all(dir);
+}
+
+// A checkpoint written at one layout resumes at another (both ways with the non-expert
+// parameters and their optimizer states sharded over dp x ep) and goes on as the run that
+// was not interrupted: losses and parameters as in MatchesSingleProcess.
+TEST(MoETrainingResume, ResumesAtAnotherLayout) {
+  const std::vector<std::pair<Layout, Layout>> pairs{
+      {Layout{{2, 2}, {"dp", "ep"}, "fsdp"}, Layout{{4}, {"ep"}}},
+      {Layout{{1}, {"dp"}}, Layout{{2, 2}, {"dp", "ep"}, "fsdp"}},
+  };
+  const Reference& ref = reference();
+  for (const auto& [first, second] : pairs) {
+    const std::string where = describe(first) + " then " + describe(second), dir = fresh_dir("reshard");
+    train::TrainConfig a = config(first, dir);
+    a.checkpoint.every = 3;
+    run_on_all_ranks(a);
+    fs::remove_all(checkpoint::step_dir(dir, 5));
+    const train::TrainResult resumed = run_on_all_ranks(config(second, dir));
+    EXPECT_EQ(resumed.first_step, 3) << where;
+    hp::testing::expect_close_losses(resumed.losses, ref.result.losses, 1e-5, where, 3);
+    hp::testing::expect_close_params(checkpoint::step_dir(ref.dir, 5), checkpoint::step_dir(dir, 5), 1e-5, 5e-6, where);
+    fs::remove_all(dir);
+  }
 }
 
 // Recomputing a router would count its tokens' expert loads twice: refused, not ignored.
@@ -102,7 +136,8 @@ TEST(MoETrainingErrors, ActivationCheckpointingIsRefused) {
 
 INSTANTIATE_TEST_SUITE_P(Layouts, MoETraining,
                          ::testing::Values(Layout{{2, 2}, {"dp", "ep"}}, Layout{{4}, {"ep"}},
-                                           Layout{{2, 2}, {"dp", "ep"}, "fsdp"}, Layout{{2, 2}, {"ep", "tp"}}));
+                                           Layout{{2, 2}, {"dp", "ep"}, "fsdp"}, Layout{{2, 2}, {"ep", "tp"}},
+                                           Layout{{4}, {"ep"}, "fsdp"}, Layout{{2, 2}, {"ep", "dp"}, "fsdp"}));
 
 struct StagedLayout {
   std::vector<int64_t> shape;

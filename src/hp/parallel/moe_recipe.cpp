@@ -47,12 +47,17 @@ void expert_parallelize_moe_llama(nn::MoELlama& model, const DeviceMesh& ep_mesh
   parallelize_module(model, ep_mesh, present(model, {{"layers.*.moe", ExpertParallel()}}));
 }
 
+FSDPModule fully_shard_moe_llama(nn::MoELlama& model, const DeviceMesh& mesh, const DeviceMesh& expert_mesh,
+                                 const FullyShardOptions& options) {
+  for (auto& [name, m] : model.named_modules())
+    if (name_matches("layers.*.moe.experts", name)) fully_shard(*m, expert_mesh, options);
+  for (auto& [name, m] : model.named_modules())
+    if (name_matches("layers.*", name)) fully_shard(*m, mesh, options);
+  return fully_shard(model, mesh, options);
+}
+
 FSDPModule fully_shard_moe_llama(nn::MoELlama& model, const DeviceMesh& dp_mesh, const FullyShardOptions& options) {
-  for (auto& [name, m] : model.named_modules())
-    if (name_matches("layers.*.moe.experts", name)) fully_shard(*m, dp_mesh, options);
-  for (auto& [name, m] : model.named_modules())
-    if (name_matches("layers.*", name)) fully_shard(*m, dp_mesh, options);
-  return fully_shard(model, dp_mesh, options);
+  return fully_shard_moe_llama(model, dp_mesh, dp_mesh, options);
 }
 
 }  // namespace hp
