@@ -42,6 +42,7 @@ struct Spec {
   int64_t ep = 1, tp = 1;
   bool fsdp = false;
   bool fsdp_over_dp_ep = false;  // the non-expert units over dp x ep flattened, the experts' over dp
+  bool sequence_parallel = false;  // tp by parallelize_moe_llama's plan with sequence parallelism
   bool zero_router = false;  // step 0 routes every token alike (ties go to the lowest experts)
   int micro_steps = 1;       // the reference's view of per-rank capacity
   int64_t batch = 4, seq = 8, steps = 5;
@@ -49,7 +50,9 @@ struct Spec {
 
 void parallelize(nn::MoELlama& model, const DeviceMesh& mesh, const Spec& s) {
   if (s.ep > 1) parallelize_module(model, mesh["ep"], {{"layers.1.moe", ExpertParallel()}});
-  if (s.tp > 1)
+  if (s.sequence_parallel)
+    parallelize_moe_llama(model, mesh["tp"], {/*loss_parallel=*/true, /*sequence_parallel=*/true});
+  else if (s.tp > 1)
     parallelize_module(model, mesh["tp"],
                        {{"layers.*.attn.q_proj", ColwiseParallel()},
                         {"layers.*.attn.k_proj", ColwiseParallel()},
@@ -155,7 +158,7 @@ Spec on(std::vector<int64_t> shape, std::vector<std::string> names, int64_t ep, 
 
 Spec single(const Spec& like) {
   Spec s = like;
-  s.shape = {1}, s.names = {"dp"}, s.ep = 1, s.tp = 1, s.fsdp = false;
+  s.shape = {1}, s.names = {"dp"}, s.ep = 1, s.tp = 1, s.fsdp = false, s.sequence_parallel = false;
   return s;
 }
 
@@ -243,6 +246,21 @@ TEST(ExpertParallel, FullyShardOverDpEpReducesOnceOverAllRanks) {
   }
 }
 
+// Sequence parallelism: each tp rank routes its own sequence shard (MoESequenceParallel),
+// the routed experts whole over tp; shared experts on, as a dense MLP under SP.
+Spec sequence_parallel(std::vector<int64_t> shape, std::vector<std::string> names, int64_t ep) {
+  Spec s = on(std::move(shape), std::move(names), ep, 2);
+  s.sequence_parallel = true, s.config.moe.num_shared_experts = 1;
+  return s;
+}
+TEST(ExpertParallel, Tp2SequenceParallel) { expect_matches_single(sequence_parallel({2}, {"tp"}, 1)); }
+TEST(ExpertParallel, Ep2Tp2SequenceParallel) { expect_matches_single(sequence_parallel({2, 2}, {"ep", "tp"}, 2)); }
+TEST(ExpertParallel, Ep2Tp2SequenceParallelFullyShardOverDpEp) {
+  Spec s = sequence_parallel({1, 2, 2}, {"dp", "ep", "tp"}, 2);
+  s.fsdp = s.fsdp_over_dp_ep = true;
+  expect_matches_single(s);
+}
+
 TEST(ExpertParallel, SixExpertsOverFourRanks) {
   Spec s = on({4}, {"ep"}, 4);
   s.config.moe.num_experts = 6;
@@ -322,6 +340,36 @@ TEST(ExpertParallel, DispatchMovesTheAnalyticBytes) {
     EXPECT_EQ(counts_exchanges, 1);
   });
   EXPECT_EQ(float_numel[0] + float_numel[1] + float_numel[2] + float_numel[3], 2 * t * k * dim);
+}
+
+// Under sequence parallelism each rank routes only its own tokens: over ep 2 x tp 2 with
+// the batch on ep and the sequence on tp, dispatch and combine move 2 * T * top_k * dim
+// floats in all (T the global tokens, none counted twice), nothing is all-gathered, and
+// the output keeps the input's layout.
+TEST(ExpertParallel, SequenceParallelRoutesOnlyItsOwnTokens) {
+  const int64_t b = 4, seq = 6, dim = 16, k = 2;
+  std::vector<int64_t> float_numel(4);
+  comm::run_local_ranks(4, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"ep", "tp"});
+    manual_seed(7);
+    nn::MoEOptions o;
+    o.num_experts = 4, o.top_k = k;
+    nn::MoE moe(dim, 8, o, mesh);
+    parallelize_module(moe, mesh["ep"], {{"", ExpertParallel()}});
+    parallelize_module(moe, mesh["tp"], {{"", MoESequenceParallel()}});
+    DTensor x = hp::randn({b, seq, dim}, mesh, {Shard(0), Shard(1)});
+    auto& log = comm::current_world()->collective_log();
+    log.clear();
+    log.enable();
+    DTensor y = moe(x);
+    log.enable(false);
+    EXPECT_EQ(y.spec(), x.spec());
+    for (const auto& r : log.records()) {
+      EXPECT_NE(r.op, "all_gather") << r.to_string();
+      if (r.op == "all_to_all" && r.dtype != at::kLong) float_numel[rank] += r.numel;
+    }
+  });
+  EXPECT_EQ(float_numel[0] + float_numel[1] + float_numel[2] + float_numel[3], 2 * b * seq * k * dim);
 }
 
 TEST(ExpertParallel, BadConfigurationsAreRefused) {

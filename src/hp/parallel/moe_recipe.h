@@ -10,6 +10,9 @@ namespace hp {
 
 struct MoELlamaParallelOptions {
   bool loss_parallel = true;  // logits stay vocabulary-sharded into the loss
+  // Activations between blocks Shard(1) over tp, norms per token; the MoE blocks route
+  // their own sequence shard (MoESequenceParallel) instead of ExpertTensorParallel.
+  bool sequence_parallel = false;
 };
 
 void parallelize_moe_llama(nn::MoELlama& model, const DeviceMesh& tp_mesh, const MoELlamaParallelOptions& options = {});

@@ -86,13 +86,11 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
 
 std::shared_ptr<nn::MoELlama> detail::build_moe_llama(const TrainConfig& cfg, const DeviceMesh& mesh) {
   const ParallelDims dims = cfg.dims();
-  HP_CHECK(!cfg.mesh.sequence_parallel || dims.tp == 1)
-      << cfg.source << ": mesh.sequence_parallel is not run for [moe] models yet; set it to false";
   // A recomputed router would count its tokens' expert loads twice.
   HP_CHECK(cfg.memory.activation_checkpoint.empty())
       << cfg.source << ": memory.activation_checkpoint is not run for [moe] models yet; set it to \"\"";
   auto model = std::make_shared<nn::MoELlama>(cfg.moe.model(cfg.model), mesh);
-  if (dims.tp > 1) parallelize_moe_llama(*model, mesh["tp"]);
+  if (dims.tp > 1) parallelize_moe_llama(*model, mesh["tp"], {/*loss_parallel=*/true, cfg.mesh.sequence_parallel});
   if (dims.ep > 1) expert_parallelize_moe_llama(*model, mesh["ep"]);
   apply_precision(*model, cfg);
   return model;
