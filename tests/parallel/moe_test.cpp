@@ -261,6 +261,20 @@ TEST(ExpertParallel, Ep2Tp2SequenceParallelFullyShardOverDpEp) {
   expect_matches_single(s);
 }
 
+// A flattened dim is named by the dims it merges ('_'-joined, flatten()'s default name).
+TEST(ExpertParallel, FullyShardOverAFlattenedDimOfAnotherNameIsRefused) {
+  comm::run_local_ranks(4, [&](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "ep"});
+    nn::MoELlama model(tiny_moe(), mesh);
+    try {
+      fully_shard(model, mesh[{"dp", "ep"}].flatten("data"));
+      ADD_FAILURE() << "a flattened dim named 'data' must be refused";
+    } catch (const hp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("joined with '_'"), std::string::npos) << e.what();
+    }
+  });
+}
+
 TEST(ExpertParallel, SixExpertsOverFourRanks) {
   Spec s = on({4}, {"ep"}, 4);
   s.config.moe.num_experts = 6;
