@@ -92,7 +92,7 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
       const FullyShardOptions so = zero_stage_options(zero);
       // MoE: as pp = 1, routed experts in their own unit over dp, the rest over dp x ep.
       const auto [shard_mesh, expert_mesh] =
-          moe ? moe_shard_meshes(sm) : std::pair<DeviceMesh, DeviceMesh>{fully_shard_mesh(sm, cfg), sm};
+          moe ? moe_shard_meshes(sm) : std::pair<DeviceMesh, DeviceMesh>{fully_shard_mesh(sm, cfg), fully_shard_mesh(sm, cfg)};
       for (const auto& [name, m] : stage->named_modules())
         if (name_matches("layers.*.moe.experts", name)) fully_shard(*m, expert_mesh, so);
       for (const auto& [name, m] : stage->named_children())
