@@ -41,6 +41,8 @@ struct Spec {
   nn::MoELlamaConfig config = tiny_moe();
   int64_t ep = 1, tp = 1;
   bool fsdp = false;
+  bool fsdp_over_dp_ep = false;  // the non-expert units over dp x ep flattened, the experts' over dp
+  bool sequence_parallel = false;  // tp by parallelize_moe_llama's plan with sequence parallelism
   bool zero_router = false;  // step 0 routes every token alike (ties go to the lowest experts)
   int micro_steps = 1;       // the reference's view of per-rank capacity
   int64_t batch = 4, seq = 8, steps = 5;
@@ -48,7 +50,9 @@ struct Spec {
 
 void parallelize(nn::MoELlama& model, const DeviceMesh& mesh, const Spec& s) {
   if (s.ep > 1) parallelize_module(model, mesh["ep"], {{"layers.1.moe", ExpertParallel()}});
-  if (s.tp > 1)
+  if (s.sequence_parallel)
+    parallelize_moe_llama(model, mesh["tp"], {/*loss_parallel=*/true, /*sequence_parallel=*/true});
+  else if (s.tp > 1)
     parallelize_module(model, mesh["tp"],
                        {{"layers.*.attn.q_proj", ColwiseParallel()},
                         {"layers.*.attn.k_proj", ColwiseParallel()},
@@ -59,11 +63,12 @@ void parallelize(nn::MoELlama& model, const DeviceMesh& mesh, const Spec& s) {
                         {"layers.0.mlp.down_proj", RowwiseParallel()},
                         {"layers.1.moe", ExpertTensorParallel()}});
   if (s.fsdp) {
+    const DeviceMesh outer = s.fsdp_over_dp_ep ? mesh[{"dp", "ep"}].flatten("dp_ep") : mesh["dp"];
     for (auto& [name, m] : model.named_modules())
       if (name == "layers.1.moe.experts") fully_shard(*m, mesh["dp"]);  // inner units first
     for (auto& [name, m] : model.named_modules())
-      if (name == "layers.0" || name == "layers.1") fully_shard(*m, mesh["dp"]);
-    fully_shard(model, mesh["dp"]);
+      if (name == "layers.0" || name == "layers.1") fully_shard(*m, outer);
+    fully_shard(model, outer);
   }
 }
 
@@ -153,7 +158,7 @@ Spec on(std::vector<int64_t> shape, std::vector<std::string> names, int64_t ep, 
 
 Spec single(const Spec& like) {
   Spec s = like;
-  s.shape = {1}, s.names = {"dp"}, s.ep = 1, s.tp = 1, s.fsdp = false;
+  s.shape = {1}, s.names = {"dp"}, s.ep = 1, s.tp = 1, s.fsdp = false, s.sequence_parallel = false;
   return s;
 }
 
@@ -170,6 +175,106 @@ TEST(ExpertParallel, Dp2Ep2FullyShard) {
   s.fsdp = true;
   expect_matches_single(s);
 }
+// torchtitan's dp_shard_in_ep: the non-expert parameters sharded over every data-parallel
+// rank (dp x ep flattened), the experts over ep and then dp.
+Spec over_dp_ep(std::vector<int64_t> shape, std::vector<std::string> names, int64_t ep) {
+  Spec s = on(std::move(shape), std::move(names), ep);
+  s.fsdp = s.fsdp_over_dp_ep = true;
+  return s;
+}
+TEST(ExpertParallel, Dp2Ep2FullyShardOverDpEp) { expect_matches_single(over_dp_ep({2, 2}, {"dp", "ep"}, 2)); }
+TEST(ExpertParallel, Dp1Ep4FullyShardOverDpEp) { expect_matches_single(over_dp_ep({1, 4}, {"dp", "ep"}, 4)); }
+TEST(ExpertParallel, EpOuterToDpFullyShardOverDpEp) { expect_matches_single(over_dp_ep({2, 2}, {"ep", "dp"}, 2)); }
+// 3 experts over ep 2 (2 and 1), the dense MLP's 26 rows over 4 ranks (7, 6, 7, 6), a tp
+// dim of size 1 inside.
+TEST(ExpertParallel, Dp2Ep2Tp1UnevenFullyShardOverDpEp) {
+  Spec s = over_dp_ep({2, 2, 1}, {"dp", "ep", "tp"}, 2);
+  s.config.moe.num_experts = 3, s.config.llama.ffn_dim = 26;
+  expect_matches_single(s);
+}
+// One backward's collectives at dp 2 x ep 2 (ranks dp * 2 + ep), units as above: the three
+// non-expert units each reduce their gradients in one reduce-scatter over all 4 ranks, the
+// experts' unit over its 2 dp ranks, and nothing is all-reduced over an ep group (with the
+// units over dp only, every use of a non-expert weight all-reduces its gradient there).
+// Each rank holds a quarter of the non-expert parameters (a half with units over dp only).
+TEST(ExpertParallel, FullyShardOverDpEpReducesOnceOverAllRanks) {
+  const std::vector<int> all{0, 1, 2, 3};
+  for (bool over_dp_ep : {false, true}) {
+    std::vector<int64_t> non_expert_numel(4), non_expert_total(4);
+    std::vector<std::vector<comm::CollectiveRecord>> logs(4);
+    comm::run_local_ranks(4, [&](int rank) {
+      DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "ep"});
+      manual_seed(1234);
+      Spec s = on({2, 2}, {"dp", "ep"}, 2);
+      s.fsdp = true, s.fsdp_over_dp_ep = over_dp_ep;
+      nn::MoELlama model(s.config, mesh);
+      parallelize(model, mesh, s);
+      for (auto& [name, p] : model.named_parameters())
+        if (name.find("moe.experts") == std::string::npos)
+          non_expert_numel[rank] += p->to_local().numel(), non_expert_total[rank] += c10::multiply_integers(p->sizes());
+      const at::Tensor tokens = (hp::rand({4, 9}, at::kDouble) * s.config.llama.vocab).floor().to(at::kLong);
+      const std::vector<Placement> rows{Shard(0), Shard(0)};
+      DTensor ids = distribute_tensor(tokens.narrow(1, 0, 8).contiguous(), mesh, rows);
+      DTensor targets = distribute_tensor(tokens.narrow(1, 1, 8).contiguous(), mesh, rows);
+      DTensor loss = model.loss(ids, targets);
+      auto& log = comm::current_world()->collective_log();
+      log.clear();
+      log.enable();
+      loss.to_local().backward();
+      log.enable(false);
+      logs[rank] = log.records();
+    });
+    for (int rank = 0; rank < 4; ++rank) {
+      EXPECT_EQ(non_expert_numel[rank] * (over_dp_ep ? 4 : 2), non_expert_total[rank]) << "rank " << rank;
+      const std::vector<int> ep_group{rank / 2 * 2, rank / 2 * 2 + 1}, dp_group{rank % 2, rank % 2 + 2};
+      int over_all = 0, over_dp = 0, ep_all_reduces = 0;
+      for (const auto& r : logs[rank]) {
+        if (r.op == "reduce_scatter") {
+          EXPECT_TRUE(r.ranks == all || r.ranks == dp_group) << r.to_string();
+          ++(r.ranks == all ? over_all : over_dp);
+        }
+        if (r.op == "all_reduce" && r.ranks == ep_group) ++ep_all_reduces;
+      }
+      if (!over_dp_ep) {
+        EXPECT_GT(ep_all_reduces, 0) << "rank " << rank;  // the check can see them
+        continue;
+      }
+      EXPECT_EQ(over_all, 3) << "rank " << rank;
+      EXPECT_EQ(over_dp, 1) << "rank " << rank;
+      EXPECT_EQ(ep_all_reduces, 0) << "rank " << rank;
+    }
+  }
+}
+
+// Sequence parallelism: each tp rank routes its own sequence shard (MoESequenceParallel),
+// the routed experts whole over tp; shared experts on, as a dense MLP under SP.
+Spec sequence_parallel(std::vector<int64_t> shape, std::vector<std::string> names, int64_t ep) {
+  Spec s = on(std::move(shape), std::move(names), ep, 2);
+  s.sequence_parallel = true, s.config.moe.num_shared_experts = 1;
+  return s;
+}
+TEST(ExpertParallel, Tp2SequenceParallel) { expect_matches_single(sequence_parallel({2}, {"tp"}, 1)); }
+TEST(ExpertParallel, Ep2Tp2SequenceParallel) { expect_matches_single(sequence_parallel({2, 2}, {"ep", "tp"}, 2)); }
+TEST(ExpertParallel, Ep2Tp2SequenceParallelFullyShardOverDpEp) {
+  Spec s = sequence_parallel({1, 2, 2}, {"dp", "ep", "tp"}, 2);
+  s.fsdp = s.fsdp_over_dp_ep = true;
+  expect_matches_single(s);
+}
+
+// A flattened dim is named by the dims it merges ('_'-joined, flatten()'s default name).
+TEST(ExpertParallel, FullyShardOverAFlattenedDimOfAnotherNameIsRefused) {
+  comm::run_local_ranks(4, [&](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "ep"});
+    nn::MoELlama model(tiny_moe(), mesh);
+    try {
+      fully_shard(model, mesh[{"dp", "ep"}].flatten("data"));
+      ADD_FAILURE() << "a flattened dim named 'data' must be refused";
+    } catch (const hp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("joined with '_'"), std::string::npos) << e.what();
+    }
+  });
+}
+
 TEST(ExpertParallel, SixExpertsOverFourRanks) {
   Spec s = on({4}, {"ep"}, 4);
   s.config.moe.num_experts = 6;
@@ -249,6 +354,36 @@ TEST(ExpertParallel, DispatchMovesTheAnalyticBytes) {
     EXPECT_EQ(counts_exchanges, 1);
   });
   EXPECT_EQ(float_numel[0] + float_numel[1] + float_numel[2] + float_numel[3], 2 * t * k * dim);
+}
+
+// Under sequence parallelism each rank routes only its own tokens: over ep 2 x tp 2 with
+// the batch on ep and the sequence on tp, dispatch and combine move 2 * T * top_k * dim
+// floats in all (T the global tokens, none counted twice), nothing is all-gathered, and
+// the output keeps the input's layout.
+TEST(ExpertParallel, SequenceParallelRoutesOnlyItsOwnTokens) {
+  const int64_t b = 4, seq = 6, dim = 16, k = 2;
+  std::vector<int64_t> float_numel(4);
+  comm::run_local_ranks(4, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"ep", "tp"});
+    manual_seed(7);
+    nn::MoEOptions o;
+    o.num_experts = 4, o.top_k = k;
+    nn::MoE moe(dim, 8, o, mesh);
+    parallelize_module(moe, mesh["ep"], {{"", ExpertParallel()}});
+    parallelize_module(moe, mesh["tp"], {{"", MoESequenceParallel()}});
+    DTensor x = hp::randn({b, seq, dim}, mesh, {Shard(0), Shard(1)});
+    auto& log = comm::current_world()->collective_log();
+    log.clear();
+    log.enable();
+    DTensor y = moe(x);
+    log.enable(false);
+    EXPECT_EQ(y.spec(), x.spec());
+    for (const auto& r : log.records()) {
+      EXPECT_NE(r.op, "all_gather") << r.to_string();
+      if (r.op == "all_to_all" && r.dtype != at::kLong) float_numel[rank] += r.numel;
+    }
+  });
+  EXPECT_EQ(float_numel[0] + float_numel[1] + float_numel[2] + float_numel[3], 2 * b * seq * k * dim);
 }
 
 TEST(ExpertParallel, BadConfigurationsAreRefused) {

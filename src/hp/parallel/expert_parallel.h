@@ -21,5 +21,11 @@ Style ExpertParallel();
 // Experts' hidden dim sharded over the mesh dim (w1, w3 Shard(1), w2 Shard(2)); the MoE's
 // input and output are made Replicate there and the experts' partial outputs summed.
 Style ExpertTensorParallel();
+// With sequence parallelism: the MoE takes its sequence-sharded input as its own tokens
+// (rows split over every dim its input is split on) and routes only those, gathering
+// nothing; its output keeps the input's layout. Its routed experts stay whole over tp
+// (the sequence split makes tp a token dim for them: gradients summed there); the shared
+// experts take Colwise/Rowwise with rows Shard(0) out, as a dense MLP under SP.
+Style MoESequenceParallel();
 
 }  // namespace hp

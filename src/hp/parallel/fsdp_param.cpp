@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
 
+#include <algorithm>
+
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
 #include "hp/nn/module.h"
@@ -11,10 +13,11 @@
 namespace hp::parallel {
 namespace {
 
-// The tensor dim to split: the first one that only mesh dims outer to `shard_dim` split
-// (the shard dim then splits the piece they gave: ShardSpec nests mesh dims outer to
-// inner), preferring a dim with at least one element per shard rank.
-int choose_dim(const ShardSpec& spec, int shard_dim, int64_t shards, const std::string& name) {
+// The tensor dim to split: the first one that only mesh dims outer to the shard dims
+// split (the shard dims then split the piece they gave: ShardSpec nests mesh dims outer
+// to inner), preferring a dim with at least one element per shard rank.
+int choose_dim(const ShardSpec& spec, const std::vector<int>& shard_dims, int64_t shards, const std::string& name) {
+  const int shard_dim = shard_dims.empty() ? spec.ndim() : shard_dims.front();
   int fallback = -1;
   for (int d = 0; d < spec.ndim(); ++d) {
     bool free = true;
@@ -40,32 +43,32 @@ void restore(const at::Tensor& t) {
 
 }  // namespace
 
-FSDPParam::FSDPParam(std::string name, DTensor* slot, int shard_dim, int replicate_dim,
-                     at::ScalarType compute_dtype)
+FSDPParam::FSDPParam(std::string name, DTensor* slot, const std::vector<int>& shard_dims,
+                     const std::vector<int>& shard_ranks, int replicate_dim, at::ScalarType compute_dtype)
     : name_(std::move(name)), slot_(slot), sharded_(*slot), unsharded_spec_(slot->spec()) {
   const DTensor full = *slot;  // a copy: the slot is overwritten below
   const DeviceMesh& mesh = full.device_mesh();
-  for (int k : {shard_dim, replicate_dim}) {
-    if (k < 0) continue;
+  std::vector<int> replicated = shard_dims;
+  if (replicate_dim >= 0) replicated.push_back(replicate_dim);
+  for (int k : replicated)
     HP_CHECK(full.placements()[k].is_replicate())
         << "fully_shard: parameter '" << name_ << "' " << full.spec().to_string() << " must be replicated on mesh dim "
         << mesh.dim_names()[k] << " to be sharded over it";
-  }
   HP_CHECK(full.dim() > 0) << "fully_shard: parameter '" << name_ << "' is a scalar";
-  const int64_t shards = mesh.size(shard_dim);
-  dim_ = choose_dim(full.spec(), shard_dim, shards, name_);
+  const int64_t shards = static_cast<int64_t>(shard_ranks.size());
+  dim_ = choose_dim(full.spec(), shard_dims, shards, name_);
   std::vector<Placement> placements = full.placements();
-  placements[shard_dim] = Shard(dim_);
+  for (int k : shard_dims) placements[k] = Shard(dim_);
   ShardSpec spec = full.spec().with_placements(placements);
 
   // Each shard rank's piece, relative to the unsharded local tensor of this rank.
-  std::vector<int64_t> coord = mesh.coordinate();
-  shard_rank_ = static_cast<int>(coord[shard_dim]);
+  const std::vector<int64_t> coord = mesh.coordinate();
+  shard_rank_ = static_cast<int>(std::find(shard_ranks.begin(), shard_ranks.end(), mesh.rank()) - shard_ranks.begin());
   const int64_t base = full.spec().global_offset(coord)[dim_];
   padded_numel_ = 0;
-  for (int64_t r = 0; r < shards; ++r) {
-    coord[shard_dim] = r;
-    Piece p{spec.global_offset(coord)[dim_] - base, 0, spec.local_shape(coord)};
+  for (int r : shard_ranks) {
+    const std::vector<int64_t> where = mesh.shape().coord_of(r);
+    Piece p{spec.global_offset(where)[dim_] - base, 0, spec.local_shape(where)};
     p.size = p.shape[dim_];
     int64_t numel = 1;
     for (int64_t s : p.shape) numel *= s;
@@ -77,8 +80,7 @@ FSDPParam::FSDPParam(std::string name, DTensor* slot, int shard_dim, int replica
   sharded_ = nn::make_parameter(DTensor(local, mesh, spec));
   *slot_ = sharded_;
 
-  reduce_dims_ = {shard_dim};
-  if (replicate_dim >= 0) reduce_dims_.push_back(replicate_dim);
+  reduce_dims_ = replicated;
   unsharded_spec_ = make_spec(full.sizes(), compute_dtype, mesh, full.placements());
   unsharded_ = at::empty(full.to_local().sizes(), full.to_local().options().dtype(compute_dtype));
   unsharded_nbytes_ = unsharded_.storage().nbytes();

@@ -2,10 +2,11 @@
 // (what the optimizer, clipping and checkpoints see) and the unsharded local tensor that
 // forward and backward use, with the copies between them and a unit's flat buffers.
 //
-// The parameter is split along one tensor dim over the shard mesh dim. That dim is one
-// no inner mesh dim shards, so that the unsharded tensor is the concatenation of the
-// shard ranks' pieces (with tensor parallelism on a (dp, tp) mesh: dim 1 of a column-
-// parallel weight, dim 0 of a row-parallel one). Uneven sizes follow ShardSpec's chunks.
+// The parameter is split along one tensor dim over the shard mesh dims (one, or several
+// flattened into one group). That dim is one no inner mesh dim shards, so that the
+// unsharded tensor is the concatenation of the shard ranks' pieces (with tensor
+// parallelism on a (dp, tp) mesh: dim 1 of a column-parallel weight, dim 0 of a row-
+// parallel one). Uneven sizes follow ShardSpec's chunks.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -21,9 +22,11 @@ namespace hp::parallel {
 
 class FSDPParam {
  public:
-  // `slot` holds a parameter replicated on `shard_dim` (and on `replicate_dim`, HSDP,
-  // when >= 0); it is replaced by the sharded parameter.
-  FSDPParam(std::string name, DTensor* slot, int shard_dim, int replicate_dim, at::ScalarType compute_dtype);
+  // `slot` holds a parameter replicated on `shard_dims` (and on `replicate_dim`, HSDP,
+  // when >= 0); it is replaced by the sharded parameter. `shard_ranks`: the global ranks
+  // of the shard group, in the order of its gathered rows.
+  FSDPParam(std::string name, DTensor* slot, const std::vector<int>& shard_dims, const std::vector<int>& shard_ranks,
+            int replicate_dim, at::ScalarType compute_dtype);
 
   const std::string& name() const { return name_; }
   DTensor* slot() const { return slot_; }  // the module's parameter

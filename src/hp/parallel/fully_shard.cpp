@@ -18,6 +18,7 @@
 #include "hp/comm/symm/collectives.h"
 #include "hp/nn/layers.h"
 #include "hp/parallel/fsdp_float8.h"
+#include "hp/parallel/fsdp_mesh_dims.h"
 #include "hp/parallel/fsdp_param.h"
 
 namespace hp {
@@ -445,10 +446,10 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
   for (auto& [name, slot] : module.named_parameters()) {
     if (std::any_of(inner.begin(), inner.end(), [&](auto& u) { return u->owns(slot); })) continue;
     const DeviceMesh& pm = slot->device_mesh();
-    const int shard = parallel::find_dim(pm, mesh.dim_names().back(), mesh);
+    const parallel::FSDPMeshDims shard = parallel::fsdp_mesh_dims(pm, mesh, mesh.ndim() - 1);
     const int replicate = mesh.ndim() == 2 ? parallel::find_dim(pm, mesh.dim_names()[0], mesh) : -1;
     const at::ScalarType compute = options.mp_policy.param_dtype.value_or(slot->scalar_type());
-    params.emplace_back(name, slot, shard, replicate, compute);
+    params.emplace_back(name, slot, shard.param_dims, shard.group->ranks(), replicate, compute);
     slots.push_back(slot);
     linears.push_back(linear_of.count(slot) ? linear_of[slot] : nullptr);
   }
@@ -459,7 +460,7 @@ FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOpt
     for (DTensor* s : slots)
       HP_CHECK(s->device_mesh() == pm) << "fully_shard: parameters of one unit live on different meshes, "
                                        << pm.to_string() << " and " << s->device_mesh().to_string();
-    shard_group = &pm.group(parallel::find_dim(pm, mesh.dim_names().back(), mesh));
+    shard_group = parallel::fsdp_mesh_dims(pm, mesh, mesh.ndim() - 1).group;
     if (mesh.ndim() == 2) replicate_group = &pm.group(parallel::find_dim(pm, mesh.dim_names()[0], mesh));
   }
   auto unit = std::make_shared<FSDPUnit>(std::move(params), std::move(linears), shard_group, replicate_group, options);

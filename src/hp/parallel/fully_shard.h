@@ -12,7 +12,9 @@
 //
 // The parameters must live on a mesh that has the dims of `mesh` (by name), replicated
 // there: build the model on the whole (dp, tp) mesh, apply tensor parallelism on
-// mesh["tp"], then fully_shard on mesh["dp"].
+// mesh["tp"], then fully_shard on mesh["dp"]. The shard dim may flatten several of the
+// parameters' dims: fully_shard(m, mesh[{"dp", "ep"}].flatten("dp_ep")) shards over all
+// their ranks in one group (fsdp_mesh_dims.h).
 #pragma once
 
 #include <c10/core/ScalarType.h>

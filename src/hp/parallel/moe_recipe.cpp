@@ -24,35 +24,51 @@ ParallelPlan present(nn::Module& model, const ParallelPlan& plan) {
 }  // namespace
 
 void parallelize_moe_llama(nn::MoELlama& model, const DeviceMesh& tp_mesh, const MoELlamaParallelOptions& options) {
-  parallelize_module(model, tp_mesh,
-                     present(model, {
-                                        {"layers.*.attn.q_proj", ColwiseParallel()},
-                                        {"layers.*.attn.k_proj", ColwiseParallel()},
-                                        {"layers.*.attn.v_proj", ColwiseParallel()},
-                                        {"layers.*.attn.o_proj", RowwiseParallel()},
-                                        {"layers.*.mlp.gate_proj", ColwiseParallel()},
-                                        {"layers.*.mlp.up_proj", ColwiseParallel()},
-                                        {"layers.*.mlp.down_proj", RowwiseParallel()},
-                                        {"layers.*.moe.shared_experts.gate_proj", ColwiseParallel()},
-                                        {"layers.*.moe.shared_experts.up_proj", ColwiseParallel()},
-                                        {"layers.*.moe.shared_experts.down_proj", RowwiseParallel()},
-                                        {"layers.*.moe", ExpertTensorParallel()},
-                                        {"output", ColwiseParallel(Replicate(), options.loss_parallel
-                                                                                    ? Placement(Shard(-1))
-                                                                                    : Placement(Replicate()))},
-                                    }));
+  const bool sp = options.sequence_parallel;
+  const Placement between = sp ? Placement(Shard(1)) : Placement(Replicate());
+  const Placement shared_out = sp ? Placement(Shard(0)) : Placement(Replicate());  // the MoE's token rows
+  ParallelPlan plan = {
+      {"layers.*.attn.q_proj", ColwiseParallel()},
+      {"layers.*.attn.k_proj", ColwiseParallel()},
+      {"layers.*.attn.v_proj", ColwiseParallel()},
+      {"layers.*.attn.o_proj", RowwiseParallel(std::nullopt, between)},
+      {"layers.*.mlp.gate_proj", ColwiseParallel()},
+      {"layers.*.mlp.up_proj", ColwiseParallel()},
+      {"layers.*.mlp.down_proj", RowwiseParallel(std::nullopt, between)},
+      {"layers.*.moe.shared_experts.gate_proj", ColwiseParallel()},
+      {"layers.*.moe.shared_experts.up_proj", ColwiseParallel()},
+      {"layers.*.moe.shared_experts.down_proj", RowwiseParallel(std::nullopt, shared_out)},
+      {"layers.*.moe", sp ? MoESequenceParallel() : ExpertTensorParallel()},
+      {"output", ColwiseParallel(Replicate(), options.loss_parallel ? Placement(Shard(-1)) : Placement(Replicate()))},
+  };
+  // As the Llama's (llama_recipe.cpp): the embedding hands out sequence shards, norms run
+  // on them, and the blocks' parallel products gather their input first.
+  if (sp)
+    plan.insert(plan.end(), {{"tok_embeddings", RowwiseParallel(Replicate(), between)},
+                             {"layers.*.attn", PrepareModuleInput(Replicate())},
+                             {"layers.*.mlp", PrepareModuleInput(Replicate())},
+                             {"layers.*.moe.shared_experts", PrepareModuleInput(Replicate())},
+                             {"layers.*.attn_norm", SequenceParallel()},
+                             {"layers.*.mlp_norm", SequenceParallel()},
+                             {"norm", SequenceParallel()}});
+  parallelize_module(model, tp_mesh, present(model, plan));
 }
 
 void expert_parallelize_moe_llama(nn::MoELlama& model, const DeviceMesh& ep_mesh) {
   parallelize_module(model, ep_mesh, present(model, {{"layers.*.moe", ExpertParallel()}}));
 }
 
+FSDPModule fully_shard_moe_llama(nn::MoELlama& model, const DeviceMesh& mesh, const DeviceMesh& expert_mesh,
+                                 const FullyShardOptions& options) {
+  for (auto& [name, m] : model.named_modules())
+    if (name_matches("layers.*.moe.experts", name)) fully_shard(*m, expert_mesh, options);
+  for (auto& [name, m] : model.named_modules())
+    if (name_matches("layers.*", name)) fully_shard(*m, mesh, options);
+  return fully_shard(model, mesh, options);
+}
+
 FSDPModule fully_shard_moe_llama(nn::MoELlama& model, const DeviceMesh& dp_mesh, const FullyShardOptions& options) {
-  for (auto& [name, m] : model.named_modules())
-    if (name_matches("layers.*.moe.experts", name)) fully_shard(*m, dp_mesh, options);
-  for (auto& [name, m] : model.named_modules())
-    if (name_matches("layers.*", name)) fully_shard(*m, dp_mesh, options);
-  return fully_shard(model, dp_mesh, options);
+  return fully_shard_moe_llama(model, dp_mesh, dp_mesh, options);
 }
 
 }  // namespace hp

@@ -10,6 +10,9 @@ namespace hp {
 
 struct MoELlamaParallelOptions {
   bool loss_parallel = true;  // logits stay vocabulary-sharded into the loss
+  // Activations between blocks Shard(1) over tp, norms per token; the MoE blocks route
+  // their own sequence shard (MoESequenceParallel) instead of ExpertTensorParallel.
+  bool sequence_parallel = false;
 };
 
 void parallelize_moe_llama(nn::MoELlama& model, const DeviceMesh& tp_mesh, const MoELlamaParallelOptions& options = {});
@@ -17,8 +20,14 @@ void parallelize_moe_llama(nn::MoELlama& model, const DeviceMesh& tp_mesh, const
 // Experts of every MoE block sharded over `ep_mesh`, tokens exchanged by all-to-all.
 void expert_parallelize_moe_llama(nn::MoELlama& model, const DeviceMesh& ep_mesh);
 
-// fully_shard on each MoE block's routed experts (their own unit: sharded over dp on top
-// of ep), on every block, then on the root.
+// fully_shard on each MoE block's routed experts over `expert_mesh` (their own unit:
+// sharded over dp on top of ep), then on every block and the root over `mesh`. With
+// experts over ep, torchtitan's layout (dp_shard_in_ep) is mesh = mesh[{"dp", "ep"}].
+// flatten("dp_ep"), expert_mesh = mesh["dp"]: the other parameters sharded over every
+// data-parallel rank, their gradients reduced over dp x ep in one reduce-scatter.
+FSDPModule fully_shard_moe_llama(nn::MoELlama& model, const DeviceMesh& mesh, const DeviceMesh& expert_mesh,
+                                 const FullyShardOptions& options = {});
+// Everything over `dp_mesh` (parameters replicated over ep stay so).
 FSDPModule fully_shard_moe_llama(nn::MoELlama& model, const DeviceMesh& dp_mesh, const FullyShardOptions& options = {});
 
 }  // namespace hp

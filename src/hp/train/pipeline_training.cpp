@@ -73,7 +73,7 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
   }
   const double loss_scale = 1.0 / double(cfg.microbatches());
   if (moe) t.stage_aux_loss = std::make_shared<at::Tensor>(at::zeros({}, tensor_options(sm)));
-  const bool dp = dims.dp > 1;
+  const bool shards = dims.data_parallel_size() > 1;  // what fully_shard has to split: dp's ranks, and ep's with MoE
   const std::vector<std::string> reduce_dims = gradient_reduce_dims(cfg);
   auto group = comm::current_world()->world_group(t.mesh.device_type());
   auto mine = std::make_shared<nn::Sequential>();
@@ -87,12 +87,14 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
     o.num_stages = chunks;
     // Token ids (chunk 0) or activations between blocks.
     o.input_placements = batch_placements(sm, cfg.mesh.sequence_parallel && c > 0);
-    if (dp && cfg.mesh.zero_stage() > 0) {
+    if (shards && cfg.mesh.zero_stage() > 0) {
       const int zero = cfg.mesh.zero_stage();
       const FullyShardOptions so = zero_stage_options(zero);
-      const DeviceMesh shard_mesh = fully_shard_mesh(sm, cfg);
-      for (const auto& [name, m] : stage->named_modules())  // routed experts in their own unit, as pp = 1
-        if (name_matches("layers.*.moe.experts", name)) fully_shard(*m, shard_mesh, so);
+      // MoE: as pp = 1, routed experts in their own unit over dp, the rest over dp x ep.
+      const auto [shard_mesh, expert_mesh] =
+          moe ? moe_shard_meshes(sm) : std::pair<DeviceMesh, DeviceMesh>{fully_shard_mesh(sm, cfg), fully_shard_mesh(sm, cfg)};
+      for (const auto& [name, m] : stage->named_modules())
+        if (name_matches("layers.*.moe.experts", name)) fully_shard(*m, expert_mesh, so);
       for (const auto& [name, m] : stage->named_children())
         if (name.rfind("layers.", 0) == 0) fully_shard(*m, shard_mesh, so);
       FSDPModule unit = fully_shard(*stage, shard_mesh, so);

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 
 #include "hp/base/error.h"
 #include "hp/comm/collectives.h"
@@ -15,11 +16,11 @@
 namespace hp::train {
 namespace {
 
-// fully_shard over dp: at a ZeRO stage with dp > 1, and at dp = 1 too with mixed precision
+// fully_shard over dp (and ep): at a ZeRO stage with dp x ep > 1, and at 1 too with mixed precision
 // (validate() has refused it with other data_parallel values), where it only casts.
 bool shards_data(const TrainConfig& cfg) {
   const bool sharded = cfg.moe.enabled() ? cfg.mesh.data_parallel == "fsdp" : cfg.mesh.zero_stage() > 0;
-  return sharded && (cfg.dims().dp > 1 || cfg.train.mixed_precision());
+  return sharded && (cfg.dims().data_parallel_size() > 1 || cfg.train.mixed_precision());
 }
 
 at::ScalarType dtype_named(const std::string& name) { return name == "bfloat16" ? at::kBFloat16 : at::kFloat; }
@@ -47,8 +48,9 @@ void logits_in_float32(nn::Module& model, const TrainConfig& cfg) {
   });
 }
 
-// The MoE Llama: tensor parallel, experts over ep, then data parallel over dp. Gradients
-// of the parameters replicated over ep are summed there by the ops (ep splits the batch).
+// The MoE Llama: tensor parallel, experts over ep, then data parallel. With ddp, gradients
+// of the parameters replicated over ep are summed there by the ops (ep splits the batch);
+// fully_shard shards those parameters over dp x ep and reduces them there at once.
 void build_moe_model(Training& t, const TrainConfig& cfg) {
   const ParallelDims dims = cfg.dims();
   DeviceMesh& mesh = t.stage_mesh;
@@ -57,7 +59,8 @@ void build_moe_model(Training& t, const TrainConfig& cfg) {
   if (dims.dp > 1 && cfg.mesh.data_parallel == "ddp")
     t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh["dp"]));
   if (shards_data(cfg)) {
-    fully_shard_moe_llama(model, mesh["dp"], shard_options(cfg));
+    const auto [others, experts] = detail::moe_shard_meshes(mesh);
+    fully_shard_moe_llama(model, others, experts, shard_options(cfg));
     logits_in_float32(model, cfg);
   }
   t.model = t.moe_llama;
@@ -93,16 +96,26 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
 
 std::shared_ptr<nn::MoELlama> detail::build_moe_llama(const TrainConfig& cfg, const DeviceMesh& mesh) {
   const ParallelDims dims = cfg.dims();
-  HP_CHECK(!cfg.mesh.sequence_parallel || dims.tp == 1)
-      << cfg.source << ": mesh.sequence_parallel is not run for [moe] models yet; set it to false";
   // A recomputed router would count its tokens' expert loads twice.
   HP_CHECK(cfg.memory.activation_checkpoint.empty())
       << cfg.source << ": memory.activation_checkpoint is not run for [moe] models yet; set it to \"\"";
   auto model = std::make_shared<nn::MoELlama>(cfg.moe.model(cfg.model), mesh);
-  if (dims.tp > 1) parallelize_moe_llama(*model, mesh["tp"]);
+  if (dims.tp > 1) parallelize_moe_llama(*model, mesh["tp"], {/*loss_parallel=*/true, cfg.mesh.sequence_parallel});
   if (dims.ep > 1) expert_parallelize_moe_llama(*model, mesh["ep"]);
   apply_precision(*model, cfg);
   return model;
+}
+
+std::pair<DeviceMesh, DeviceMesh> detail::moe_shard_meshes(const DeviceMesh& stage_mesh) {
+  std::vector<std::string> data_dims;
+  for (const std::string& name : stage_mesh.dim_names())
+    if (name == "dp" || name == "ep") data_dims.push_back(name);
+  const auto& names = stage_mesh.dim_names();
+  DeviceMesh experts = std::find(names.begin(), names.end(), "dp") != names.end()
+                           ? stage_mesh["dp"]
+                           : DeviceMesh(stage_mesh.device_type(), MeshShape({1}, {"expert_dp"}, {stage_mesh.rank()}));
+  if (data_dims.size() == 1) return {stage_mesh[data_dims[0]], experts};
+  return {stage_mesh.submesh(data_dims).flatten("dp_ep"), experts};
 }
 
 void detail::apply_context_parallel(nn::Llama& model, const DeviceMesh& stage_mesh, const TrainConfig& cfg) {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hp/optim/optimizer.h"
@@ -81,6 +82,10 @@ void apply_context_parallel(nn::Llama& model, const DeviceMesh& stage_mesh, cons
 std::vector<std::string> gradient_reduce_dims(const TrainConfig& cfg);
 // The mesh fully_shard takes: dp, as (cp, dp) HSDP when cp is one dim.
 DeviceMesh fully_shard_mesh(const DeviceMesh& stage_mesh, const TrainConfig& cfg);
+// fully_shard's meshes for the MoE Llama (torchtitan's dp_shard_in_ep): the parameters
+// outside the experts over every rank that reads its own rows (dp and ep flattened), the
+// experts, already split over ep, over dp (one rank when the mesh has no dp dim).
+std::pair<DeviceMesh, DeviceMesh> moe_shard_meshes(const DeviceMesh& stage_mesh);
 // [memory]'s activation checkpointing, after tensor parallelism and before data parallelism.
 void apply_activation_checkpointing(nn::Module& model, const TrainConfig& cfg);
 }  // namespace detail
