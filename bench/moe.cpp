@@ -14,9 +14,10 @@
 //   scripts/emulate_hosts --hosts 2 --rate 1gbit -- build/bin/hprun --nnodes 2 \
 //     --node-rank {node_rank} --master-addr {master_addr} --master-port {master_port} --nproc-per-node 1 \
 //     build/bin/bench_moe 6 4
-//   build/bin/hprun --nproc-per-node 4 build/bin/bench_moe [steps] [rounds] [chunks, e.g. 2,4] [top_k]
+//   build/bin/hprun --nproc-per-node 4 build/bin/bench_moe [steps] [rounds] [chunks, e.g. 2,4] [top_k] [width]
 // A larger top_k (8: every expert) makes the exchange and the experts a larger share of
-// the step, the rest of the model unchanged.
+// the step, the rest of the model unchanged; a larger expert width (default 96) gives the
+// experts more compute per exchanged byte, for the exchange to hide behind.
 // Gradients of replicated parameters are summed by the ops at each use (no DDP buckets)
 // at every degree alike.
 #include <ATen/ATen.h>
@@ -59,13 +60,15 @@ int main(int argc, char** argv) {
   }
   for (int64_t c : chunk_counts) HP_CHECK(c > 1) << "bench_moe: chunk counts must be > 1, got " << c;
   const int64_t top_k = argc > 4 ? std::atoll(argv[4]) : 2;
+  const int64_t expert_width = argc > 5 ? std::atoll(argv[5]) : 96;
+  HP_CHECK(top_k > 0 && expert_width > 0) << "bench_moe: top_k and width must be > 0";
   comm::init_distributed();
   const int64_t world = comm::current_world()->size();
   nn::MoELlamaConfig c;
   c.llama.vocab = 256, c.llama.dim = 128, c.llama.layers = 4, c.llama.heads = 4, c.llama.kv_heads = 2;
   c.llama.ffn_dim = 384, c.llama.max_seq = 128;
   c.moe.num_experts = 8, c.moe.top_k = top_k, c.moe.aux_loss_coef = 0.01;
-  c.moe_hidden_dim = 96, c.dense_layers = 1;
+  c.moe_hidden_dim = expert_width, c.dense_layers = 1;
   const int64_t batch = 4 * world, seq = 64, tokens = batch * seq;
   const int64_t moe_layers = c.llama.layers - c.dense_layers;
 

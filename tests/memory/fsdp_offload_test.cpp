@@ -214,6 +214,30 @@ TEST(FsdpOffload, ShardsAndGradientsLeaveMemory) {
   EXPECT_EQ(in_memory - offloaded, 2 * shard_bytes) << "in memory " << in_memory << ", offloaded " << offloaded;
 }
 
+// An optimizer stepping on the released shards instead of streaming them is refused by name.
+TEST(FsdpOffload, PlainOptimizerOnReleasedShardsIsAnError) {
+  comm::run_local_ranks(1, [](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    manual_seed(5);
+    nn::Llama model(hp::testing::tiny_llama(), mesh);
+    FullyShardOptions o;
+    o.offload_policy = FileOffloadPolicy{fresh_dir()};
+    FSDPModule r = fully_shard_llama(model, mesh["dp"], o);
+    DTensor ids = distribute_tensor(at::zeros({2, 8}, at::kLong), mesh, {Replicate()});
+    model.loss(ids, ids).to_local().backward();
+    optim::AdamW adamw(model.parameters());
+    try {
+      adamw.step();
+      ADD_FAILURE() << "expected an error";
+    } catch (const hp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("is not in memory"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("bring_in_offloaded"), std::string::npos) << e.what();
+    }
+    r.bring_in_offloaded();
+    adamw.step();  // in memory again
+  });
+}
+
 TEST(FsdpOffload, VanishedFileIsAnError) {
   comm::run_local_ranks(1, [](int) {
     DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "hp/base/error.h"
 #include "hp/comm/collectives.h"
 #include "hp/tensor/ops.h"
 
@@ -23,7 +24,7 @@ void AdamW::step() {
   const auto& o = options_;
   const double bias1 = 1 - std::pow(o.beta1, double(step_)), bias2 = 1 - std::pow(o.beta2, double(step_));
   for (size_t i = 0; i < params_.size(); ++i) {
-    at::Tensor p = params_[i]->to_local();
+    at::Tensor p = resident_local(params_, i, "AdamW");
     const at::Tensor& g = p.grad();
     if (!g.defined()) continue;
     p.mul_(1 - o.lr * o.weight_decay);
@@ -41,6 +42,23 @@ std::vector<StateEntry> AdamW::state() {
     out.push_back({params_[i], "exp_avg_sq", &v_[i]});
   }
   return out;
+}
+
+namespace {
+bool in_memory(const at::Tensor& t) {
+  return !t.defined() || t.numel() == 0 ||
+         t.storage().nbytes() >= static_cast<size_t>(t.storage_offset() + t.numel()) * t.element_size();
+}
+}  // namespace
+
+at::Tensor resident_local(const std::vector<DTensor*>& params, size_t index, const char* optimizer) {
+  at::Tensor p = params[index]->to_local();
+  HP_CHECK(in_memory(p) && in_memory(p.grad()))
+      << optimizer << ": parameter " << index << " (local shape " << p.sizes()
+      << ") or its gradient is not in memory: fully_shard's offload_policy keeps it in its tier between uses; "
+      << "step with memory::SwapOptimizer over the module's offloaded_parameters(), or call "
+      << "FSDPModule::bring_in_offloaded() first";
+  return p;
 }
 
 void zero_grads(const std::vector<DTensor*>& params) {

@@ -310,7 +310,7 @@ void Muon::step() {
   for (auto& ex : exchanges_) {
     std::vector<at::Tensor> updates;
     for (size_t i : ex->params) {
-      at::Tensor g = params_[i]->to_local().grad();
+      at::Tensor g = resident_local(params_, i, "Muon").grad();
       if (!g.defined()) g = at::zeros_like(momentum_[i]);  // every rank takes part in the exchange
       momentum_[i].mul_(o.momentum).add_(g);
       updates.push_back(o.nesterov ? g + o.momentum * momentum_[i] : momentum_[i].clone());

@@ -34,4 +34,9 @@ class Optimizer {
 // Drops the gradients of `params` (the next backward starts from none).
 void zero_grads(const std::vector<DTensor*>& params);
 
+// The local tensor of `params[index]` (and its gradient, where defined), checked to be in
+// memory: fully_shard's offload policies release a shard and its gradient between uses,
+// and an update on released storage would write nowhere. Throws naming the parameter.
+at::Tensor resident_local(const std::vector<DTensor*>& params, size_t index, const char* optimizer);
+
 }  // namespace hp::optim

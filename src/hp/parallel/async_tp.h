@@ -12,8 +12,10 @@
 //     receives in rank order. Backward: the output gradient's pieces arrive while the
 //     input-gradient rows of the pieces already here are computed.
 //
-// Results are bitwise equal to the synchronous path: the same products row for row, the
-// same sums in the same order (checked by tests/parallel/async_tp_test.cpp).
+// The same products row for row and the same sums in the same order as the synchronous
+// path, so results are bitwise equal wherever the BLAS computes a block of rows as it
+// computes those rows of the whole product (not for the tiniest products; see
+// tests/parallel/async_tp_test.cpp).
 #pragma once
 
 #include "hp/nn/layers.h"
