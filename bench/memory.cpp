@@ -249,6 +249,16 @@ int main(int argc, char** argv) {
     const double layer_sel = plan::layer_activation_bytes_per_token(d, false, plan::Recompute::Selective);
     const double layer_full = plan::layer_activation_bytes_per_token(d, false, plan::Recompute::Full);
     const double planned_sel_time = 1 + plan::EstimatorOptions().selective_recompute_cost;
+    // The estimator's fp32-eager count of this run's activations and logits, per recompute.
+    auto estimated_activations = [&](plan::Recompute r) {
+      plan::Strategy s;
+      s.dp = 1, s.global_batch = batch, s.micro_batch = batch, s.microbatches = 1, s.recompute = r;
+      plan::StageContents all;
+      all.dense_layers = layers, all.embedding = true, all.head = true;
+      const plan::MemoryBreakdown m = plan::stage_memory(d, s, all, 0, 1, plan::numerics_preset("fp32-eager"));
+      return m.activations + m.logits;
+    };
+    const double est_none = estimated_activations(plan::Recompute::None);
 
     std::printf("Llama %lld layers, dim 256, batch %lld x seq %lld, %d rounds x %d steps per mode\n",
                 (long long)layers, (long long)batch, (long long)seq, rounds, steps);
@@ -265,6 +275,9 @@ int main(int argc, char** argv) {
     std::printf("planner, per layer's saved activations: selective %.3f, full %.3f of none; step time "
                 "selective %.2fx, full %.2fx (one more forward: 4/3)\n",
                 layer_sel / layer_none, layer_full / layer_none, planned_sel_time, 4.0 / 3.0);
+    std::printf("estimator (fp32-eager), this model's activations and logits: selective %.3f, full %.3f of none\n",
+                estimated_activations(plan::Recompute::Selective) / est_none,
+                estimated_activations(plan::Recompute::Full) / est_none);
     std::printf("target full: activation peak <= 1/L + one layer = %.3f of none\n", 2.0 / double(layers));
     const std::string tag = "L" + std::to_string(layers);
     for (const Mode& m : ms) {
