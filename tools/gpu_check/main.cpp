@@ -1,8 +1,9 @@
 // What scripts/gpu_check runs on a machine with a GPU (built with HP_CUDA): DTensor ops and
 // a tensor-parallel Llama step on the GPU against the same on the CPU, the NCCL process
 // group with world size 1, a bf16 training step, activations swapped to pinned host memory
-// through a copy stream (memory::HostTier), and the FP8 Linear (through _scaled_mm) against
-// the CPU's emulated one. Prints one line per check and `RESULT gpu_check pass|fail` last.
+// through a copy stream (memory::HostTier), fully_shard with CPUOffloadPolicy, and the FP8
+// Linear (through _scaled_mm) against the CPU's emulated one. Prints one line per check and
+// `RESULT gpu_check pass|fail` last.
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 
@@ -131,6 +132,37 @@ void host_tier() {
         "HostTier: a CUDA tensor to pinned host memory and back");
 }
 
+// fully_shard with CPUOffloadPolicy on cuda: shards and gradient shards in pinned host
+// memory between uses, brought back for AdamW; the same numbers as without offload.
+void fsdp_offload() {
+  DeviceMesh mesh = init_device_mesh("cuda", {1}, {"dp"});
+  auto step = [&](bool offload) {
+    manual_seed(5);
+    nn::Llama model(tiny(), mesh);
+    FullyShardOptions o;
+    if (offload) o.offload_policy = CPUOffloadPolicy{};
+    FSDPModule root = fully_shard_llama(model, mesh["dp"], o);
+    const at::Tensor tokens = (hp::rand({2, 9}, at::kDouble) * tiny().vocab).floor().to(at::kLong).cuda();
+    DTensor ids = distribute_tensor(tokens.narrow(1, 0, 8).contiguous(), mesh, {Replicate()});
+    DTensor targets = distribute_tensor(tokens.narrow(1, 1, 8).contiguous(), mesh, {Replicate()});
+    optim::AdamW opt(model.parameters());
+    Step s;
+    DTensor loss = model.loss(ids, targets);
+    s.loss = loss.to_local().item<double>();
+    loss.to_local().backward();
+    root.bring_in_offloaded();  // a no-op without offload
+    for (auto& [name, p] : model.named_parameters()) s.grads[name] = p->grad()->full_tensor().cpu();
+    opt.step();
+    for (auto& [name, p] : model.named_parameters()) s.params[name] = p->full_tensor().cpu();
+    return s;
+  };
+  const Step plain = step(false), offloaded = step(true);
+  bool same = offloaded.loss == plain.loss;
+  for (auto& [name, g] : plain.grads) same = same && at::equal(offloaded.grads.at(name), g);
+  for (auto& [name, p] : plain.params) same = same && at::equal(offloaded.params.at(name), p);
+  check(same, "fully_shard with CPUOffloadPolicy on cuda: loss, gradients and an AdamW step equal without offload");
+}
+
 // The FP8 Linear's forward and backward on cuda (at::_scaled_mm for tensorwise and rowwise
 // where the device and LibTorch take them; mx_block emulated) against the CPU's emulated
 // path on the same values. The quantized operands are the same on both (exact amaxes, the
@@ -199,6 +231,7 @@ int main() {
         ops(cpu["tp"], gpu["tp"]);
         llama(cpu, gpu);
         host_tier();
+        fsdp_offload();
         fp8(cpu["tp"], gpu["tp"]);
         nccl();
       });
