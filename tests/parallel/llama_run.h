@@ -49,10 +49,12 @@ struct LlamaRunSpec {
 
 // Every rank must see the same run, bitwise (losses, and the full gradients and
 // parameters it gathers): a replicated parameter that drifted on one rank is caught here.
-inline void expect_ranks_agree(const std::vector<LlamaRun>& views) {
+// Any run record with losses, first_grads and final_params (LlamaRun, the MoE tests').
+template <class Run>
+void expect_ranks_agree(const std::vector<Run>& views) {
   for (size_t r = 1; r < views.size(); ++r) {
     EXPECT_EQ(views[r].losses, views[0].losses) << "rank " << r << "'s losses differ from rank 0's";
-    for (auto which : {&LlamaRun::first_grads, &LlamaRun::final_params})
+    for (auto which : {&Run::first_grads, &Run::final_params})
       for (auto& [name, t] : views[0].*which) {
         ASSERT_TRUE((views[r].*which).count(name)) << "rank " << r << " lacks " << name;
         EXPECT_TRUE(at::equal((views[r].*which).at(name), t)) << "rank " << r << "'s " << name << " differs from rank 0's";

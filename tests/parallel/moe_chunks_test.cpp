@@ -21,6 +21,7 @@
 #include "comm/scoped_env.h"
 #include "hp/optim/adamw.h"
 #include "hp/parallel.h"
+#include "parallel/llama_run.h"
 #include "hp/tensor/weight_outputs.h"
 
 using namespace hp;
@@ -92,12 +93,7 @@ MoERun train(const Spec& s) {
     std::lock_guard<std::mutex> lock(mu);
     views[rank] = mine;
   });
-  for (size_t r = 1; r < views.size(); ++r) {
-    EXPECT_EQ(views[r].losses, views[0].losses) << "rank " << r;
-    for (auto which : {&MoERun::first_grads, &MoERun::final_params})
-      for (auto& [name, t] : views[0].*which)
-        EXPECT_TRUE(at::equal((views[r].*which).at(name), t)) << "rank " << r << "'s " << name << " differs";
-  }
+  hp::testing::expect_ranks_agree(views);  // every rank holds the same whole tensors, bitwise
   MoERun out = views[0];
   out.drop_rates.clear();
   for (auto& v : views) out.drop_rates.push_back(v.drop_rates.at(0));
