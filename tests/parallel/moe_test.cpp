@@ -11,6 +11,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "hp/optim/adamw.h"
 #include "hp/parallel.h"
@@ -43,11 +44,21 @@ struct Spec {
   int64_t ep = 1, tp = 1;
   bool fsdp = false;
   bool fsdp_over_dp_ep = false;  // the non-expert units over dp x ep flattened, the experts' over dp
+  bool ddp = false;  // DistributedDataParallel over the batch dims (dp*, ep)
   bool sequence_parallel = false;  // tp by parallelize_moe_llama's plan with sequence parallelism
   bool zero_router = false;  // step 0 routes every token alike (ties go to the lowest experts)
   int micro_steps = 1;       // the reference's view of per-rank capacity
   int64_t batch = 4, seq = 8, steps = 5;
 };
+
+bool is_batch_dim(const std::string& name) { return name == "ep" || name.rfind("dp", 0) == 0; }
+
+std::vector<std::string> batch_dims(const Spec& s) {
+  std::vector<std::string> out;
+  for (const std::string& name : s.names)
+    if (is_batch_dim(name)) out.push_back(name);
+  return out;
+}
 
 void parallelize(nn::MoELlama& model, const DeviceMesh& mesh, const Spec& s) {
   if (s.ep > 1) parallelize_module(model, mesh["ep"], {{"layers.1.moe", ExpertParallel()}});
@@ -86,10 +97,12 @@ MoERun train(const Spec& s) {
       for (auto& [name, p] : model.named_parameters())
         if (name.find("router.gate") != std::string::npos) p->to_local().detach().zero_();
     parallelize(model, mesh, s);
+    std::optional<DistributedDataParallel> ddp;
+    if (s.ddp) ddp.emplace(model, mesh.submesh(batch_dims(s)));
     optim::AdamW opt(model.parameters(), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
     std::vector<Placement> rows(mesh.ndim(), Replicate());
     for (int k = 0; k < mesh.ndim(); ++k)
-      if (s.names[k] == "ep" || s.names[k].rfind("dp", 0) == 0) rows[k] = Shard(0);
+      if (is_batch_dim(s.names[k])) rows[k] = Shard(0);
     nn::MoE& moe = *nn::moe_layers(model).at(0);
     MoERun mine;
     const at::Tensor tokens = (hp::rand({s.batch, s.seq + 1}, at::kDouble) * s.config.llama.vocab).floor().to(at::kLong);
@@ -153,7 +166,7 @@ Spec on(std::vector<int64_t> shape, std::vector<std::string> names, int64_t ep, 
 
 Spec single(const Spec& like) {
   Spec s = like;
-  s.shape = {1}, s.names = {"dp"}, s.ep = 1, s.tp = 1, s.fsdp = false, s.sequence_parallel = false;
+  s.shape = {1}, s.names = {"dp"}, s.ep = 1, s.tp = 1, s.fsdp = false, s.ddp = false, s.sequence_parallel = false;
   return s;
 }
 
@@ -237,6 +250,59 @@ TEST(ExpertParallel, FullyShardOverDpEpReducesOnceOverAllRanks) {
       EXPECT_EQ(over_all, 3) << "rank " << rank;
       EXPECT_EQ(over_dp, 1) << "rank " << rank;
       EXPECT_EQ(ep_all_reduces, 0) << "rank " << rank;
+    }
+  }
+}
+
+// DDP over the batch dims (dp, ep): the experts, sharded over ep, are summed over dp only.
+Spec ddp(std::vector<int64_t> shape, std::vector<std::string> names, int64_t ep, int64_t tp = 1) {
+  Spec s = on(std::move(shape), std::move(names), ep, tp);
+  s.ddp = true;
+  return s;
+}
+TEST(ExpertParallel, Dp2Ep2Ddp) { expect_matches_single(ddp({2, 2}, {"dp", "ep"}, 2)); }
+TEST(ExpertParallel, Ep4Ddp) { expect_matches_single(ddp({4}, {"ep"}, 4)); }
+TEST(ExpertParallel, EpOuterToDpDdp) { expect_matches_single(ddp({2, 2}, {"ep", "dp"}, 2)); }
+TEST(ExpertParallel, Ep2Tp2Ddp) { expect_matches_single(ddp({2, 2}, {"ep", "tp"}, 2, 2)); }
+// One backward at dp 2 x ep 2 under DDP over (dp, ep): the non-expert gradients are summed
+// in buckets over all 4 ranks, the experts' over their 2 dp ranks, and no gradient is
+// all-reduced over an ep group at its use (without DDP every non-expert weight is).
+TEST(ExpertParallel, DdpOverDpEpReducesInBucketsOverAllRanks) {
+  const std::vector<int> all{0, 1, 2, 3};
+  for (bool with_ddp : {false, true}) {
+    std::vector<std::vector<comm::CollectiveRecord>> logs(4);
+    comm::run_local_ranks(4, [&](int rank) {
+      DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "ep"});
+      manual_seed(1234);
+      Spec s = on({2, 2}, {"dp", "ep"}, 2);
+      nn::MoELlama model(s.config, mesh);
+      parallelize(model, mesh, s);
+      std::optional<DistributedDataParallel> ddp;
+      if (with_ddp) ddp.emplace(model, mesh.submesh({"dp", "ep"}));
+      const at::Tensor tokens = (hp::rand({4, 9}, at::kDouble) * s.config.llama.vocab).floor().to(at::kLong);
+      const std::vector<Placement> rows{Shard(0), Shard(0)};
+      DTensor ids = distribute_tensor(tokens.narrow(1, 0, 8).contiguous(), mesh, rows);
+      DTensor targets = distribute_tensor(tokens.narrow(1, 1, 8).contiguous(), mesh, rows);
+      DTensor loss = model.loss(ids, targets);
+      auto& log = comm::current_world()->collective_log();
+      log.clear();
+      log.enable();
+      loss.to_local().backward();
+      log.enable(false);
+      logs[rank] = log.records();
+    });
+    for (int rank = 0; rank < 4; ++rank) {
+      const std::vector<int> ep_group{rank / 2 * 2, rank / 2 * 2 + 1}, dp_group{rank % 2, rank % 2 + 2};
+      int over_all = 0, over_dp = 0, over_ep = 0;
+      for (const auto& r : logs[rank])
+        if (r.op == "all_reduce") over_all += r.ranks == all, over_dp += r.ranks == dp_group, over_ep += r.ranks == ep_group;
+      if (!with_ddp) {
+        EXPECT_GT(over_ep, 0) << "rank " << rank;  // the check can see them
+        continue;
+      }
+      EXPECT_GT(over_all, 0) << "rank " << rank;
+      EXPECT_GT(over_dp, 0) << "rank " << rank;
+      EXPECT_EQ(over_ep, 0) << "rank " << rank;
     }
   }
 }

@@ -103,20 +103,28 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, const Devic
   int64_t bytes = 0;
   for (DTensor* p : params) {
     const DeviceMesh& pm = p->device_mesh();
+    // Summed over the dims of `mesh` that replicate p; a dim that shards it (experts over
+    // ep) holds other parameters on each rank, nothing to sum.
     std::vector<int> dims;
+    std::vector<std::string> dim_names;
     for (const std::string& name : mesh.dim_names()) {
       const auto& names = pm.dim_names();
       auto it = std::find(names.begin(), names.end(), name);
       HP_CHECK(it != names.end()) << "DistributedDataParallel: parameters live on " << pm.to_string()
                                   << ", which has no dim '" << name << "' of " << mesh.to_string();
-      dims.push_back(static_cast<int>(it - names.begin()));
+      const int d = static_cast<int>(it - names.begin());
+      HP_CHECK(!p->placements()[d].is_partial()) << "DistributedDataParallel: a parameter is Partial on dim '" << name << "'";
+      if (p->placements()[d].is_shard()) continue;
+      dims.push_back(d);
+      dim_names.push_back(name);
     }
+    if (dims.empty()) continue;
     p->defer_grad_reduction(dims);
     const comm::Group* group = nullptr;
     if (dims.size() == 1) {
       group = &pm.group(dims[0]);
     } else {
-      state_->flattened.push_back(pm.submesh(mesh.dim_names()).flatten());
+      state_->flattened.push_back(pm.submesh(dim_names).flatten());
       group = &state_->flattened.back().group(0);
     }
     auto& buckets = state_->buckets;

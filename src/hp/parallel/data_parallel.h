@@ -4,7 +4,10 @@
 // launched as soon as its last gradient is accumulated, so that communication overlaps
 // the rest of backward. The reduced gradients are in place when backward returns.
 //
-// Apply it after tensor parallelism; parameters must be replicated on the dims of `mesh`.
+// Apply it after tensor and expert parallelism. Each gradient is summed over the dims of
+// `mesh` that replicate its parameter: with experts over ep, DDP over (dp, ep) sums the
+// other parameters over every data-parallel rank in one bucketed all-reduce and the
+// experts, sharded over ep, over dp.
 // Keep the object alive while training: its hooks stop when it is gone.
 #pragma once
 

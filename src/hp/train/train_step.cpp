@@ -48,16 +48,16 @@ void logits_in_float32(nn::Module& model, const TrainConfig& cfg) {
   });
 }
 
-// The MoE Llama: tensor parallel, experts over ep, then data parallel. With ddp, gradients
-// of the parameters replicated over ep are summed there by the ops (ep splits the batch);
-// fully_shard shards those parameters over dp x ep and reduces them there at once.
+// The MoE Llama: tensor parallel, experts over ep, then data parallel. ep splits the batch
+// too: ddp sums the gradients of the parameters outside the experts over dp x ep in its
+// buckets, fully_shard shards those parameters over dp x ep and reduces them there at once.
 void build_moe_model(Training& t, const TrainConfig& cfg) {
-  const ParallelDims dims = cfg.dims();
   DeviceMesh& mesh = t.stage_mesh;
   t.moe_llama = detail::build_moe_llama(cfg, mesh);
   nn::MoELlama& model = *t.moe_llama;
-  if (dims.dp > 1 && cfg.mesh.data_parallel == "ddp")
-    t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh["dp"]));
+  const std::vector<std::string> reduce_dims = detail::gradient_reduce_dims(cfg);
+  if (cfg.mesh.data_parallel == "ddp" && !reduce_dims.empty())
+    t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh.submesh(reduce_dims)));
   if (shards_data(cfg)) {
     const auto [others, experts] = detail::moe_shard_meshes(mesh);
     fully_shard_moe_llama(model, others, experts, shard_options(cfg));
@@ -137,6 +137,7 @@ std::vector<std::string> detail::gradient_reduce_dims(const TrainConfig& cfg) {
   if (cfg.mesh.data_parallel == "replicate") return {};
   std::vector<std::string> reduce;
   if (dims.dp > 1) reduce.push_back("dp");
+  if (cfg.moe.enabled() && dims.ep > 1) reduce.push_back("ep");  // DDP skips the experts, sharded there
   if (dims.cp > 1)
     for (const std::string& d : dims.cp_dims()) reduce.push_back(d);
   return reduce;

@@ -78,7 +78,8 @@ void build_pipeline(Training& t, const TrainConfig& cfg);
 void apply_precision(nn::Module& model, const TrainConfig& cfg);
 // [mesh] context_parallel: the style on every block's attention over the cp dims; nothing without cp.
 void apply_context_parallel(nn::Llama& model, const DeviceMesh& stage_mesh, const TrainConfig& cfg);
-// The stage mesh dims DDP reduces gradients over: dp and cp's (none for "replicate").
+// The stage mesh dims DDP reduces gradients over: dp, ep with [moe] (DDP skips the experts
+// there) and cp's; none for "replicate".
 std::vector<std::string> gradient_reduce_dims(const TrainConfig& cfg);
 // The mesh fully_shard takes: dp, as (cp, dp) HSDP when cp is one dim.
 DeviceMesh fully_shard_mesh(const DeviceMesh& stage_mesh, const TrainConfig& cfg);
