@@ -9,6 +9,7 @@
 #include <atomic>
 #include <filesystem>
 
+#include "hp/checkpoint.h"
 #include "hp/comm/local_ranks.h"
 #include "hp/train/train_step.h"
 #include "hp/train/trainer.h"
@@ -74,6 +75,17 @@ void expect_same(const std::string& dim, const std::string& dp, const std::strin
   if (!dir.empty()) std::filesystem::remove_all(dir);
 }
 
+// Every tensor of two checkpoints (parameters, optimizer state), bitwise; returns how many.
+size_t expect_same_tensors(const std::string& a, const std::string& b) {
+  const auto ma = checkpoint::read_metadata(a), mb = checkpoint::read_metadata(b);
+  EXPECT_EQ(ma.scalars, mb.scalars);
+  EXPECT_EQ(ma.tensors.size(), mb.tensors.size());
+  for (const auto& [name, _] : ma.tensors)
+    EXPECT_TRUE(mb.tensors.count(name) && at::equal(checkpoint::read_tensor(a, name), checkpoint::read_tensor(b, name)))
+        << name;
+  return ma.tensors.size();
+}
+
 }  // namespace
 
 TEST(MemoryTraining, Pp2FullCheckpointing) { expect_same("pp", "ddp", "full"); }
@@ -110,5 +122,47 @@ TEST(MemoryTraining, FsdpOffloadNeedsFullyShard) {
   } catch (const hp::Error& e) {
     EXPECT_NE(std::string(e.what()).find("memory.fsdp_offload_dir offloads fully_shard's shards"), std::string::npos)
         << e.what();
+  }
+}
+
+// Checkpoints with state in files: fully_shard's shards and AdamW's state (synchronous and
+// asynchronous saves), and AdamW's state alone. They hold bitwise what the run without
+// offload saves; a run that lost its last checkpoint resumes from the one before and ends
+// bitwise equal. The monitor's replica check reads the tp-replicated norms. dp 2 x tp 2.
+TEST(MemoryTraining, CheckpointsWithStateInFiles) {
+  struct Case {
+    bool shards, async;
+  };
+  for (const Case k : {Case{true, false}, Case{true, true}, Case{false, false}}) {
+    train::TrainConfig plain = config("dp", "fsdp");
+    plain.mesh.shape = {2, 2}, plain.mesh.names = {"dp", "tp"}, plain.mesh.sequence_parallel = false;
+    plain.train.steps = 6;
+    plain.checkpoint.dir = fresh_dir(), plain.checkpoint.every = 3, plain.checkpoint.keep = 0;
+    plain.checkpoint.async = k.async;
+    plain.monitor.replica_check_every = 2;
+    train::TrainConfig c = plain;
+    c.checkpoint.dir = fresh_dir();
+    (k.shards ? c.memory.fsdp_offload_dir : c.memory.optimizer_offload_dir) = fresh_dir();
+    c.memory.optimizer_offload_batch_mib = 1;
+    const std::string where = std::string(k.shards ? "shards and state" : "optimizer state") + " in files, " +
+                              (k.async ? "async saves" : "synchronous saves");
+
+    const std::vector<double> want = losses(plain);
+    std::atomic<int> shard_files{0};
+    EXPECT_EQ(offloaded_losses(c, &shard_files), want) << where;
+    EXPECT_EQ(shard_files.load() > 0, k.shards) << where;
+    const std::string last = checkpoint::step_dir(plain.checkpoint.dir, 6), mine = checkpoint::step_dir(c.checkpoint.dir, 6);
+    {
+      SCOPED_TRACE(where + ", the uninterrupted run's last checkpoint");
+      EXPECT_GT(expect_same_tensors(last, mine), 0u);
+    }
+    std::filesystem::remove_all(mine);
+    const train::TrainResult resumed = hp::testing::run_on_all_ranks(c);
+    EXPECT_EQ(resumed.first_step, 3) << where;
+    EXPECT_EQ(resumed.losses, std::vector<double>(want.begin() + 3, want.end())) << where;
+    SCOPED_TRACE(where + ", the resumed run's last checkpoint");
+    expect_same_tensors(last, mine);
+    for (const std::string& d : {plain.checkpoint.dir, c.checkpoint.dir, c.memory.fsdp_offload_dir + c.memory.optimizer_offload_dir})
+      std::filesystem::remove_all(d);
   }
 }

@@ -195,9 +195,6 @@ void check_fsdp_offload(const TrainConfig& cfg) {
                              << "\" with dp = " << dims.dp;
   HP_CHECK(cfg.train.optimizer == "adamw") << key << " needs train.optimizer = \"adamw\", not \"" << cfg.train.optimizer
                                            << "\" (the streamed optimizer is AdamW)";
-  HP_CHECK(cfg.checkpoint.dir.empty() && !cfg.monitor.enabled())
-      << key << " with checkpoint.dir or [monitor] is not supported yet (they read the parameters between steps, "
-      << "when they are in files)";
 }
 }  // namespace
 

@@ -94,14 +94,25 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
   TrainResult result;
   // Checkpoints hold the parameters, the optimizer state and the position (step, data, RNG).
   std::optional<checkpoint::Checkpointer> ckpt;
-  checkpoint::State state;
   const auto& cc = cfg.checkpoint;
-  if (!cc.dir.empty()) {
-    // The snapshot of an asynchronous save is copied beside the next forward and backward.
-    ckpt.emplace(checkpoint::CheckpointOptions{cc.dir, cc.keep, cc.async, /*defer_snapshot=*/cc.async});
+  // Made afresh for each load and save: shards and optimizer state kept in files come in
+  // for it as new tensors (and go out again at their next use, written if they changed).
+  auto current_state = [&] {
+    if (t.offloaded) t.offloaded->bring_in_offloaded();
+    checkpoint::State state;
     state.add_module(model);
     state.add_optimizer(*opt, model.named_parameters());
-    if (cc.resume && ckpt->load_latest(state)) result.first_step = restore_position(state, *opt, loader);
+    return state;
+  };
+  if (!cc.dir.empty()) {
+    // The snapshot of an asynchronous save is copied beside the next forward and backward,
+    // unless fully_shard's shards are in files: the next all-gather sends them out again.
+    const bool defer = cc.async && !t.offloaded;
+    ckpt.emplace(checkpoint::CheckpointOptions{cc.dir, cc.keep, cc.async, /*defer_snapshot=*/defer});
+    if (cc.resume) {
+      checkpoint::State state = current_state();
+      if (ckpt->load_latest(state)) result.first_step = restore_position(state, *opt, loader);
+    }
   }
 
   // MFU: the planner's model FLOPs (forward and twice as much backward) over the peak of
@@ -138,6 +149,7 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
     ++steps_since;
     const bool last = step + 1 == cfg.train.steps;
     if (ckpt && (last || (cc.every > 0 && (step + 1) % cc.every == 0))) {
+      checkpoint::State state = current_state();
       record_position(state, step + 1, *opt, loader);
       ckpt->save(step + 1, state);
     }
