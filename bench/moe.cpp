@@ -18,8 +18,8 @@
 // A larger top_k (8: every expert) makes the exchange and the experts a larger share of
 // the step, the rest of the model unchanged; a larger expert width (default 96) gives the
 // experts more compute per exchanged byte, for the exchange to hide behind.
-// Gradients of replicated parameters are summed by the ops at each use (no DDP buckets)
-// at every degree alike.
+// DDP over (dp, ep) sums the gradients of the parameters outside the experts over every
+// rank in buckets behind the backward, and the experts' over dp, at every degree alike.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
       vc.moe.num_chunks = chunks;
       nn::MoELlama model(vc, mesh);
       if (ep > 1) expert_parallelize_moe_llama(model, mesh["ep"]);
+      DistributedDataParallel ddp(model, mesh.submesh({"dp", "ep"}));
       optim::AdamW opt(model.parameters());
       std::vector<AllToAllTokenDispatcher*> dispatchers;
       for (nn::MoE* m : nn::moe_layers(model))
