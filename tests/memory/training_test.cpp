@@ -166,3 +166,28 @@ TEST(MemoryTraining, CheckpointsWithStateInFiles) {
       std::filesystem::remove_all(d);
   }
 }
+
+// The MoE Llama with its shards in files (dp 2 x ep 2: the non-expert units over dp x ep,
+// the experts' over dp): the losses and last checkpoint of the run without offload, bitwise.
+TEST(MemoryTraining, MoEFsdpOffloadToFiles) {
+  train::TrainConfig plain = config("dp", "fsdp");
+  plain.mesh.shape = {2, 2}, plain.mesh.names = {"dp", "ep"};
+  plain.model.layers = 2;
+  plain.moe.num_experts = 4, plain.moe.top_k = 2, plain.moe.hidden_dim = 16, plain.moe.dense_layers = 1;
+  plain.moe.aux_loss_coef = 0.01, plain.moe.load_balance_bias = true, plain.moe.bias_update_rate = 0.01;
+  plain.checkpoint.dir = fresh_dir(), plain.checkpoint.keep = 0;
+  train::TrainConfig c = plain;
+  c.checkpoint.dir = fresh_dir();
+  c.memory.fsdp_offload_dir = fresh_dir();
+  c.memory.optimizer_offload_batch_mib = 1;
+
+  const std::vector<double> want = losses(plain);
+  std::atomic<int> shard_files{0};
+  EXPECT_EQ(offloaded_losses(c, &shard_files), want);
+  EXPECT_GT(shard_files.load(), 0);
+  EXPECT_LT(want.back(), want.front());
+  EXPECT_GT(expect_same_tensors(checkpoint::step_dir(plain.checkpoint.dir, 5), checkpoint::step_dir(c.checkpoint.dir, 5)),
+            0u);
+  for (const std::string& d : {plain.checkpoint.dir, c.checkpoint.dir, c.memory.fsdp_offload_dir})
+    std::filesystem::remove_all(d);
+}

@@ -32,6 +32,19 @@ FullyShardOptions shard_options(const TrainConfig& cfg) {
   return cfg.moe.enabled() ? o : zero_stage_options(cfg.mesh.zero_stage(), o);
 }
 
+// fully_shard's shards in files ([memory] fsdp_offload_dir); a dry-run's meta tensors have
+// no bytes to offload.
+bool offloads_shards(const TrainConfig& cfg, const DeviceMesh& mesh) {
+  return !cfg.memory.fsdp_offload_dir.empty() && mesh.device_type() != "meta";
+}
+
+// The options of the whole model's fully_shard at pp = 1.
+FullyShardOptions whole_model_shard_options(const TrainConfig& cfg, const DeviceMesh& mesh) {
+  FullyShardOptions o = shard_options(cfg);
+  if (offloads_shards(cfg, mesh)) o.offload_policy = FileOffloadPolicy{cfg.memory.fsdp_offload_dir};
+  return o;
+}
+
 // A dir per rank: ranks may share a disk.
 std::string rank_dir(const std::string& dir) {
   return dir + "/rank" + std::to_string(comm::current_world()->rank());
@@ -60,7 +73,8 @@ void build_moe_model(Training& t, const TrainConfig& cfg) {
     t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh.submesh(reduce_dims)));
   if (shards_data(cfg)) {
     const auto [others, experts] = detail::moe_shard_meshes(mesh);
-    fully_shard_moe_llama(model, others, experts, shard_options(cfg));
+    FSDPModule root = fully_shard_moe_llama(model, others, experts, whole_model_shard_options(cfg, mesh));
+    if (offloads_shards(cfg, mesh)) t.offloaded = root;
     logits_in_float32(model, cfg);
   }
   t.model = t.moe_llama;
@@ -79,12 +93,8 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
   // Data parallelism from outside the model, after tensor parallelism.
   const std::vector<std::string> reduce_dims = detail::gradient_reduce_dims(cfg);
   if (shards_data(cfg)) {
-    FullyShardOptions o = shard_options(cfg);
-    // A dry-run's meta tensors have no bytes to offload.
-    const bool offload = !cfg.memory.fsdp_offload_dir.empty() && mesh.device_type() != "meta";
-    if (offload) o.offload_policy = FileOffloadPolicy{cfg.memory.fsdp_offload_dir};
-    FSDPModule root = fully_shard_llama(model, detail::fully_shard_mesh(mesh, cfg), o);
-    if (offload) t.offloaded = root;
+    FSDPModule root = fully_shard_llama(model, detail::fully_shard_mesh(mesh, cfg), whole_model_shard_options(cfg, mesh));
+    if (offloads_shards(cfg, mesh)) t.offloaded = root;
     logits_in_float32(model, cfg);
   } else if (!reduce_dims.empty()) {
     t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh.submesh(reduce_dims)));
@@ -187,9 +197,7 @@ void check_fsdp_offload(const TrainConfig& cfg) {
   if (cfg.memory.fsdp_offload_dir.empty()) return;
   const ParallelDims dims = cfg.dims();
   const std::string key = cfg.source + ": memory.fsdp_offload_dir";
-  HP_CHECK(!cfg.moe.enabled() && dims.pp == 1)
-      << key << " runs on the dense model without pipeline stages only (pp = " << dims.pp
-      << (cfg.moe.enabled() ? ", [moe]" : "") << "); set it to \"\"";
+  HP_CHECK(dims.pp == 1) << key << " runs without pipeline stages only (pp = " << dims.pp << "); set it to \"\"";
   HP_CHECK(shards_data(cfg)) << key << " offloads fully_shard's shards: it needs mesh.data_parallel = \"fsdp\", "
                              << "\"zero1\" or \"zero2\" with dp > 1, not \"" << cfg.mesh.data_parallel
                              << "\" with dp = " << dims.dp;
