@@ -362,15 +362,16 @@ void FSDPUnit::finish_reduce(const at::Tensor& reduced) {
   for (size_t i = 0; i < params_.size(); ++i) params_[i].accumulate_grad(reduced, offsets_[i]);
 }
 
-// The offloaded parameters under a root, found by their module slots.
+// The offloaded parameters under some roots, found by their module slots.
 class FSDPOffloaded : public memory::OffloadedParameters {
  public:
-  explicit FSDPOffloaded(const std::shared_ptr<FSDPUnit>& root) : root_(root) {
-    root->for_each([this](FSDPUnit& u) {
-      u.for_each_param([this](FSDPParam& p) {
-        if (p.offloaded()) by_slot_[p.slot()] = &p;
+  explicit FSDPOffloaded(std::vector<std::shared_ptr<FSDPUnit>> roots) : roots_(std::move(roots)) {
+    for (const auto& root : roots_)
+      root->for_each([this](FSDPUnit& u) {
+        u.for_each_param([this](FSDPParam& p) {
+          if (p.offloaded()) by_slot_[p.slot()] = &p;
+        });
       });
-    });
   }
   void bring_in(const std::vector<DTensor*>& params) override {
     for (DTensor* s : params)
@@ -386,7 +387,7 @@ class FSDPOffloaded : public memory::OffloadedParameters {
     auto it = by_slot_.find(slot);
     return it == by_slot_.end() ? nullptr : it->second;
   }
-  std::shared_ptr<FSDPUnit> root_;  // keeps the parameters alive
+  std::vector<std::shared_ptr<FSDPUnit>> roots_;  // keep the parameters alive
   std::map<const DTensor*, FSDPParam*> by_slot_;
 };
 
@@ -400,7 +401,13 @@ void FSDPModule::bring_in_offloaded() {
   });
 }
 std::shared_ptr<memory::OffloadedParameters> FSDPModule::offloaded_parameters() const {
-  return std::make_shared<parallel::FSDPOffloaded>(unit_);
+  return hp::offloaded_parameters(std::vector<FSDPModule>{*this});
+}
+
+std::shared_ptr<memory::OffloadedParameters> offloaded_parameters(const std::vector<FSDPModule>& roots) {
+  std::vector<std::shared_ptr<parallel::FSDPUnit>> units;
+  for (const FSDPModule& root : roots) units.push_back(root.unit_);
+  return std::make_shared<parallel::FSDPOffloaded>(std::move(units));
 }
 
 void FSDPModule::set_requires_gradient_sync(bool on) {

@@ -71,8 +71,12 @@ class FSDPModule {
   std::shared_ptr<memory::OffloadedParameters> offloaded_parameters() const;
 
  private:
+  friend std::shared_ptr<memory::OffloadedParameters> offloaded_parameters(const std::vector<FSDPModule>& roots);
   std::shared_ptr<parallel::FSDPUnit> unit_;
 };
+
+// The offloaded parameters of several roots as one (a pipeline rank's chunks).
+std::shared_ptr<memory::OffloadedParameters> offloaded_parameters(const std::vector<FSDPModule>& roots);
 
 FSDPModule fully_shard(nn::Module& module, const DeviceMesh& mesh, FullyShardOptions options = {});
 

@@ -68,7 +68,7 @@ void Monitor::end_step(double loss, double grad_norm) {
 }
 
 void Monitor::check_replicas() {
-  if (t_.offloaded) t_.offloaded->bring_in_offloaded();  // the shards it reads may be in files
+  bring_in_offloaded(t_);  // the shards it reads may be in files
   const std::string mismatch = find_replica_mismatch(t_.model->named_parameters(), step_);
   // Pipeline stages stop together: one left running would wait on the others forever.
   if (t_.other_stages && t_.other_stages->size() > 1) {

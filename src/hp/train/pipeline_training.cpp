@@ -89,7 +89,8 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
     o.input_placements = batch_placements(sm, cfg.mesh.sequence_parallel && c > 0);
     if (shards && cfg.mesh.zero_stage() > 0) {
       const int zero = cfg.mesh.zero_stage();
-      const FullyShardOptions so = zero_stage_options(zero);
+      FullyShardOptions so = zero_stage_options(zero);
+      so.offload_policy = shard_offload_policy(cfg, sm);
       // MoE: as pp = 1, routed experts in their own unit over dp, the rest over dp x ep.
       const auto [shard_mesh, expert_mesh] =
           moe ? moe_shard_meshes(sm) : std::pair<DeviceMesh, DeviceMesh>{fully_shard_mesh(sm, cfg), fully_shard_mesh(sm, cfg)};
@@ -98,6 +99,7 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
       for (const auto& [name, m] : stage->named_children())
         if (name.rfind("layers.", 0) == 0) fully_shard(*m, shard_mesh, so);
       FSDPModule unit = fully_shard(*stage, shard_mesh, so);
+      if (offloads(so)) t.offloaded.push_back(unit);
       o.set_requires_gradient_sync = [unit, zero](bool last) mutable { prepare_zero_backward(unit, zero, last); };
     } else if (!reduce_dims.empty()) {
       t.ddp.push_back(std::make_unique<DistributedDataParallel>(*stage, sm.submesh(reduce_dims)));

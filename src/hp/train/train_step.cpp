@@ -32,16 +32,10 @@ FullyShardOptions shard_options(const TrainConfig& cfg) {
   return cfg.moe.enabled() ? o : zero_stage_options(cfg.mesh.zero_stage(), o);
 }
 
-// fully_shard's shards in files ([memory] fsdp_offload_dir); a dry-run's meta tensors have
-// no bytes to offload.
-bool offloads_shards(const TrainConfig& cfg, const DeviceMesh& mesh) {
-  return !cfg.memory.fsdp_offload_dir.empty() && mesh.device_type() != "meta";
-}
-
 // The options of the whole model's fully_shard at pp = 1.
 FullyShardOptions whole_model_shard_options(const TrainConfig& cfg, const DeviceMesh& mesh) {
   FullyShardOptions o = shard_options(cfg);
-  if (offloads_shards(cfg, mesh)) o.offload_policy = FileOffloadPolicy{cfg.memory.fsdp_offload_dir};
+  o.offload_policy = detail::shard_offload_policy(cfg, mesh);
   return o;
 }
 
@@ -73,8 +67,9 @@ void build_moe_model(Training& t, const TrainConfig& cfg) {
     t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh.submesh(reduce_dims)));
   if (shards_data(cfg)) {
     const auto [others, experts] = detail::moe_shard_meshes(mesh);
-    FSDPModule root = fully_shard_moe_llama(model, others, experts, whole_model_shard_options(cfg, mesh));
-    if (offloads_shards(cfg, mesh)) t.offloaded = root;
+    const FullyShardOptions o = whole_model_shard_options(cfg, mesh);
+    FSDPModule root = fully_shard_moe_llama(model, others, experts, o);
+    if (detail::offloads(o)) t.offloaded.push_back(root);
     logits_in_float32(model, cfg);
   }
   t.model = t.moe_llama;
@@ -93,8 +88,9 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
   // Data parallelism from outside the model, after tensor parallelism.
   const std::vector<std::string> reduce_dims = detail::gradient_reduce_dims(cfg);
   if (shards_data(cfg)) {
-    FSDPModule root = fully_shard_llama(model, detail::fully_shard_mesh(mesh, cfg), whole_model_shard_options(cfg, mesh));
-    if (offloads_shards(cfg, mesh)) t.offloaded = root;
+    const FullyShardOptions o = whole_model_shard_options(cfg, mesh);
+    FSDPModule root = fully_shard_llama(model, detail::fully_shard_mesh(mesh, cfg), o);
+    if (detail::offloads(o)) t.offloaded.push_back(root);
     logits_in_float32(model, cfg);
   } else if (!reduce_dims.empty()) {
     t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh.submesh(reduce_dims)));
@@ -142,6 +138,17 @@ void detail::apply_context_parallel(nn::Llama& model, const DeviceMesh& stage_me
 // Parameters are replicated over cp as over dp, and each rank's gradient is a partial sum
 // over its tokens: DDP reduces both at once, deferred and bucketed (as torchtitan folds cp
 // into its data-parallel mesh).
+OffloadPolicyVariant detail::shard_offload_policy(const TrainConfig& cfg, const DeviceMesh& mesh) {
+  if (cfg.memory.fsdp_offload_dir.empty() || mesh.device_type() == "meta") return OffloadPolicy{};
+  return FileOffloadPolicy{cfg.memory.fsdp_offload_dir};
+}
+
+bool detail::offloads(const FullyShardOptions& o) { return !std::holds_alternative<OffloadPolicy>(o.offload_policy); }
+
+void bring_in_offloaded(Training& t) {
+  for (FSDPModule& root : t.offloaded) root.bring_in_offloaded();
+}
+
 std::vector<std::string> detail::gradient_reduce_dims(const TrainConfig& cfg) {
   const ParallelDims dims = cfg.dims();
   if (cfg.mesh.data_parallel == "replicate") return {};
@@ -197,7 +204,6 @@ void check_fsdp_offload(const TrainConfig& cfg) {
   if (cfg.memory.fsdp_offload_dir.empty()) return;
   const ParallelDims dims = cfg.dims();
   const std::string key = cfg.source + ": memory.fsdp_offload_dir";
-  HP_CHECK(dims.pp == 1) << key << " runs without pipeline stages only (pp = " << dims.pp << "); set it to \"\"";
   HP_CHECK(shards_data(cfg)) << key << " offloads fully_shard's shards: it needs mesh.data_parallel = \"fsdp\", "
                              << "\"zero1\" or \"zero2\" with dp > 1, not \"" << cfg.mesh.data_parallel
                              << "\" with dp = " << dims.dp;
@@ -229,11 +235,11 @@ Training build_training(const TrainConfig& cfg, const std::string& device) {
     optim::MuonOptions muon;
     muon.lr = cfg.train.muon_lr, muon.weight_decay = cfg.train.weight_decay;
     t.opt = std::make_unique<optim::ChainedOptimizer>(optim::get_hyper_optimizer(*t.model, muon, adamw));
-  } else if (!cfg.memory.optimizer_offload_dir.empty() || t.offloaded) {
+  } else if (!cfg.memory.optimizer_offload_dir.empty() || !t.offloaded.empty()) {
     // With the shards in files the optimizer streams them with its state (in files too).
     memory::SwapOptimizerOptions so;
     so.batch_bytes = cfg.memory.optimizer_offload_batch_mib << 20;
-    if (t.offloaded) so.parameters = t.offloaded->offloaded_parameters();
+    if (!t.offloaded.empty()) so.parameters = offloaded_parameters(t.offloaded);
     const std::string& dir = cfg.memory.optimizer_offload_dir;
     auto tier = std::make_shared<memory::FileTier>(dir.empty() ? rank_dir(cfg.memory.fsdp_offload_dir) + ".optimizer"
                                                                : rank_dir(dir));
@@ -293,7 +299,7 @@ StepOutput train_step(Training& t, const TrainConfig& cfg, const at::Tensor& inp
   auto span = phase("optimizer");
   // Clipping reads every gradient and scales it: offloaded shards come in for it, and the
   // optimizer sends them out batch by batch.
-  if (t.offloaded && cfg.train.grad_clip > 0) t.offloaded->bring_in_offloaded();
+  if (cfg.train.grad_clip > 0) bring_in_offloaded(t);
   if (cfg.train.grad_clip > 0) out.grad_norm = optim::clip_grad_norm_(t.params, cfg.train.grad_clip, t.other_stages);
   if (before_update) before_update();
   t.opt->step();

@@ -44,8 +44,14 @@ struct Training {
   int64_t cp_rank = 0;
   std::vector<int64_t> cp_sizes{1};
   double base_lr = 0;
-  std::optional<FSDPModule> offloaded;  // [memory] fsdp_offload_dir: the root unit whose shards are in files
+  // [memory] fsdp_offload_dir: the root units whose shards are in files (one per chunk of a
+  // pipeline rank).
+  std::vector<FSDPModule> offloaded;
 };
+
+// Brings every offloaded shard and gradient of `t` in, for a reader between steps
+// (clipping, a checkpoint, the replica check); each goes out again at its unit's next use.
+void bring_in_offloaded(Training& t);
 
 // Mesh, model (tensor parallel over "tp", experts over "ep", then ddp or fully_shard over
 // "dp" as the config says, in pipeline stages over "pp") and optimizer on the current world. `device`: the
@@ -81,6 +87,10 @@ void apply_context_parallel(nn::Llama& model, const DeviceMesh& stage_mesh, cons
 // The stage mesh dims DDP reduces gradients over: dp, ep with [moe] (DDP skips the experts
 // there) and cp's; none for "replicate".
 std::vector<std::string> gradient_reduce_dims(const TrainConfig& cfg);
+// fully_shard's shards go to files ([memory] fsdp_offload_dir; a dry-run's meta tensors have
+// no bytes to offload): its policy for `mesh`, or none.
+OffloadPolicyVariant shard_offload_policy(const TrainConfig& cfg, const DeviceMesh& mesh);
+bool offloads(const FullyShardOptions& o);
 // The mesh fully_shard takes: dp, as (cp, dp) HSDP when cp is one dim.
 DeviceMesh fully_shard_mesh(const DeviceMesh& stage_mesh, const TrainConfig& cfg);
 // fully_shard's meshes for the MoE Llama (torchtitan's dp_shard_in_ep): the parameters

@@ -98,7 +98,7 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
   // Made afresh for each load and save: shards and optimizer state kept in files come in
   // for it as new tensors (and go out again at their next use, written if they changed).
   auto current_state = [&] {
-    if (t.offloaded) t.offloaded->bring_in_offloaded();
+    bring_in_offloaded(t);
     checkpoint::State state;
     state.add_module(model);
     state.add_optimizer(*opt, model.named_parameters());
@@ -107,7 +107,7 @@ TrainResult run_training(const TrainConfig& cfg, const TrainHooks& hooks) {
   if (!cc.dir.empty()) {
     // The snapshot of an asynchronous save is copied beside the next forward and backward,
     // unless fully_shard's shards are in files: the next all-gather sends them out again.
-    const bool defer = cc.async && !t.offloaded;
+    const bool defer = cc.async && t.offloaded.empty();
     ckpt.emplace(checkpoint::CheckpointOptions{cc.dir, cc.keep, cc.async, /*defer_snapshot=*/defer});
     if (cc.resume) {
       checkpoint::State state = current_state();
