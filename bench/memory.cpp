@@ -20,8 +20,10 @@
 //
 // fully_shard offload (one rank, so a shard is a whole parameter): fsdp (AdamW in memory),
 // fsdp_optoffload (SwapOptimizer, state in files) and fsdp_offload (FileOffloadPolicy:
-// parameters and gradients in files too, streamed by the SwapOptimizer with the state).
-// A fresh model per mode and round, modes alternating; per step the wall time, the step's
+// parameters and gradients in files too, streamed by the SwapOptimizer with the state),
+// and fsdp_offload with gradient clipping (max norm 1): fsdp_offload_clip streams the
+// gradients through clip_grad_norm_ one parameter at a time, fsdp_offload_clip_in brings
+// them all in first. A fresh model per mode and round, modes alternating; per step the wall time, the step's
 // peak of counted storage above what was allocated before the model was built, and what
 // stays allocated between steps. RESULT lines last.
 #include <ATen/ATen.h>
@@ -117,17 +119,19 @@ void run_fsdp_mode(const std::string& name, const std::string& dir, const nn::Ll
   manual_seed(0);
   auto model = std::make_unique<nn::Llama>(c, ids.device_mesh());
   FullyShardOptions o;
-  if (name == "fsdp_offload") o.offload_policy = FileOffloadPolicy{dir + "/shards"};
+  const bool shards_out = name.rfind("fsdp_offload", 0) == 0;
+  if (shards_out) o.offload_policy = FileOffloadPolicy{dir + "/shards"};
   FSDPModule root = fully_shard_llama(*model, ids.device_mesh()["dp"], o);
   int64_t param_bytes = 0;
   for (DTensor* p : model->parameters()) param_bytes += static_cast<int64_t>(p->to_local().nbytes());
+  const std::shared_ptr<memory::OffloadedParameters> so_view = root.offloaded_parameters();
   std::unique_ptr<optim::Optimizer> opt;
   if (name == "fsdp") {
     opt = adamw(model->parameters());
   } else {
     memory::SwapOptimizerOptions so;
     so.batch_bytes = param_bytes / 8;
-    if (name == "fsdp_offload") so.parameters = root.offloaded_parameters();
+    if (shards_out) so.parameters = root.offloaded_parameters();
     opt = std::make_unique<memory::SwapOptimizer>(model->parameters(), adamw,
                                                   std::make_shared<memory::FileTier>(dir + "/optimizer"), so);
   }
@@ -135,6 +139,11 @@ void run_fsdp_mode(const std::string& name, const std::string& dir, const nn::Ll
     reset_cpu_memory_peak();
     auto t0 = Clock::now();
     model->loss(ids, targets).to_local().backward();
+    if (name == "fsdp_offload_clip") optim::clip_grad_norm_(model->parameters(), 1.0, nullptr, so_view.get());
+    if (name == "fsdp_offload_clip_in") {
+      root.bring_in_offloaded();
+      optim::clip_grad_norm_(model->parameters(), 1.0);
+    }
     opt->step();
     opt->zero_grad();
     const double time = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -148,7 +157,8 @@ void run_fsdp_mode(const std::string& name, const std::string& dir, const nn::Ll
 // fsdp, fsdp_optoffload and fsdp_offload (above), RESULT lines into `results`.
 void fsdp_rows(const nn::LlamaConfig& c, const DTensor& ids, const DTensor& targets, int rounds, int steps,
                std::vector<std::string>& results) {
-  const std::vector<std::string> names{"fsdp", "fsdp_optoffload", "fsdp_offload"};
+  const std::vector<std::string> names{"fsdp", "fsdp_optoffload", "fsdp_offload", "fsdp_offload_clip",
+                                       "fsdp_offload_clip_in"};
   FsdpRows rows;
   for (int r = 0; r < rounds; ++r)
     for (size_t i = 0; i < names.size(); ++i) {
@@ -157,11 +167,11 @@ void fsdp_rows(const nn::LlamaConfig& c, const DTensor& ids, const DTensor& targ
       run_fsdp_mode(name, dir, c, ids, targets, steps, rows);
       std::filesystem::remove_all(dir);
     }
-  std::printf("%-19s %9s %7s %14s %7s %17s\n", "fully_shard, 1 rank", "step ms", "ratio", "step peak MiB", "ratio",
+  std::printf("%-21s %9s %7s %14s %7s %17s\n", "fully_shard, 1 rank", "step ms", "ratio", "step peak MiB", "ratio",
               "between steps MiB");
   const double t0 = median(rows.time["fsdp"]), p0 = median(rows.peak["fsdp"]);
   for (const std::string& n : names)
-    std::printf("%-19s %9.1f %7.3f %14.1f %7.3f %17.1f\n", n.c_str(), 1e3 * median(rows.time[n]),
+    std::printf("%-21s %9.1f %7.3f %14.1f %7.3f %17.1f\n", n.c_str(), 1e3 * median(rows.time[n]),
                 median(rows.time[n]) / t0, median(rows.peak[n]) / (1 << 20), median(rows.peak[n]) / p0,
                 median(rows.between[n]) / (1 << 20));
   const std::string tag = "L" + std::to_string(c.layers);
@@ -177,6 +187,11 @@ void fsdp_rows(const nn::LlamaConfig& c, const DTensor& ids, const DTensor& targ
   result("fsdp_offload_step_peak_ratio_vs_optoffload", median(rows.peak["fsdp_offload"]) / p1);
   result("fsdp_between_steps_mib", median(rows.between["fsdp"]) / (1 << 20));
   result("fsdp_offload_between_steps_mib", median(rows.between["fsdp_offload"]) / (1 << 20));
+  // Clipping: streamed against every gradient brought in.
+  result("fsdp_offload_clip_step_peak_ratio_vs_brought_in",
+         median(rows.peak["fsdp_offload_clip"]) / median(rows.peak["fsdp_offload_clip_in"]));
+  result("fsdp_offload_clip_step_time_ratio_vs_brought_in",
+         median(rows.time["fsdp_offload_clip"]) / median(rows.time["fsdp_offload_clip_in"]));
 }
 
 void set_mode(nn::Llama& model, const Mode& m) {

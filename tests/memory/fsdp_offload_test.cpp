@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <filesystem>
@@ -212,6 +213,54 @@ TEST(FsdpOffload, ShardsAndGradientsLeaveMemory) {
   const int64_t offloaded = allocated_after_backward(Offload::Files, &shard_bytes);
   EXPECT_GT(shard_bytes, 0);
   EXPECT_EQ(in_memory - offloaded, 2 * shard_bytes) << "in memory " << in_memory << ", offloaded " << offloaded;
+}
+
+// Clipping with the gradients in files streams them: the same norm and clipped gradients as
+// without offload, bitwise, while the counted bytes never rise by the gradients' total (one
+// parameter's gradient and its float64 squares at a time), and all of them are out again
+// afterwards.
+TEST(FsdpOffload, ClippingStreamsTheGradients) {
+  comm::run_local_ranks(1, [](int) {
+    track_cpu_memory();
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    const at::Tensor tokens = (hp::rand({2, 9}, at::kDouble) * 32).floor().to(at::kLong);
+    DTensor ids = distribute_tensor(tokens.narrow(1, 0, 8).contiguous(), mesh, {Replicate()});
+    DTensor targets = distribute_tensor(tokens.narrow(1, 1, 8).contiguous(), mesh, {Replicate()});
+    auto backward = [&](nn::Llama& model) { model.loss(ids, targets).to_local().backward(); };
+
+    manual_seed(5);
+    nn::Llama plain(hp::testing::tiny_llama(), mesh);
+    fully_shard_llama(plain, mesh["dp"]);
+    backward(plain);
+    const double want = optim::clip_grad_norm_(plain.parameters(), 1e-3);
+
+    manual_seed(5);
+    nn::Llama model(hp::testing::tiny_llama(), mesh);
+    FullyShardOptions o;
+    o.offload_policy = FileOffloadPolicy{fresh_dir()};
+    FSDPModule r = fully_shard_llama(model, mesh["dp"], o);
+    backward(model);
+    int64_t grad_bytes = 0, largest = 0;
+    for (DTensor* p : model.parameters()) {
+      grad_bytes += static_cast<int64_t>(p->to_local().nbytes());
+      largest = std::max<int64_t>(largest, static_cast<int64_t>(p->to_local().nbytes()));
+    }
+    // One gradient, its float64 copy and their squares (2 + 2 times its bytes) at a time,
+    // beside the norm's float64 scalars.
+    const int64_t one_at_a_time = 5 * largest + 256;
+    ASSERT_LT(one_at_a_time, grad_bytes);
+    const int64_t before = cpu_memory_allocated();
+    reset_cpu_memory_peak();
+    const double got = optim::clip_grad_norm_(model.parameters(), 1e-3, nullptr, r.offloaded_parameters().get());
+    EXPECT_EQ(got, want);
+    EXPECT_GT(want, 1e-3);  // so the gradients were scaled
+    EXPECT_LE(cpu_memory_peak() - before, one_at_a_time) << "of " << grad_bytes << " gradient bytes";
+    EXPECT_EQ(cpu_memory_allocated(), before);
+    r.bring_in_offloaded();
+    const auto ps = plain.named_parameters(), ms = model.named_parameters();
+    for (size_t i = 0; i < ps.size(); ++i)
+      EXPECT_TRUE(at::equal(ms[i].second->grad()->to_local(), ps[i].second->grad()->to_local())) << ps[i].first;
+  });
 }
 
 // An optimizer stepping on the released shards instead of streaming them is refused by name.

@@ -18,6 +18,9 @@ class OffloadedParameters {
   // Data and gradients of those of `params` that are offloaded into memory (the others are
   // left alone). Safe on one thread while another sends out other parameters.
   virtual void bring_in(const std::vector<DTensor*>& params) = 0;
+  // Their gradients alone: to read (`changing` false: send_out() releases them unwritten)
+  // or to change in place.
+  virtual void bring_in_grads(const std::vector<DTensor*>& params, bool changing) = 0;
   // Writes the data of those brought in (an update may have changed it) and releases it and
   // the gradient. A failed write is an error naming the file; what it held stays in memory.
   virtual void send_out(const std::vector<DTensor*>& params) = 0;

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "hp/base/error.h"
 #include "hp/comm/collectives.h"
+#include "hp/memory/offloaded_parameters.h"
 #include "hp/tensor/ops.h"
 
 namespace hp::optim {
@@ -87,7 +89,14 @@ std::vector<int> sharded_dims(const DTensor& p) {
 
 }  // namespace
 
-double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm, const comm::Group* other_stages) {
+double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm, const comm::Group* other_stages,
+                       memory::OffloadedParameters* offloaded) {
+  // One parameter's gradient in memory at a time when they are in a tier.
+  auto visit = [offloaded](DTensor* p, bool changing, const std::function<void()>& f) {
+    if (offloaded) offloaded->bring_in_grads({p}, changing);
+    f();
+    if (offloaded) offloaded->send_out({p});
+  };
   // Groups in first-appearance order, decided by layout alone, so every rank issues the
   // same collectives whichever of its parameters have gradients; a missing one adds zero.
   std::vector<NormGroup> groups;
@@ -99,7 +108,9 @@ double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm, con
       groups.push_back({p->device_mesh(), dims, at::zeros({}, p->to_local().options().dtype(at::kDouble))});
       it = groups.end() - 1;
     }
-    if (auto g = p->grad()) it->sum_sq += g->to_local().to(at::kDouble).square().sum();
+    visit(p, /*changing=*/false, [&] {
+      if (auto g = p->grad()) it->sum_sq += g->to_local().to(at::kDouble).square().sum();
+    });
   }
   double total = 0;
   bool meta = false;  // a dry-run's meta tensors hold no value
@@ -117,7 +128,9 @@ double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm, con
   if (norm > max_norm) {
     at::NoGradGuard no_grad;
     for (DTensor* p : params)
-      if (p->to_local().grad().defined()) p->to_local().mutable_grad().mul_(max_norm / (norm + 1e-6));
+      visit(p, /*changing=*/true, [&] {
+        if (p->to_local().grad().defined()) p->to_local().mutable_grad().mul_(max_norm / (norm + 1e-6));
+      });
   }
   return norm;
 }

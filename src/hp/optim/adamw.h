@@ -6,6 +6,10 @@
 
 #include "hp/optim/optimizer.h"
 
+namespace hp::memory {
+class OffloadedParameters;
+}
+
 namespace hp::optim {
 
 struct AdamWOptions {
@@ -41,8 +45,10 @@ class AdamW : public Optimizer {
 // distinct layout, the same on every rank whichever parameters have gradients.
 // `other_stages`: a group whose other ranks hold the rest of the model (pipeline stages,
 // disjoint parameters); their squares join the norm with one more all-reduce over it.
+// `offloaded`: gradients kept in a storage tier (fully_shard's offload policy) come in one
+// parameter at a time, to read and then to scale, and go out again.
 double clip_grad_norm_(const std::vector<DTensor*>& params, double max_norm,
-                       const comm::Group* other_stages = nullptr);
+                       const comm::Group* other_stages = nullptr, memory::OffloadedParameters* offloaded = nullptr);
 
 // Linear warm-up to `base` over `warmup` steps, then cosine decay to base/10 at `total`.
 double warmup_cosine_lr(int64_t step, double base, int64_t warmup, int64_t total);

@@ -167,6 +167,11 @@ void FSDPParam::bring_in(bool grad, bool changing) {
   grad_dirty_ = grad_dirty_ || changing;
 }
 
+void FSDPParam::bring_in_grad(bool changing) {
+  load_grad();
+  grad_dirty_ = grad_dirty_ || changing;
+}
+
 void FSDPParam::load_shard() {
   if (!shard_out_) return;
   at::Tensor local = sharded_.to_local();

@@ -65,6 +65,8 @@ class FSDPParam {
   // Reads the shard (and with `grad` its gradient) back if it is out. `changing`: the caller
   // may change them, so send_out() writes them back.
   void bring_in(bool grad, bool changing);
+  // The gradient alone (clipping reads it, then scales it).
+  void bring_in_grad(bool changing);
   void send_out();  // writes what may have changed, then releases the memory
 
  private:

@@ -377,6 +377,10 @@ class FSDPOffloaded : public memory::OffloadedParameters {
     for (DTensor* s : params)
       if (FSDPParam* p = find(s)) p->bring_in(/*grad=*/true, /*changing=*/true);
   }
+  void bring_in_grads(const std::vector<DTensor*>& params, bool changing) override {
+    for (DTensor* s : params)
+      if (FSDPParam* p = find(s)) p->bring_in_grad(changing);
+  }
   void send_out(const std::vector<DTensor*>& params) override {
     for (DTensor* s : params)
       if (FSDPParam* p = find(s)) p->send_out();

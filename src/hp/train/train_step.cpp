@@ -226,6 +226,7 @@ Training build_training(const TrainConfig& cfg, const std::string& device) {
   else
     build_whole_model(t, cfg);
   t.params = t.model->parameters();
+  if (!t.offloaded.empty()) t.offloaded_parameters = offloaded_parameters(t.offloaded);
   optim::AdamWOptions adamw;
   adamw.lr = cfg.train.lr, adamw.weight_decay = cfg.train.weight_decay;
   HP_CHECK(cfg.memory.optimizer_offload_dir.empty() || cfg.train.optimizer == "adamw")
@@ -235,11 +236,11 @@ Training build_training(const TrainConfig& cfg, const std::string& device) {
     optim::MuonOptions muon;
     muon.lr = cfg.train.muon_lr, muon.weight_decay = cfg.train.weight_decay;
     t.opt = std::make_unique<optim::ChainedOptimizer>(optim::get_hyper_optimizer(*t.model, muon, adamw));
-  } else if (!cfg.memory.optimizer_offload_dir.empty() || !t.offloaded.empty()) {
+  } else if (!cfg.memory.optimizer_offload_dir.empty() || t.offloaded_parameters) {
     // With the shards in files the optimizer streams them with its state (in files too).
     memory::SwapOptimizerOptions so;
     so.batch_bytes = cfg.memory.optimizer_offload_batch_mib << 20;
-    if (!t.offloaded.empty()) so.parameters = offloaded_parameters(t.offloaded);
+    so.parameters = t.offloaded_parameters;
     const std::string& dir = cfg.memory.optimizer_offload_dir;
     auto tier = std::make_shared<memory::FileTier>(dir.empty() ? rank_dir(cfg.memory.fsdp_offload_dir) + ".optimizer"
                                                                : rank_dir(dir));
@@ -297,10 +298,10 @@ StepOutput train_step(Training& t, const TrainConfig& cfg, const at::Tensor& inp
     out.loss = loss.to_local();
   }
   auto span = phase("optimizer");
-  // Clipping reads every gradient and scales it: offloaded shards come in for it, and the
-  // optimizer sends them out batch by batch.
-  if (cfg.train.grad_clip > 0) bring_in_offloaded(t);
-  if (cfg.train.grad_clip > 0) out.grad_norm = optim::clip_grad_norm_(t.params, cfg.train.grad_clip, t.other_stages);
+  // Clipping streams offloaded gradients in and out, one parameter at a time.
+  if (cfg.train.grad_clip > 0)
+    out.grad_norm =
+        optim::clip_grad_norm_(t.params, cfg.train.grad_clip, t.other_stages, t.offloaded_parameters.get());
   if (before_update) before_update();
   t.opt->step();
   t.opt->zero_grad();

@@ -47,6 +47,7 @@ struct Training {
   // [memory] fsdp_offload_dir: the root units whose shards are in files (one per chunk of a
   // pipeline rank).
   std::vector<FSDPModule> offloaded;
+  std::shared_ptr<memory::OffloadedParameters> offloaded_parameters;  // theirs, as one view
 };
 
 // Brings every offloaded shard and gradient of `t` in, for a reader between steps
