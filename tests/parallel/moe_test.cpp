@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -200,6 +201,34 @@ TEST(ExpertParallel, Dp2Ep2Tp1UnevenFullyShardOverDpEp) {
   s.config.moe.num_experts = 3, s.config.llama.ffn_dim = 26;
   expect_matches_single(s);
 }
+// One backward at dp 2 x ep 2 (ranks dp * 2 + ep) of the layout `s` describes: every rank's
+// collective log; `inspect` reads each rank's parallelized model first.
+std::vector<std::vector<comm::CollectiveRecord>> backward_logs(
+    const Spec& s, const std::function<void(int, nn::MoELlama&)>& inspect = {}) {
+  std::vector<std::vector<comm::CollectiveRecord>> logs(4);
+  comm::run_local_ranks(4, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "ep"});
+    manual_seed(1234);
+    nn::MoELlama model(s.config, mesh);
+    parallelize(model, mesh, s);
+    std::optional<DistributedDataParallel> ddp;
+    if (s.ddp) ddp.emplace(model, mesh.submesh(batch_dims(s)));
+    if (inspect) inspect(rank, model);
+    const at::Tensor tokens = (hp::rand({4, 9}, at::kDouble) * s.config.llama.vocab).floor().to(at::kLong);
+    const std::vector<Placement> rows{Shard(0), Shard(0)};
+    DTensor ids = distribute_tensor(tokens.narrow(1, 0, 8).contiguous(), mesh, rows);
+    DTensor targets = distribute_tensor(tokens.narrow(1, 1, 8).contiguous(), mesh, rows);
+    DTensor loss = model.loss(ids, targets);
+    auto& log = comm::current_world()->collective_log();
+    log.clear();
+    log.enable();
+    loss.to_local().backward();
+    log.enable(false);
+    logs[rank] = log.records();
+  });
+  return logs;
+}
+
 // One backward's collectives at dp 2 x ep 2 (ranks dp * 2 + ep), units as above: the three
 // non-expert units each reduce their gradients in one reduce-scatter over all 4 ranks, the
 // experts' unit over its 2 dp ranks, and nothing is all-reduced over an ep group (with the
@@ -209,28 +238,12 @@ TEST(ExpertParallel, FullyShardOverDpEpReducesOnceOverAllRanks) {
   const std::vector<int> all{0, 1, 2, 3};
   for (bool over_dp_ep : {false, true}) {
     std::vector<int64_t> non_expert_numel(4), non_expert_total(4);
-    std::vector<std::vector<comm::CollectiveRecord>> logs(4);
-    comm::run_local_ranks(4, [&](int rank) {
-      DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "ep"});
-      manual_seed(1234);
-      Spec s = on({2, 2}, {"dp", "ep"}, 2);
-      s.fsdp = true, s.fsdp_over_dp_ep = over_dp_ep;
-      nn::MoELlama model(s.config, mesh);
-      parallelize(model, mesh, s);
+    Spec s = on({2, 2}, {"dp", "ep"}, 2);
+    s.fsdp = true, s.fsdp_over_dp_ep = over_dp_ep;
+    const auto logs = backward_logs(s, [&](int rank, nn::MoELlama& model) {
       for (auto& [name, p] : model.named_parameters())
         if (name.find("moe.experts") == std::string::npos)
           non_expert_numel[rank] += p->to_local().numel(), non_expert_total[rank] += c10::multiply_integers(p->sizes());
-      const at::Tensor tokens = (hp::rand({4, 9}, at::kDouble) * s.config.llama.vocab).floor().to(at::kLong);
-      const std::vector<Placement> rows{Shard(0), Shard(0)};
-      DTensor ids = distribute_tensor(tokens.narrow(1, 0, 8).contiguous(), mesh, rows);
-      DTensor targets = distribute_tensor(tokens.narrow(1, 1, 8).contiguous(), mesh, rows);
-      DTensor loss = model.loss(ids, targets);
-      auto& log = comm::current_world()->collective_log();
-      log.clear();
-      log.enable();
-      loss.to_local().backward();
-      log.enable(false);
-      logs[rank] = log.records();
     });
     for (int rank = 0; rank < 4; ++rank) {
       EXPECT_EQ(non_expert_numel[rank] * (over_dp_ep ? 4 : 2), non_expert_total[rank]) << "rank " << rank;
@@ -270,27 +283,9 @@ TEST(ExpertParallel, Ep2Tp2Ddp) { expect_matches_single(ddp({2, 2}, {"ep", "tp"}
 TEST(ExpertParallel, DdpOverDpEpReducesInBucketsOverAllRanks) {
   const std::vector<int> all{0, 1, 2, 3};
   for (bool with_ddp : {false, true}) {
-    std::vector<std::vector<comm::CollectiveRecord>> logs(4);
-    comm::run_local_ranks(4, [&](int rank) {
-      DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "ep"});
-      manual_seed(1234);
-      Spec s = on({2, 2}, {"dp", "ep"}, 2);
-      nn::MoELlama model(s.config, mesh);
-      parallelize(model, mesh, s);
-      std::optional<DistributedDataParallel> ddp;
-      if (with_ddp) ddp.emplace(model, mesh.submesh({"dp", "ep"}));
-      const at::Tensor tokens = (hp::rand({4, 9}, at::kDouble) * s.config.llama.vocab).floor().to(at::kLong);
-      const std::vector<Placement> rows{Shard(0), Shard(0)};
-      DTensor ids = distribute_tensor(tokens.narrow(1, 0, 8).contiguous(), mesh, rows);
-      DTensor targets = distribute_tensor(tokens.narrow(1, 1, 8).contiguous(), mesh, rows);
-      DTensor loss = model.loss(ids, targets);
-      auto& log = comm::current_world()->collective_log();
-      log.clear();
-      log.enable();
-      loss.to_local().backward();
-      log.enable(false);
-      logs[rank] = log.records();
-    });
+    Spec s = on({2, 2}, {"dp", "ep"}, 2);
+    s.ddp = with_ddp;
+    const auto logs = backward_logs(s);
     for (int rank = 0; rank < 4; ++rank) {
       const std::vector<int> ep_group{rank / 2 * 2, rank / 2 * 2 + 1}, dp_group{rank % 2, rank % 2 + 2};
       int over_all = 0, over_dp = 0, over_ep = 0;

@@ -135,9 +135,6 @@ void detail::apply_context_parallel(nn::Llama& model, const DeviceMesh& stage_me
   parallelize_module(model, stage_mesh[cp_dims[0]], {{"layers.*.attn", ContextParallel(cp)}});
 }
 
-// Parameters are replicated over cp as over dp, and each rank's gradient is a partial sum
-// over its tokens: DDP reduces both at once, deferred and bucketed (as torchtitan folds cp
-// into its data-parallel mesh).
 OffloadPolicyVariant detail::shard_offload_policy(const TrainConfig& cfg, const DeviceMesh& mesh) {
   if (cfg.memory.fsdp_offload_dir.empty() || mesh.device_type() == "meta") return OffloadPolicy{};
   return FileOffloadPolicy{cfg.memory.fsdp_offload_dir};
@@ -149,6 +146,9 @@ void bring_in_offloaded(Training& t) {
   for (FSDPModule& root : t.offloaded) root.bring_in_offloaded();
 }
 
+// Parameters are replicated over cp as over dp, and each rank's gradient is a partial sum
+// over its tokens: DDP reduces both at once, deferred and bucketed (as torchtitan folds cp
+// into its data-parallel mesh).
 std::vector<std::string> detail::gradient_reduce_dims(const TrainConfig& cfg) {
   const ParallelDims dims = cfg.dims();
   if (cfg.mesh.data_parallel == "replicate") return {};

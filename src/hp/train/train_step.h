@@ -50,8 +50,8 @@ struct Training {
   std::shared_ptr<memory::OffloadedParameters> offloaded_parameters;  // theirs, as one view
 };
 
-// Brings every offloaded shard and gradient of `t` in, for a reader between steps
-// (clipping, a checkpoint, the replica check); each goes out again at its unit's next use.
+// Brings every offloaded shard and gradient of `t` in, for a reader between steps (a
+// checkpoint, the replica check); each goes out again at its unit's next use.
 void bring_in_offloaded(Training& t);
 
 // Mesh, model (tensor parallel over "tp", experts over "ep", then ddp or fully_shard over
@@ -91,7 +91,7 @@ std::vector<std::string> gradient_reduce_dims(const TrainConfig& cfg);
 // fully_shard's shards go to files ([memory] fsdp_offload_dir; a dry-run's meta tensors have
 // no bytes to offload): its policy for `mesh`, or none.
 OffloadPolicyVariant shard_offload_policy(const TrainConfig& cfg, const DeviceMesh& mesh);
-bool offloads(const FullyShardOptions& o);
+bool offloads(const FullyShardOptions& o);  // whether its policy keeps shards out of memory
 // The mesh fully_shard takes: dp, as (cp, dp) HSDP when cp is one dim.
 DeviceMesh fully_shard_mesh(const DeviceMesh& stage_mesh, const TrainConfig& cfg);
 // fully_shard's meshes for the MoE Llama (torchtitan's dp_shard_in_ep): the parameters
