@@ -28,6 +28,15 @@ inline nn::LlamaConfig tiny_llama() {
   return c;
 }
 
+// tiny_llama() with block 1 routing to 2 of 4 experts of width 8 (block 0 stays dense).
+inline nn::MoELlamaConfig tiny_moe_llama() {
+  nn::MoELlamaConfig c;
+  c.llama = tiny_llama();
+  c.moe.num_experts = 4, c.moe.top_k = 2, c.moe.aux_loss_coef = 0.01;
+  c.moe_hidden_dim = 8, c.dense_layers = 1;
+  return c;
+}
+
 struct LlamaRunSpec {
   std::vector<int64_t> mesh_shape{1};
   std::vector<std::string> mesh_names{"dp"};  // batch rows are split over the dims named dp*

@@ -28,9 +28,7 @@ using namespace hp;
 
 namespace {
 
-struct MoERun {
-  std::vector<double> losses;
-  std::map<std::string, at::Tensor> first_grads, final_params;
+struct MoERun : hp::testing::LlamaRun {
   std::vector<double> drop_rates;  // per rank, step 0
 };
 
@@ -40,13 +38,7 @@ struct Spec {
   int64_t chunks = 1;
   bool fsdp = false;
   bool zero_router = false;  // step 0 routes every token alike (ties go to the lowest experts)
-  nn::MoELlamaConfig config;
-  Spec() {
-    config.llama.vocab = 32, config.llama.dim = 16, config.llama.layers = 2, config.llama.heads = 4;
-    config.llama.kv_heads = 2, config.llama.ffn_dim = 24, config.llama.max_seq = 8;
-    config.moe.num_experts = 4, config.moe.top_k = 2, config.moe.aux_loss_coef = 0.01;
-    config.moe_hidden_dim = 8, config.dense_layers = 1;
-  }
+  nn::MoELlamaConfig config = hp::testing::tiny_moe_llama();
 };
 
 MoERun train(const Spec& s) {

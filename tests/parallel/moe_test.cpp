@@ -22,26 +22,17 @@ using namespace hp;
 
 namespace {
 
-struct MoERun {
-  std::vector<double> losses;
-  std::map<std::string, at::Tensor> first_grads, final_params;
+using hp::testing::tiny_moe_llama;
+
+struct MoERun : hp::testing::LlamaRun {
   std::vector<double> first_drop_rates;  // per rank, step 0
   std::vector<int64_t> first_rows_received;
 };
 
-nn::MoELlamaConfig tiny_moe() {
-  nn::MoELlamaConfig c;
-  c.llama.vocab = 32, c.llama.dim = 16, c.llama.layers = 2, c.llama.heads = 4, c.llama.kv_heads = 2;
-  c.llama.ffn_dim = 24, c.llama.max_seq = 8;
-  c.moe.num_experts = 4, c.moe.top_k = 2, c.moe.aux_loss_coef = 0.01;
-  c.moe_hidden_dim = 8, c.dense_layers = 1;
-  return c;
-}
-
 struct Spec {
   std::vector<int64_t> shape{1};
   std::vector<std::string> names{"dp"};  // batch rows are split over ep and dp* dims
-  nn::MoELlamaConfig config = tiny_moe();
+  nn::MoELlamaConfig config = tiny_moe_llama();
   int64_t ep = 1, tp = 1;
   bool fsdp = false;
   bool fsdp_over_dp_ep = false;  // the non-expert units over dp x ep flattened, the experts' over dp
@@ -321,7 +312,7 @@ TEST(ExpertParallel, Ep2Tp2SequenceParallelFullyShardOverDpEp) {
 TEST(ExpertParallel, FullyShardOverAFlattenedDimOfAnotherNameIsRefused) {
   comm::run_local_ranks(4, [&](int) {
     DeviceMesh mesh = init_device_mesh("cpu", {2, 2}, {"dp", "ep"});
-    nn::MoELlama model(tiny_moe(), mesh);
+    nn::MoELlama model(tiny_moe_llama(), mesh);
     try {
       fully_shard(model, mesh[{"dp", "ep"}].flatten("data"));
       ADD_FAILURE() << "a flattened dim named 'data' must be refused";

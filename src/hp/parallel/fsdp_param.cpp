@@ -162,9 +162,7 @@ void FSDPParam::offload_to(std::shared_ptr<memory::StorageTier> tier, std::strin
 void FSDPParam::bring_in(bool grad, bool changing) {
   load_shard();
   shard_dirty_ = shard_dirty_ || changing;
-  if (!grad) return;
-  load_grad();
-  grad_dirty_ = grad_dirty_ || changing;
+  if (grad) bring_in_grad(changing);
 }
 
 void FSDPParam::bring_in_grad(bool changing) {
