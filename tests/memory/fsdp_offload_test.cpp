@@ -71,13 +71,20 @@ std::optional<FSDPModule>& root() {
 }
 
 using Factory = memory::OptimizerFactory;
-Factory optimizer_factory(bool muon) {
-  if (muon)
-    return [](std::vector<DTensor*> ps) -> std::unique_ptr<optim::Optimizer> {
-      optim::MuonOptions o;
-      o.lr = 0.02;
+// `batches_of`: the optimizer is made per batch of these; a Muon then splits the matrices
+// that one Muon over all of them would.
+Factory optimizer_factory(bool muon, const std::vector<DTensor*>* batches_of = nullptr) {
+  if (muon) {
+    optim::MuonOptions o;
+    o.lr = 0.02;
+    if (batches_of) {
+      o.split_params = optim::muon_split_params(*batches_of, o);
+      o.split = optim::MuonSplit::Listed;
+    }
+    return [o](std::vector<DTensor*> ps) -> std::unique_ptr<optim::Optimizer> {
       return std::make_unique<optim::Muon>(ps, o);
     };
+  }
   return [](std::vector<DTensor*> ps) -> std::unique_ptr<optim::Optimizer> {
     return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
   };
@@ -116,12 +123,12 @@ LlamaRunSpec offload_spec(const Case& c, Offload offload) {
     return sync;
   };
   spec.optimizer = [c, offload](nn::Llama& m) -> std::unique_ptr<optim::Optimizer> {
-    Factory make = optimizer_factory(c.muon);
-    if (offload == Offload::None || c.step == Step::BroughtIn) return make(stepped(m, c.muon));
+    const std::vector<DTensor*> params = stepped(m, c.muon);
+    if (offload == Offload::None || c.step == Step::BroughtIn) return optimizer_factory(c.muon)(params);
     memory::SwapOptimizerOptions o;
     o.batch_bytes = 2048;  // several batches
     o.parameters = root()->offloaded_parameters();
-    return std::make_unique<memory::SwapOptimizer>(stepped(m, c.muon), make,
+    return std::make_unique<memory::SwapOptimizer>(params, optimizer_factory(c.muon, &params),
                                                     std::make_shared<memory::FileTier>(fresh_dir()), o);
   };
   if (offload != Offload::None) {
@@ -170,11 +177,14 @@ TEST(FsdpOffload, FilesZeroStagesWithAccumulation) {
     }
 }
 // Muon's exchanges run inside each batch's step, so every rank needs the same batches:
-// even shards (2 ranks) give them.
-TEST(FsdpOffload, FilesMuon2Ranks) {
-  Case c{{2}};
-  c.muon = true;
-  expect_same_as_without(c);
+// uneven shards (3 ranks) must cut them alike too.
+TEST(FsdpOffload, FilesMuon) {
+  for (int world : {2, 3}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    Case c{{world}};
+    c.muon = true;
+    expect_same_as_without(c);
+  }
 }
 
 // After a backward, the parameter shards and the gradient shards are out of memory: the

@@ -6,8 +6,11 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
+#include <map>
+#include <set>
 
 #include "hp/checkpoint.h"
 #include "hp/comm/local_ranks.h"
@@ -34,13 +37,24 @@ train::TrainConfig config(const std::string& dim, const std::string& dp) {
 
 std::vector<double> losses(const train::TrainConfig& c) { return hp::testing::run_on_all_ranks(c).losses; }
 
-// As losses(c), counting the shard files every rank holds before its second step.
-std::vector<double> offloaded_losses(const train::TrainConfig& c, std::atomic<int>* shard_files) {
+// As losses(c), counting the shard files every rank holds before its second step, and
+// listing per optimizer batch the names of the state rank 0 holds in files then.
+std::vector<double> offloaded_losses(const train::TrainConfig& c, std::atomic<int>* shard_files,
+                                     std::map<std::string, std::set<std::string>>* optimizer_batches = nullptr) {
   std::vector<train::TrainResult> results(c.world_size());
   comm::run_local_ranks(static_cast<int>(c.world_size()), [&](int rank) {
     train::TrainHooks hooks;
     hooks.before_step = [&](train::Training& t, int64_t step) {
-      if (step != 1 || t.offloaded.empty()) return;
+      if (step != 1) return;
+      if (optimizer_batches && rank == 0)
+        for (const std::string& dir : {c.memory.fsdp_offload_dir + "/rank0.optimizer", c.memory.optimizer_offload_dir + "/rank0"})
+          if (std::filesystem::is_directory(dir))
+            for (const auto& e : std::filesystem::directory_iterator(dir))
+              if (const std::string f = e.path().filename().string(); f.rfind("batch", 0) == 0) {
+                const size_t dot = f.find('.');  // batch<b>.<state name>.<entry>
+                (*optimizer_batches)[f.substr(0, dot)].insert(f.substr(dot + 1, f.rfind('.') - dot - 1));
+              }
+      if (t.offloaded.empty()) return;
       const std::string mine = c.memory.fsdp_offload_dir + "/rank" + std::to_string(rank) + ".unit";
       for (const auto& e : std::filesystem::recursive_directory_iterator(c.memory.fsdp_offload_dir))
         if (e.path().string().rfind(mine, 0) == 0 && e.path().extension() == ".param") ++*shard_files;
@@ -190,6 +204,43 @@ TEST(MemoryTraining, MoEFsdpOffloadToFiles) {
             0u);
   for (const std::string& d : {plain.checkpoint.dir, c.checkpoint.dir, c.memory.fsdp_offload_dir})
     std::filesystem::remove_all(d);
+}
+
+// Muon (the blocks' matrices) and AdamW (the rest) with their state in files, and with
+// fully_shard's shards too, on 2 ranks and on 3 (uneven shards): batches of 1 MiB, the
+// embedding's alone (no matrix: its chain must follow Muon's rate as the others do), cut
+// alike on every rank. Losses and last checkpoint bitwise those of the run
+// without offload.
+TEST(MemoryTraining, MuonWithStateInFiles) {
+  for (int64_t dp : {2, 3})
+    for (bool shards : {false, true}) {
+      const std::string where = "dp " + std::to_string(dp) + (shards ? ", shards in files" : ", state in files");
+      train::TrainConfig plain = config("dp", "fsdp");
+      plain.mesh.shape = {dp}, plain.train.batch = 6, plain.train.steps = 4;
+      plain.model.vocab = 4096, plain.model.dim = 256, plain.model.ffn_dim = 512, plain.model.layers = 2;
+      plain.train.optimizer = "muon", plain.train.muon_lr = 0.02;
+      plain.checkpoint.dir = fresh_dir(), plain.checkpoint.keep = 0;
+      train::TrainConfig c = plain;
+      c.checkpoint.dir = fresh_dir();
+      const std::string dir = fresh_dir();
+      (shards ? c.memory.fsdp_offload_dir : c.memory.optimizer_offload_dir) = dir;
+      c.memory.optimizer_offload_batch_mib = 1;
+
+      const std::vector<double> want = losses(plain);
+      std::atomic<int> shard_files{0};
+      std::map<std::string, std::set<std::string>> batches;
+      EXPECT_EQ(offloaded_losses(c, &shard_files, &batches), want) << where;
+      EXPECT_EQ(shard_files.load() > 0, shards) << where;
+      EXPECT_GE(batches.size(), 3u) << where;
+      EXPECT_TRUE(std::any_of(batches.begin(), batches.end(), [](const auto& b) { return !b.second.count("momentum"); }))
+          << where << ": every batch has a matrix";
+      EXPECT_TRUE(std::any_of(batches.begin(), batches.end(), [](const auto& b) { return b.second.count("momentum"); }))
+          << where << ": no batch has a matrix";
+      SCOPED_TRACE(where + ", the last checkpoint");
+      EXPECT_GT(expect_same_tensors(checkpoint::step_dir(plain.checkpoint.dir, 4), checkpoint::step_dir(c.checkpoint.dir, 4)),
+                0u);
+      for (const std::string& d : {plain.checkpoint.dir, c.checkpoint.dir, dir}) std::filesystem::remove_all(d);
+    }
 }
 
 // Pipeline stages with their shards in files, pp 2 x dp 2 with fully_shard: 1F1B (one chunk

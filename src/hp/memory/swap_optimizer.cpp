@@ -16,8 +16,13 @@ SwapOptimizer::SwapOptimizer(std::vector<DTensor*> params, OptimizerFactory make
   HP_CHECK(!params_.empty()) << "SwapOptimizer: no parameters";
   HP_CHECK(options_.batch_bytes > 0) << "SwapOptimizer: batch_bytes = " << options_.batch_bytes << " must be > 0";
   HP_CHECK(tier_) << "SwapOptimizer: no storage tier";
+  // Sizes that are the same on every rank (the largest shard of each parameter), so that
+  // every rank cuts the same batches: an optimizer that exchanges data in its step, as
+  // distributed Muon does, then issues the same collectives everywhere, however uneven the
+  // shards.
+  auto bytes = [](const DTensor* p) { return p->spec().max_local_bytes(); };
   int64_t total = 0;
-  for (DTensor* p : params_) total += static_cast<int64_t>(p->to_local().nbytes());
+  for (DTensor* p : params_) total += bytes(p);
   const int64_t count = std::max<int64_t>(1, (total + options_.batch_bytes - 1) / options_.batch_bytes);
   const double target = static_cast<double>(total) / static_cast<double>(count);
   // Contiguous batches closing at the multiples of total / count: byte-balanced to within
@@ -25,7 +30,7 @@ SwapOptimizer::SwapOptimizer(std::vector<DTensor*> params, OptimizerFactory make
   std::vector<std::vector<DTensor*>> groups(1);
   int64_t seen = 0;
   for (DTensor* p : params_) {
-    const int64_t n = static_cast<int64_t>(p->to_local().nbytes());
+    const int64_t n = bytes(p);
     if (!groups.back().empty() && static_cast<int64_t>(groups.size()) < count &&
         static_cast<double>(seen) + 0.5 * static_cast<double>(n) > target * static_cast<double>(groups.size()))
       groups.emplace_back();

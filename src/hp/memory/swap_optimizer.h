@@ -1,7 +1,8 @@
 // An optimizer whose state lives in a storage tier (files on this machine) between steps.
 //
 // The parameters are split into byte-balanced batches (contiguous, in order, each about
-// `batch_bytes` of parameters, so of state too), and one inner optimizer is made per batch
+// `batch_bytes` of parameters, so of state too; the same batches on every rank of a sharded
+// model), and one inner optimizer is made per batch
 // by the factory (AdamW, Muon: anything whose update of a parameter reads only that
 // parameter's own state, so batching changes no number). A step streams the batches: load
 // batch n's state, update, write it back and free it; with prefetch, batch n+1's state is

@@ -6,8 +6,10 @@
 
 namespace hp::optim {
 
-ChainedOptimizer::ChainedOptimizer(std::vector<std::unique_ptr<Optimizer>> parts) : parts_(std::move(parts)) {
+ChainedOptimizer::ChainedOptimizer(std::vector<std::unique_ptr<Optimizer>> parts, double reference)
+    : parts_(std::move(parts)) {
   for (auto& p : parts_) base_lr_.push_back(p->lr());
+  reference_ = reference >= 0 ? reference : base_lr_.empty() ? 0 : base_lr_[0];
 }
 
 void ChainedOptimizer::step() {
@@ -16,11 +18,10 @@ void ChainedOptimizer::step() {
 void ChainedOptimizer::zero_grad() {
   for (auto& p : parts_) p->zero_grad();
 }
-double ChainedOptimizer::lr() const { return parts_.empty() ? 0 : parts_[0]->lr(); }
+double ChainedOptimizer::lr() const { return reference_ * scale_; }
 void ChainedOptimizer::set_lr(double lr) {
-  if (parts_.empty()) return;
-  const double scale = base_lr_[0] == 0 ? 0 : lr / base_lr_[0];
-  for (size_t i = 0; i < parts_.size(); ++i) parts_[i]->set_lr(base_lr_[i] * scale);
+  scale_ = reference_ == 0 ? 0 : lr / reference_;
+  for (size_t i = 0; i < parts_.size(); ++i) parts_[i]->set_lr(base_lr_[i] * scale_);
 }
 std::vector<DTensor*> ChainedOptimizer::params() const {
   std::vector<DTensor*> out;
@@ -53,13 +54,18 @@ ChainedOptimizer get_hyper_optimizer(nn::Module& model, std::vector<DTensor*> mu
   return ChainedOptimizer(std::move(parts));
 }
 
+std::vector<DTensor*> default_muon_params(nn::Module& model) {
+  std::vector<DTensor*> matrices;
+  for (auto& [name, p] : model.named_parameters())
+    if (p->requires_grad() && p->dim() == 2 && name.rfind("layers.", 0) == 0) matrices.push_back(p);
+  return matrices;
+}
+
 ChainedOptimizer get_hyper_optimizer(nn::Module& model, MuonOptions muon, AdamWOptions adamw) {
-  std::vector<DTensor*> matrices, rest;
-  for (auto& [name, p] : model.named_parameters()) {
-    if (!p->requires_grad()) continue;
-    const bool inside_block = name.rfind("layers.", 0) == 0;
-    (p->dim() == 2 && inside_block ? matrices : rest).push_back(p);
-  }
+  std::vector<DTensor*> matrices = default_muon_params(model), rest;
+  const std::set<const DTensor*> to_muon(matrices.begin(), matrices.end());
+  for (DTensor* p : model.parameters())
+    if (p->requires_grad() && !to_muon.count(p)) rest.push_back(p);
   return get_hyper_optimizer(model, std::move(matrices), std::move(rest), muon, adamw);
 }
 

@@ -13,11 +13,13 @@ namespace hp::optim {
 
 class ChainedOptimizer : public Optimizer {
  public:
-  explicit ChainedOptimizer(std::vector<std::unique_ptr<Optimizer>> parts);
+  // `reference`: the rate lr() and set_lr() speak of (< 0: the first part's base rate), so
+  // that chains over parts of one model's parameters follow one schedule alike.
+  explicit ChainedOptimizer(std::vector<std::unique_ptr<Optimizer>> parts, double reference = -1);
   void step() override;
   void zero_grad() override;
-  // A schedule drives every part along one curve: lr() is the first part's rate, and
-  // set_lr(x) scales every part's base rate by x / (the first part's base rate).
+  // A schedule drives every part along one curve: set_lr(x) scales every part's base rate
+  // by x / reference, and lr() is the reference so scaled.
   void set_lr(double lr) override;
   double lr() const override;
   std::vector<DTensor*> params() const override;
@@ -29,6 +31,7 @@ class ChainedOptimizer : public Optimizer {
  private:
   std::vector<std::unique_ptr<Optimizer>> parts_;
   std::vector<double> base_lr_;
+  double reference_ = 0, scale_ = 1;
 };
 
 // Muon over `muon_params`, AdamW over `adamw_params`; every trainable parameter of
@@ -39,6 +42,8 @@ ChainedOptimizer get_hyper_optimizer(nn::Module& model, std::vector<DTensor*> mu
 // The usual split: 2-D weights inside the blocks to Muon; embeddings, the output
 // projection and every 1-D parameter (norms, biases) to AdamW.
 ChainedOptimizer get_hyper_optimizer(nn::Module& model, MuonOptions muon = {}, AdamWOptions adamw = {});
+// The parameters of `model` that the usual split gives Muon.
+std::vector<DTensor*> default_muon_params(nn::Module& model);
 
 // Learning-rate schedules. Linear warm-up to `base` over `warmup` steps, then:
 double warmup_constant_lr(int64_t step, double base, int64_t warmup);

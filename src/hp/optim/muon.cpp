@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <map>
 #include <numeric>
 #include <queue>
 
@@ -43,6 +44,67 @@ double ns_cost(const std::vector<int64_t>& s, int ranks = 1) {
   return 4 * n * n * m / ranks + 2 * n * n * n;
 }
 
+// How many of the costliest matrices (`order`, costliest first) to split so that the
+// busiest of `n` ranks works least: the split ones' cost shared by all, the rest placed
+// greedily on the least loaded rank. Ties go to fewer splits, which communicate less.
+size_t balanced_splits(const std::vector<std::vector<int64_t>>& shapes, const std::vector<size_t>& order, int n) {
+  size_t best = 0;
+  double best_span = 0, shared = 0;
+  for (size_t k = 0; k <= order.size(); ++k) {
+    if (k > 0) shared += ns_cost(shapes[order[k - 1]], n);
+    std::priority_queue<double, std::vector<double>, std::greater<double>> load;
+    for (int r = 0; r < n; ++r) load.push(0);
+    double span = 0;
+    for (size_t i = k; i < order.size(); ++i) {
+      const double l = load.top() + ns_cost(shapes[order[i]]);
+      load.pop();
+      load.push(l);
+      span = std::max(span, l);
+    }
+    if (k == 0 || shared + span < best_span * (1 - 1e-9)) best = k, best_span = shared + span;
+  }
+  return best;
+}
+
+// Indices of `shapes` (global, of matrices), the costliest first.
+std::vector<size_t> costliest_first(const std::vector<std::vector<int64_t>>& shapes) {
+  std::vector<size_t> order(shapes.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return ns_cost(shapes[x]) > ns_cost(shapes[y]); });
+  return order;
+}
+
+// Per entry of the matrices on one mesh of `n` ranks (`params` of `all`), whether it goes
+// in blocks to every rank rather than whole to one (MuonOptions::split).
+std::vector<char> in_blocks(const std::vector<DTensor*>& all, const std::vector<size_t>& params, int n,
+                            const MuonOptions& o) {
+  const size_t E = params.size();
+  std::vector<char> out(E, 0);
+  if (n == 1 || o.split == MuonSplit::None) return out;
+  std::vector<std::vector<int64_t>> shapes;
+  for (size_t i : params) shapes.push_back(all[i]->spec().shape());
+  if (o.split == MuonSplit::All) {
+    out.assign(E, 1);
+  } else if (o.split == MuonSplit::Listed) {
+    for (size_t e = 0; e < E; ++e)
+      out[e] = std::find(o.split_params.begin(), o.split_params.end(), all[params[e]]) != o.split_params.end();
+  } else {
+    const std::vector<size_t> order = costliest_first(shapes);
+    const size_t k = balanced_splits(shapes, order, n);
+    for (size_t i = 0; i < k; ++i) out[order[i]] = 1;
+  }
+  return out;
+}
+
+// The indices of `params` per mesh (by its description), and the meshes.
+std::map<std::string, std::pair<DeviceMesh, std::vector<size_t>>> by_mesh(const std::vector<DTensor*>& params) {
+  std::map<std::string, std::pair<DeviceMesh, std::vector<size_t>>> out;
+  for (size_t i = 0; i < params.size(); ++i)
+    out.try_emplace(params[i]->device_mesh().to_string(), params[i]->device_mesh(), std::vector<size_t>())
+        .first->second.second.push_back(i);
+  return out;
+}
+
 }  // namespace
 
 // The parameters on one mesh and who orthogonalises what: a matrix goes whole to an owner
@@ -66,21 +128,17 @@ struct Muon::Exchange {
   };
   std::vector<Counts> to_work, back;        // per round: all-to-all sizes
 
-  Exchange(const DeviceMesh& m, const std::vector<DTensor*>& all, std::vector<size_t> idx, MuonSplit split,
-           bool overlap)
+  Exchange(const DeviceMesh& m, const std::vector<DTensor*>& all, std::vector<size_t> idx, const MuonOptions& o)
       : mesh(m), group(&m.whole_group()), params(std::move(idx)) {
     const int n = group->size();
     const size_t E = params.size();
     for (size_t e = 0; e < E; ++e) shapes.push_back(all[params[e]]->spec().shape());
-    std::vector<size_t> order(E);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t x, size_t y) { return ns_cost(shapes[x]) > ns_cost(shapes[y]); });
-    const size_t splits = n == 1 ? 0 : split == MuonSplit::All ? E : split == MuonSplit::None ? 0 : balanced_splits(order, n);
+    const std::vector<size_t> order = costliest_first(shapes);
+    const std::vector<char> split = in_blocks(all, params, n, o);
     std::vector<double> load(n, 0);
     owner.assign(E, -1);
-    for (size_t k = splits; k < E; ++k) {
-      const size_t e = order[k];
+    for (size_t e : order) {
+      if (split[e]) continue;
       owner[e] = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
       load[owner[e]] += ns_cost(shapes[e]);
     }
@@ -113,29 +171,7 @@ struct Muon::Exchange {
       }
     }
     assignment_order = order;
-    make_rounds(overlap);
-  }
-
-  // How many of the costliest matrices (`order`, costliest first) to split so that the
-  // busiest rank works least: the split ones' cost shared by all, the rest placed greedily
-  // on the least loaded rank. Ties go to fewer splits, which communicate less.
-  size_t balanced_splits(const std::vector<size_t>& order, int n) const {
-    size_t best = 0;
-    double best_span = 0, shared = 0;
-    for (size_t k = 0; k <= order.size(); ++k) {
-      if (k > 0) shared += ns_cost(shapes[order[k - 1]], n);
-      std::priority_queue<double, std::vector<double>, std::greater<double>> load;
-      for (int r = 0; r < n; ++r) load.push(0);
-      double span = 0;
-      for (size_t i = k; i < order.size(); ++i) {
-        const double l = load.top() + ns_cost(shapes[order[i]]);
-        load.pop();
-        load.push(l);
-        span = std::max(span, l);
-      }
-      if (k == 0 || shared + span < best_span * (1 - 1e-9)) best = k, best_span = shared + span;
-    }
-    return best;
+    make_rounds(o.overlap);
   }
 
   // Elements this rank sends to and receives from each rank, moving `entries` to their
@@ -275,9 +311,18 @@ struct Muon::Exchange {
   }
 };
 
+std::vector<const DTensor*> muon_split_params(const std::vector<DTensor*>& params, const MuonOptions& options) {
+  std::vector<const DTensor*> out;
+  for (const auto& [key, mesh_params] : by_mesh(params)) {
+    const auto& [mesh, idx] = mesh_params;
+    const std::vector<char> split = in_blocks(params, idx, mesh.whole_group().size(), options);
+    for (size_t e = 0; e < idx.size(); ++e)
+      if (split[e]) out.push_back(params[idx[e]]);
+  }
+  return out;
+}
+
 Muon::Muon(std::vector<DTensor*> params, MuonOptions options) : params_(std::move(params)), options_(options) {
-  std::map<std::string, std::vector<size_t>> by_mesh;
-  std::map<std::string, DeviceMesh> meshes;
   for (size_t i = 0; i < params_.size(); ++i) {
     DTensor* p = params_[i];
     HP_CHECK(p->dim() == 2) << "Muon: parameter " << i << " has shape " << to_string_list(p->sizes())
@@ -285,12 +330,9 @@ Muon::Muon(std::vector<DTensor*> params, MuonOptions options) : params_(std::mov
     for (const Placement& pl : p->placements())
       HP_CHECK(!pl.is_partial()) << "Muon: parameter " << i << " is Partial: " << p->spec().to_string();
     momentum_.push_back(at::zeros_like(p->to_local()));
-    const std::string key = p->device_mesh().to_string();
-    by_mesh[key].push_back(i);
-    meshes.emplace(key, p->device_mesh());
   }
-  for (auto& [key, idx] : by_mesh)
-    exchanges_.push_back(std::make_unique<Exchange>(meshes.at(key), params_, idx, options_.split, options_.overlap));
+  for (auto& [key, mesh_params] : by_mesh(params_))
+    exchanges_.push_back(std::make_unique<Exchange>(mesh_params.first, params_, mesh_params.second, options_));
 }
 
 Muon::~Muon() = default;

@@ -29,6 +29,7 @@ enum class MuonSplit {
   Balanced,  // the largest, as many as shorten the busiest rank's work (ties: fewer)
   None,      // every matrix whole on one owner
   All,       // every matrix in blocks
+  Listed,    // those in MuonOptions::split_params: as another Muon chose (muon_split_params)
 };
 
 struct MuonOptions {
@@ -39,7 +40,14 @@ struct MuonOptions {
   double weight_decay = 0;
   MuonSplit split = MuonSplit::Balanced;
   bool overlap = true;  // false: one exchange each way, around all the work
+  std::vector<const DTensor*> split_params;  // MuonSplit::Listed
 };
+
+// The parameters that Muon(params, options) orthogonalises in blocks on every rank of their
+// mesh. Muons over parts of `params` (a SwapOptimizer's batches) given them as
+// MuonSplit::Listed split the same matrices, and so compute the same numbers, as one Muon
+// over all of them.
+std::vector<const DTensor*> muon_split_params(const std::vector<DTensor*>& params, const MuonOptions& options);
 
 class Muon : public Optimizer {
  public:

@@ -125,7 +125,7 @@ struct MemoryConfig {
   std::string activation_checkpoint;                   // "" = off; full or selective
   std::vector<std::string> checkpoint_modules{"layers.*"};
   double memory_budget = 0;  // selective: fraction of each region's activations kept; 0 = the policy decides
-  std::string optimizer_offload_dir;    // AdamW state in files here between steps (a dir per rank); "" = off
+  std::string optimizer_offload_dir;    // optimizer state in files here between steps (a dir per rank); "" = off
   int64_t optimizer_offload_batch_mib = 64;  // parameters per streamed batch
   // fully_shard's parameter and gradient shards in files here between uses (FileOffloadPolicy,
   // a dir per rank and unit); the optimizer then streams them with its state. "" = off.

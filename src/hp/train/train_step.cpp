@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <set>
 
 #include "hp/base/error.h"
 #include "hp/comm/collectives.h"
@@ -207,8 +208,47 @@ void check_fsdp_offload(const TrainConfig& cfg) {
   HP_CHECK(shards_data(cfg)) << key << " offloads fully_shard's shards: it needs mesh.data_parallel = \"fsdp\", "
                              << "\"zero1\" or \"zero2\" with dp > 1, not \"" << cfg.mesh.data_parallel
                              << "\" with dp = " << dims.dp;
-  HP_CHECK(cfg.train.optimizer == "adamw") << key << " needs train.optimizer = \"adamw\", not \"" << cfg.train.optimizer
-                                           << "\" (the streamed optimizer is AdamW)";
+}
+
+// AdamW, or Muon for the blocks' matrices and AdamW for the rest (get_hyper_optimizer's
+// split). With optimizer state or fully_shard's shards in files, a SwapOptimizer streams
+// them with one such optimizer per batch; a batch's chain follows Muon's rate, as the
+// whole chain does.
+std::unique_ptr<optim::Optimizer> make_optimizer(const Training& t, const TrainConfig& cfg) {
+  optim::AdamWOptions adamw;
+  adamw.lr = cfg.train.lr, adamw.weight_decay = cfg.train.weight_decay;
+  optim::MuonOptions muon;
+  muon.lr = cfg.train.muon_lr, muon.weight_decay = cfg.train.weight_decay;
+  const bool with_muon = cfg.train.optimizer == "muon";
+  const std::string& dir = cfg.memory.optimizer_offload_dir;
+  if (dir.empty() && !t.offloaded_parameters) {
+    if (with_muon) return std::make_unique<optim::ChainedOptimizer>(optim::get_hyper_optimizer(*t.model, muon, adamw));
+    return std::make_unique<optim::AdamW>(t.params, adamw);
+  }
+  memory::OptimizerFactory make = [adamw](std::vector<DTensor*> ps) {
+    return std::make_unique<optim::AdamW>(std::move(ps), adamw);
+  };
+  if (with_muon) {
+    // Each batch's Muon splits the matrices one Muon over all would: the same numbers.
+    const std::vector<DTensor*> matrices = optim::default_muon_params(*t.model);
+    muon.split_params = optim::muon_split_params(matrices, muon);
+    muon.split = optim::MuonSplit::Listed;
+    make = [to_muon = std::set<const DTensor*>(matrices.begin(), matrices.end()), muon,
+            adamw](std::vector<DTensor*> ps) -> std::unique_ptr<optim::Optimizer> {
+      std::vector<DTensor*> mine, rest;
+      for (DTensor* p : ps) (to_muon.count(p) ? mine : rest).push_back(p);
+      std::vector<std::unique_ptr<optim::Optimizer>> parts;
+      if (!mine.empty()) parts.push_back(std::make_unique<optim::Muon>(std::move(mine), muon));
+      if (!rest.empty()) parts.push_back(std::make_unique<optim::AdamW>(std::move(rest), adamw));
+      return std::make_unique<optim::ChainedOptimizer>(std::move(parts), muon.lr);
+    };
+  }
+  memory::SwapOptimizerOptions so;
+  so.batch_bytes = cfg.memory.optimizer_offload_batch_mib << 20;
+  so.parameters = t.offloaded_parameters;
+  auto tier = std::make_shared<memory::FileTier>(dir.empty() ? rank_dir(cfg.memory.fsdp_offload_dir) + ".optimizer"
+                                                             : rank_dir(dir));
+  return std::make_unique<memory::SwapOptimizer>(t.params, make, tier, so);
 }
 }  // namespace
 
@@ -227,28 +267,7 @@ Training build_training(const TrainConfig& cfg, const std::string& device) {
     build_whole_model(t, cfg);
   t.params = t.model->parameters();
   if (!t.offloaded.empty()) t.offloaded_parameters = offloaded_parameters(t.offloaded);
-  optim::AdamWOptions adamw;
-  adamw.lr = cfg.train.lr, adamw.weight_decay = cfg.train.weight_decay;
-  HP_CHECK(cfg.memory.optimizer_offload_dir.empty() || cfg.train.optimizer == "adamw")
-      << cfg.source << ": memory.optimizer_offload_dir needs train.optimizer = \"adamw\", not \""
-      << cfg.train.optimizer << "\" (Muon's state is not offloaded by hp train yet)";
-  if (cfg.train.optimizer == "muon") {
-    optim::MuonOptions muon;
-    muon.lr = cfg.train.muon_lr, muon.weight_decay = cfg.train.weight_decay;
-    t.opt = std::make_unique<optim::ChainedOptimizer>(optim::get_hyper_optimizer(*t.model, muon, adamw));
-  } else if (!cfg.memory.optimizer_offload_dir.empty() || t.offloaded_parameters) {
-    // With the shards in files the optimizer streams them with its state (in files too).
-    memory::SwapOptimizerOptions so;
-    so.batch_bytes = cfg.memory.optimizer_offload_batch_mib << 20;
-    so.parameters = t.offloaded_parameters;
-    const std::string& dir = cfg.memory.optimizer_offload_dir;
-    auto tier = std::make_shared<memory::FileTier>(dir.empty() ? rank_dir(cfg.memory.fsdp_offload_dir) + ".optimizer"
-                                                               : rank_dir(dir));
-    t.opt = std::make_unique<memory::SwapOptimizer>(
-        t.params, [adamw](std::vector<DTensor*> ps) { return std::make_unique<optim::AdamW>(ps, adamw); }, tier, so);
-  } else {
-    t.opt = std::make_unique<optim::AdamW>(t.params, adamw);
-  }
+  t.opt = make_optimizer(t, cfg);
   t.base_lr = t.opt->lr();
 
   t.rows = batch_placements(t.stage_mesh);
