@@ -5,7 +5,9 @@
 // 688, sequence 256) with LAYERS blocks, BATCH sequences, float32. Modes: none (AdamW in
 // memory), full (every block recomputed), selective (save_matmuls_and_collectives), budget
 // 0.5, offload (SwapOptimizer over AdamW, state in files under $TMPDIR or /tmp, 8 batches,
-// prefetch) and offload_noprefetch. One model: each round runs every mode in turn (first
+// prefetch) and offload_noprefetch; muon (Muon on the blocks' matrices, AdamW on the rest, in
+// memory) and muon_offload (that chain per batch in a SwapOptimizer, with prefetch; its
+// ratios against muon). One model: each round runs every mode in turn (first
 // mode rotating), each with a fresh optimizer (one untimed step allocates its state), so
 // all modes see the same machine and model.
 //
@@ -42,6 +44,7 @@
 #include "hp/memory.h"
 #include "hp/nn.h"
 #include "hp/optim/adamw.h"
+#include "hp/optim/chained.h"
 #include "hp/parallel.h"
 #include "hp/plan/estimator.h"
 #include "hp/plan/memory.h"
@@ -73,16 +76,18 @@ struct Mode {
   std::string name;
   bool checkpointed = false;
   CheckpointOptions options;
-  int offload = 0;  // 0: AdamW in memory; 1: SwapOptimizer with prefetch; 2: without
+  int offload = 0;  // 0: in memory; 1: SwapOptimizer with prefetch; 2: without
+  bool muon = false;  // Muon + AdamW (get_hyper_optimizer's split), else AdamW
 };
 
 std::vector<Mode> modes() {
   Mode none{"none"}, full{"full", true}, sel{"selective", true}, half{"budget50", true};
   sel.options.policy = save_matmuls_and_collectives;
   half.options.memory_budget = 0.5;
-  Mode off{"offload"}, off_np{"offload_noprefetch"};
+  Mode off{"offload"}, off_np{"offload_noprefetch"}, muon{"muon"}, muon_off{"muon_offload"};
   off.offload = 1, off_np.offload = 2;
-  return {none, full, sel, half, off, off_np};
+  muon.muon = muon_off.muon = true, muon_off.offload = 1;
+  return {none, full, sel, half, off, off_np, muon, muon_off};
 }
 
 std::string temp_dir() {
@@ -92,17 +97,24 @@ std::string temp_dir() {
   return dir;
 }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(nn::Llama& model, int offload, int64_t batch_bytes) {
+std::unique_ptr<optim::Optimizer> make_optimizer(nn::Llama& model, const Mode& m, int64_t batch_bytes) {
   optim::AdamWOptions ao;
   ao.lr = 1e-3;
-  if (offload == 0) return std::make_unique<optim::AdamW>(model.parameters(), ao);
+  memory::OptimizerFactory make = [ao](std::vector<DTensor*> ps) { return std::make_unique<optim::AdamW>(ps, ao); };
+  if (m.muon) make = optim::hyper_optimizer_parts(model, optim::MuonOptions{}, ao);
+  if (m.offload == 0) return make(model.parameters());
   const std::string dir = temp_dir();
   memory::SwapOptimizerOptions so;
   so.batch_bytes = batch_bytes;
-  so.prefetch = offload == 1;
-  return std::make_unique<memory::SwapOptimizer>(
-      model.parameters(), [ao](std::vector<DTensor*> ps) { return std::make_unique<optim::AdamW>(ps, ao); },
-      std::make_shared<memory::FileTier>(dir), so);
+  so.prefetch = m.offload == 1;
+  return std::make_unique<memory::SwapOptimizer>(model.parameters(), make, std::make_shared<memory::FileTier>(dir), so);
+}
+
+// Bytes of the optimizer state `opt` holds when it is all in memory.
+double state_bytes(optim::Optimizer& opt) {
+  double n = 0;
+  for (const optim::StateEntry& e : opt.state()) n += double(e.local->nbytes());
+  return n;
 }
 
 struct FsdpRows {
@@ -238,12 +250,14 @@ int main(int argc, char** argv) {
     };
     const std::vector<Mode> ms = modes();
     std::map<std::string, std::vector<double>> time, act, peak, rss;
+    double muon_state = 0;
     for (int r = 0; r < rounds; ++r)
       for (size_t i = 0; i < ms.size(); ++i) {
         const Mode& m = ms[(i + r) % ms.size()];
         set_mode(model, m);
         opt.reset();
-        opt = make_optimizer(model, m.offload, param_bytes / 8);
+        opt = make_optimizer(model, m, param_bytes / 8);
+        if (m.name == "muon") muon_state = state_bytes(*opt);
         step();  // allocates gradients and optimizer state
         reset_peak_rss();
         for (int s = 0; s < steps; ++s) {
@@ -287,6 +301,11 @@ int main(int argc, char** argv) {
     const double state = 2.0 * double(param_bytes);  // AdamW's exp_avg and exp_avg_sq
     std::printf("AdamW state %.1f MiB; offload lowers the step peak by %.1f MiB (%.2f of it)\n", state / (1 << 20),
                 (p0 - median(peak["offload"])) / (1 << 20), (p0 - median(peak["offload"])) / state);
+    const double p_muon = median(peak["muon"]), t_muon = median(time["muon"]);
+    std::printf("Muon + AdamW state %.1f MiB; muon_offload lowers the step peak by %.1f MiB (%.2f of it), step time "
+                "%.3fx of muon's\n",
+                muon_state / (1 << 20), (p_muon - median(peak["muon_offload"])) / (1 << 20),
+                (p_muon - median(peak["muon_offload"])) / muon_state, median(time["muon_offload"]) / t_muon);
     std::printf("planner, per layer's saved activations: selective %.3f, full %.3f of none; step time "
                 "selective %.2fx, full %.2fx (one more forward: 4/3)\n",
                 layer_sel / layer_none, layer_full / layer_none, planned_sel_time, 4.0 / 3.0);
@@ -305,6 +324,9 @@ int main(int argc, char** argv) {
     std::printf("RESULT memory_offload_step_time_ratio_%s %.3f\n", tag.c_str(), median(time["offload"]) / t0);
     std::printf("RESULT memory_offload_noprefetch_step_time_ratio_%s %.3f\n", tag.c_str(),
                 median(time["offload_noprefetch"]) / t0);
+    std::printf("RESULT memory_muon_offload_peak_drop_of_state_%s %.3f\n", tag.c_str(),
+                (p_muon - median(peak["muon_offload"])) / muon_state);
+    std::printf("RESULT memory_muon_offload_step_time_ratio_%s %.3f\n", tag.c_str(), median(time["muon_offload"]) / t_muon);
     std::printf("RESULT memory_none_act_peak_mib_%s %.1f\n", tag.c_str(), a0 / (1 << 20));
     for (const std::string& line : fsdp_results) std::printf("%s\n", line.c_str());
   });

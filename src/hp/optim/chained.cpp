@@ -69,6 +69,23 @@ ChainedOptimizer get_hyper_optimizer(nn::Module& model, MuonOptions muon, AdamWO
   return get_hyper_optimizer(model, std::move(matrices), std::move(rest), muon, adamw);
 }
 
+std::function<std::unique_ptr<Optimizer>(std::vector<DTensor*>)> hyper_optimizer_parts(nn::Module& model,
+                                                                                      MuonOptions muon,
+                                                                                      AdamWOptions adamw) {
+  const std::vector<DTensor*> matrices = default_muon_params(model);
+  muon.split_params = muon_split_params(matrices, muon);
+  muon.split = MuonSplit::Listed;
+  return [to_muon = std::set<const DTensor*>(matrices.begin(), matrices.end()), muon,
+          adamw](std::vector<DTensor*> ps) -> std::unique_ptr<Optimizer> {
+    std::vector<DTensor*> mine, rest;
+    for (DTensor* p : ps) (to_muon.count(p) ? mine : rest).push_back(p);
+    std::vector<std::unique_ptr<Optimizer>> parts;
+    if (!mine.empty()) parts.push_back(std::make_unique<Muon>(std::move(mine), muon));
+    if (!rest.empty()) parts.push_back(std::make_unique<AdamW>(std::move(rest), adamw));
+    return std::make_unique<ChainedOptimizer>(std::move(parts), muon.lr);
+  };
+}
+
 double warmup_constant_lr(int64_t step, double base, int64_t warmup) {
   return warmup > 0 && step < warmup ? base * double(step + 1) / double(warmup) : base;
 }

@@ -2,6 +2,7 @@
 // matrices, AdamW for the rest), and HyperParallel's get_hyper_optimizer that builds one.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -44,6 +45,13 @@ ChainedOptimizer get_hyper_optimizer(nn::Module& model, std::vector<DTensor*> mu
 ChainedOptimizer get_hyper_optimizer(nn::Module& model, MuonOptions muon = {}, AdamWOptions adamw = {});
 // The parameters of `model` that the usual split gives Muon.
 std::vector<DTensor*> default_muon_params(nn::Module& model);
+// Makes the usual split's chain over any part of `model`'s parameters (a SwapOptimizer's
+// batch): Muon over the part's block matrices, splitting those that one Muon over all of
+// them would split, AdamW over the rest, the rate relative to Muon's as the whole chain's
+// is. Batches so made compute the numbers of get_hyper_optimizer(model, muon, adamw).
+std::function<std::unique_ptr<Optimizer>(std::vector<DTensor*>)> hyper_optimizer_parts(nn::Module& model,
+                                                                                      MuonOptions muon = {},
+                                                                                      AdamWOptions adamw = {});
 
 // Learning-rate schedules. Linear warm-up to `base` over `warmup` steps, then:
 double warmup_constant_lr(int64_t step, double base, int64_t warmup);

@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <set>
 
 #include "hp/base/error.h"
 #include "hp/comm/collectives.h"
@@ -212,8 +211,7 @@ void check_fsdp_offload(const TrainConfig& cfg) {
 
 // AdamW, or Muon for the blocks' matrices and AdamW for the rest (get_hyper_optimizer's
 // split). With optimizer state or fully_shard's shards in files, a SwapOptimizer streams
-// them with one such optimizer per batch; a batch's chain follows Muon's rate, as the
-// whole chain does.
+// them with one such optimizer per batch.
 std::unique_ptr<optim::Optimizer> make_optimizer(const Training& t, const TrainConfig& cfg) {
   optim::AdamWOptions adamw;
   adamw.lr = cfg.train.lr, adamw.weight_decay = cfg.train.weight_decay;
@@ -228,21 +226,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Training& t, const TrainC
   memory::OptimizerFactory make = [adamw](std::vector<DTensor*> ps) {
     return std::make_unique<optim::AdamW>(std::move(ps), adamw);
   };
-  if (with_muon) {
-    // Each batch's Muon splits the matrices one Muon over all would: the same numbers.
-    const std::vector<DTensor*> matrices = optim::default_muon_params(*t.model);
-    muon.split_params = optim::muon_split_params(matrices, muon);
-    muon.split = optim::MuonSplit::Listed;
-    make = [to_muon = std::set<const DTensor*>(matrices.begin(), matrices.end()), muon,
-            adamw](std::vector<DTensor*> ps) -> std::unique_ptr<optim::Optimizer> {
-      std::vector<DTensor*> mine, rest;
-      for (DTensor* p : ps) (to_muon.count(p) ? mine : rest).push_back(p);
-      std::vector<std::unique_ptr<optim::Optimizer>> parts;
-      if (!mine.empty()) parts.push_back(std::make_unique<optim::Muon>(std::move(mine), muon));
-      if (!rest.empty()) parts.push_back(std::make_unique<optim::AdamW>(std::move(rest), adamw));
-      return std::make_unique<optim::ChainedOptimizer>(std::move(parts), muon.lr);
-    };
-  }
+  if (with_muon) make = optim::hyper_optimizer_parts(*t.model, muon, adamw);
   memory::SwapOptimizerOptions so;
   so.batch_bytes = cfg.memory.optimizer_offload_batch_mib << 20;
   so.parameters = t.offloaded_parameters;
