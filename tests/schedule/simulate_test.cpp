@@ -89,3 +89,55 @@ TEST(ScheduleSimulate, ACheaperFirstStageIdlesRankZero) {
   for (int rank = 1; rank < 4; ++rank) EXPECT_DOUBLE_EQ(r.busy[rank], 8 * 3) << "rank " << rank;
   EXPECT_GT(1 - r.busy[0] / r.makespan, 1 - u.busy[0] / u.makespan + 0.1);
 }
+
+// Ranks sharing cores (CostModel::cores). Enough cores: the timing of a core each.
+TEST(ScheduleSimulateOnCores, EnoughCoresChangeNothing) {
+  for (const char* kind : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"}) {
+    const Schedule s = make_schedule(kind, 4, 8);
+    CostModel c;
+    c.uniform = {1, 2, 1, 1};
+    c.latency = 0.1;
+    const double alone = simulate(s, c).makespan;
+    c.cores = 4;
+    EXPECT_DOUBLE_EQ(simulate(s, c).makespan, alone) << kind;
+    c.cores = 2, c.host_share.assign(s.num_stages, 0);  // nothing needs a core
+    EXPECT_NEAR(simulate(s, c).makespan, alone, 1e-9) << kind;
+  }
+}
+
+// On one core with every action all host work, the core never idles while any rank has
+// work ready: the step takes the sum of all the work.
+TEST(ScheduleSimulateOnCores, OneCoreSerialisesTheWork) {
+  CostModel c;
+  c.uniform = {1, 2, 1, 1};
+  c.cores = 1;
+  EXPECT_NEAR(simulate(make_schedule("gpipe", 2, 4), c).makespan, 2 * 4 * 3, 1e-9);
+}
+
+// GPipe, 2 ranks, 2 microbatches, half of each action on the host, one core. A core each:
+// rank 0 F0 [0, 1] F1 [1, 2]; rank 1 F0 [1, 2] F1 [2, 3] B0 [3, 5] B1 [5, 7]; rank 0 B0
+// [5, 7] B1 [7, 9]. Shared: rank 0's F1 and rank 1's F0 share the core for their host
+// halves (0.5 each at half speed: [1, 2]), then wait 0.5: both end at 2.5; rank 1's F1
+// [2.5, 3.5], B0 [3.5, 5.5]; rank 0's B0 and rank 1's B1 share it ([5.5, 7.5]) and wait
+// 1: 8.5; rank 0's B1 [8.5, 10.5].
+TEST(ScheduleSimulateOnCores, HostHalvesShareTheCore) {
+  const Schedule s = make_schedule("gpipe", 2, 2);
+  CostModel c;
+  c.uniform = {1, 2, 1, 1};
+  EXPECT_DOUBLE_EQ(simulate(s, c).makespan, 9);
+  c.cores = 1, c.host_share = {0.5, 0.5};
+  const SimResult r = simulate(s, c);
+  EXPECT_NEAR(r.makespan, 10.5, 1e-9);
+  auto compute = [&](int rank, int k) {  // the k-th compute action of `rank`
+    for (const TimedAction& t : r.timeline[rank])
+      if (is_compute(t.action.type) && k-- == 0) return t;
+    return TimedAction{};
+  };
+  EXPECT_NEAR(compute(0, 1).end, 2.5, 1e-9);
+  EXPECT_NEAR(compute(1, 0).end, 2.5, 1e-9);
+  EXPECT_NEAR(compute(1, 2).start, 3.5, 1e-9);
+  EXPECT_NEAR(compute(0, 2).end, 8.5, 1e-9);
+  EXPECT_NEAR(compute(1, 3).end, 8.5, 1e-9);
+  c.host_share = {0.5};
+  EXPECT_THROW(simulate(s, c), hp::Error);  // one share for two stages
+}

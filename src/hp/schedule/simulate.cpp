@@ -25,6 +25,13 @@ double CostModel::cost(const Action& a) const {
   }
 }
 
+double CostModel::host_share_of(int s) const {
+  if (host_share.empty()) return 1;
+  HP_CHECK(s >= 0 && s < static_cast<int>(host_share.size()))
+      << "no host share for stage " << s << ": host_share has " << host_share.size() << " entries";
+  return host_share[s];
+}
+
 double CostModel::latency_of(ActionType send) const {
   return send == ActionType::SEND_F && activation_latency >= 0 ? activation_latency : latency;
 }
@@ -47,8 +54,13 @@ SimResult simulate(const Schedule& s, const CostModel& costs) {
       << "cost model has " << costs.per_stage.size() << " stage costs for " << s.num_stages
       << " stages";
   HP_CHECK(costs.latency >= 0) << "negative latency " << costs.latency;
+  HP_CHECK(costs.cores >= 0) << "negative core count " << costs.cores;
+  HP_CHECK(costs.host_share.empty() || static_cast<int>(costs.host_share.size()) == s.num_stages)
+      << "cost model has " << costs.host_share.size() << " host shares for " << s.num_stages << " stages";
+  for (double h : costs.host_share) HP_CHECK(h >= 0 && h <= 1) << "host share " << h << " is not in [0, 1]";
   detail::Execution ex = detail::execute(s, costs);
   HP_CHECK(!ex.deadlocked) << "schedule '" << s.name << "' deadlocks:" << ex.blocked;
+  if (costs.cores > 0 && costs.cores < s.num_ranks) ex = detail::execute_on_cores(s, costs);
 
   SimResult res;
   res.timeline = std::move(ex.timeline);

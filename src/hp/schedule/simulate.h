@@ -28,8 +28,15 @@ struct CostModel {
   // gradients, e.g. behind a shape header); < 0: `latency`.
   double activation_latency = -1;
   int send_capacity = kUnboundedSends;
+  // Cores the ranks share; 0: a core (or a device) each. With fewer cores than ranks, the
+  // part of each compute action that needs a core (host_share of its stage: its host
+  // arithmetic, timed alone) runs at cores / k of full speed while k > cores ranks are in
+  // theirs; the rest (waiting on an accelerator) runs at full speed after it.
+  int cores = 0;
+  std::vector<double> host_share;  // per stage; empty: all of every action
 
   const StageCost& stage(int s) const;
+  double host_share_of(int stage) const;
   double cost(const Action& a) const;  // SEND/RECV/UNSHARD/RESHARD take no rank time
   double latency_of(ActionType send) const;  // of the message a SEND_F or SEND_B posts
 };
