@@ -127,6 +127,35 @@ TEST_P(VariableSequence, ShapesChangePerMicrobatchAndPerStep) {
   });
 }
 
+// A stage's output is let go once its backward has run, not held by its send until the
+// step ends: 1F1B on 2 ranks, 4 microbatches; rank 0 runs F0 F1 B0 F2 B1 F3 B2 B3, so when
+// F2 starts the output of microbatch 0 is gone, and when F3 starts that of microbatch 1.
+TEST(PipelineRuntime, ReleasesEachOutputAtItsBackward) {
+  Mlp model(kBlocks, kDim, 7);
+  const at::Tensor x = data({8, kDim}, 1), y = data({8, kDim}, 2);
+  comm::run_local_ranks(2, [&](int rank) {
+    auto group = comm::current_world()->world_group();
+    auto sched = schedule::make_schedule("1f1b", 2, 4);
+    auto stages = mlp_stages(model, sched, rank, group);
+    std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> outputs;
+    std::vector<std::string> freed_before;  // per forward: which earlier outputs were gone
+    if (rank == 0) {
+      stages[0].forward = [&, inner = stages[0].forward](const at::Tensor& in) {
+        std::string gone;
+        for (size_t k = 0; k < outputs.size(); ++k)
+          if (outputs[k].expired()) gone += std::to_string(k);
+        freed_before.push_back(gone);
+        at::Tensor out = inner(in);
+        outputs.emplace_back(out.storage().getWeakStorageImpl());
+        return out;
+      };
+    }
+    pipeline::PipelineRuntime rt(stages, sched);
+    rt.step(x, y);
+    if (rank == 0) EXPECT_EQ(freed_before, (std::vector<std::string>{"", "", "0", "01"}));
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(AllKinds, VariableSequence, testing::ValuesIn(schedule::schedule_kinds()),
                          [](const testing::TestParamInfo<std::string>& i) {
                            std::string k = i.param;

@@ -36,11 +36,15 @@ TEST(Memory, StageMemoryByHand) {
   EXPECT_DOUBLE_EQ(m0.logits, 0);
   EXPECT_DOUBLE_EQ(m0.zero_buffers, 0);
 
-  // Last stage: one microbatch in flight, head 256*128/2 + final norm 128, logits 6 B per entry.
+  // Last stage: one microbatch in flight, head 256*128/2 + final norm 128, logits 6 B per
+  // entry; the inputs of the 3 other microbatches, received into buffers posted at the
+  // step's start (256 tokens * 128 / 2, bf16).
   MemoryBreakdown m1 = stage_memory(m, s, stages[1], 1, inflight[1]);
   const double p1 = 2 * (24832 + 73728) + 16384 + 128;
   EXPECT_DOUBLE_EQ(m1.params, 2 * p1);
   EXPECT_DOUBLE_EQ(m1.activations, 256 * 2 * 4112 / 2.0);
+  EXPECT_DOUBLE_EQ(m1.stage_inputs, 3 * 256 * 128 / 2.0 * 2);
+  EXPECT_DOUBLE_EQ(m0.stage_inputs, 0);  // the first stage reads its own data
   EXPECT_DOUBLE_EQ(m1.logits, 256 * 256 / 2.0 * 6);
 }
 
@@ -129,6 +133,24 @@ TEST(Memory, EagerSelectiveActivationsByHand) {
   // Four layers kept selectively, and one layer's dropped tensors back during its backward.
   EXPECT_DOUBLE_EQ(stage_memory(m, s, all, 0, 1, eager).activations,
                    none * (4 * 2664.0 + (5578 - 2664)) / (4 * 5578.0));
+}
+
+// A layer's backward holds SwiGLU's gate and up gradients (2 x 688 per token) beside the
+// saved activations; on the stage with the head its logits' term (1537 per token) is the
+// larger of the two peaks and stands for both.
+TEST(Memory, EagerBackwardWorkingSet) {
+  ModelDesc m{.name = "bench_3m", .layers = 4, .hidden = 256, .heads = 8, .kv_heads = 4, .ffn = 688, .vocab = 256,
+              .seq_len = 256};
+  Strategy s;
+  s.dp = 1, s.global_batch = 1, s.micro_batch = 1, s.microbatches = 1;
+  StageContents body;
+  body.dense_layers = 2;
+  const Numerics eager = numerics_preset("fp32-eager");
+  EXPECT_DOUBLE_EQ(stage_memory(m, s, body, 0, 1, eager).activations, 256 * 4 * (2 * 5578.0 + 2 * 688));
+  body.head = true;
+  const MemoryBreakdown with_head = stage_memory(m, s, body, 0, 1, eager);
+  EXPECT_DOUBLE_EQ(with_head.activations, 256 * 4 * (2 * 5578.0));
+  EXPECT_DOUBLE_EQ(with_head.logits, 256 * 4 * 1537.0);
 }
 
 TEST(Memory, Fp32EagerNumericsCountBytesAndBuckets) {

@@ -85,6 +85,9 @@ class StepRun {
       }
     }
     for (auto& p : sends_) p.wait();
+    for (auto& [k, ps] : activation_sends_)
+      for (auto& p : ps) p.wait();
+    activation_sends_.clear();
     HP_CHECK(work_.empty() && local_act_.empty() && act_recv_.empty() && local_grad_.empty() &&
              grad_recv_.empty() && grad_to_send_.empty())
         << "pipeline rank " << rank_ << ": step ended with work left (" << work_.size() << " stage states, "
@@ -127,7 +130,7 @@ class StepRun {
         for (int peer : members_.at(a.peer))
           for (auto& p : detail::send_activation(work_.at(k).output, g_, peer, tag(Message::kActHeader, a.stage, a.microbatch),
                                                  tag(Message::kAct, a.stage, a.microbatch), !activation_buffer_))
-            sends_.push_back(std::move(p));
+            activation_sends_[k].push_back(std::move(p));
         return;
       }
       case ActionType::SEND_B: {
@@ -198,6 +201,10 @@ class StepRun {
         w.grad_output = timed_wait([&] { return take(grad_recv_, k).wait(); });
       }
     }
+    // Its gradient is back, so the next stage has long received the output: the send is
+    // over, and waiting on it lets go of the output when this backward does.
+    if (activation_sends_.count(k))
+      for (auto& p : take(activation_sends_, k)) p.wait();
     if (full && st.set_requires_gradient_sync) st.set_requires_gradient_sync(last_backward_.at(s) == action_);
     if (full) {
       detail::run_backward(st, w);
@@ -231,7 +238,8 @@ class StepRun {
   std::map<Key, at::Tensor> local_grad_;          // B|I(s+1) -> B|I(s) on this rank
   std::map<Key, comm::Pending> grad_recv_;
   std::map<Key, at::Tensor> grad_to_send_;
-  std::vector<comm::Pending> sends_;
+  std::vector<comm::Pending> sends_;  // gradients, waited at the end of the step
+  std::map<Key, std::vector<comm::Pending>> activation_sends_;  // waited at their backward
   std::map<int, size_t> last_backward_;  // stage -> index of its last B or W in the list
   std::set<Key> split_;                  // (stage, microbatch) whose backward is I then W
   size_t action_ = 0;

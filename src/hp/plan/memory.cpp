@@ -163,6 +163,25 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     mem.logits = tokens * (3 * m.hidden / t + 1 / t + m.hidden + 2 * double(m.vocab) / t) * n.activation_bytes;
   else if (st.head)
     mem.logits = tokens * double(m.vocab) / t * (2 + 4);
+  if (n.eager && st.layers() > 0) {
+    // A layer's backward holds the gradients of SwiGLU's gate and up outputs (per routed
+    // copy of a token in MoE layers) beside every saved activation. On the stage with
+    // the head this peak and the head's (its logits term) come at different times: the
+    // larger counts.
+    double working = 0;
+    if (st.dense_layers) working = 2 * m.ffn / t;
+    if (st.moe_layers) working = std::max(working, 2 * double(m.top_k + m.shared_experts) * m.moe_ffn / t);
+    mem.activations += std::max(0.0, tokens * working * n.activation_bytes - mem.logits);
+  }
+  if (s.pp > 1) {
+    // A stage's input of every microbatch of the step is received into a buffer posted at
+    // the step's start (or, once consumed, held as the input gradient sent back until the
+    // step ends): those not alive as a running forward's input count too. Every chunk is
+    // received but the first stage's.
+    const double received = double(s.virtual_stages) - (index == 0 ? 1 : 0);
+    const double buffers = std::max(0.0, received * double(s.microbatches) - inflight * double(s.virtual_stages));
+    mem.stage_inputs = buffers * tokens * m.hidden / t * n.activation_bytes;
+  }
   return mem;
 }
 

@@ -63,8 +63,11 @@ StageParams stage_params(const ModelDesc& m, const Strategy& s, const StageConte
 struct MemoryBreakdown {
   double params = 0, grads = 0, optimizer = 0, activations = 0, logits = 0, zero_buffers = 0;  // bytes
   double ddp_buckets = 0;  // flat gradient copies of data parallelism (Numerics::ddp_buckets)
+  double stage_inputs = 0;  // a pipeline stage's received inputs not yet in a running forward
   int64_t stage = 0;  // pipeline rank this breakdown is for
-  double total() const { return params + grads + optimizer + activations + logits + zero_buffers + ddp_buckets; }
+  double total() const {
+    return params + grads + optimizer + activations + logits + zero_buffers + ddp_buckets + stage_inputs;
+  }
 };
 
 // Memory of pipeline rank `index` (holding `stage`) under resolved strategy `s`, which

@@ -36,7 +36,8 @@ nlohmann::json memory_json(const MemoryBreakdown& mem) {
   return {{"stage", mem.stage},           {"params", mem.params},
           {"grads", mem.grads},           {"optimizer", mem.optimizer},
           {"activations", mem.activations}, {"logits", mem.logits},
-          {"zero_buffers", mem.zero_buffers}, {"ddp_buckets", mem.ddp_buckets}, {"total", mem.total()}};
+          {"zero_buffers", mem.zero_buffers}, {"ddp_buckets", mem.ddp_buckets},
+          {"stage_inputs", mem.stage_inputs}, {"total", mem.total()}};
 }
 
 nlohmann::json estimate_json(const Estimate& e) {
@@ -113,6 +114,7 @@ std::string format_dryrun(const Estimate& e, const ModelDesc& m, const ClusterSp
   row("logits", mem.logits);
   row("gathered/reduce buffers", mem.zero_buffers);
   if (mem.ddp_buckets > 0) row("ddp buckets", mem.ddp_buckets);
+  if (mem.stage_inputs > 0) row("stage inputs", mem.stage_inputs);
   out += fmt::format("  {:<16} {:>12} of {} usable: {}\n\n", "total", human_bytes(mem.total()),
                      human_bytes(e.usable_memory), e.fits ? "fits" : "DOES NOT FIT");
 
