@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <cstring>
 
 #include "hp/comm/local_ranks.h"
 #include "hp/comm/symm/symm.h"
@@ -23,6 +26,19 @@ TEST(MemoryStats, CountsLiveStorageAndPeak) {
   EXPECT_GE(hp::cpu_memory_peak() - before, 2 << 20);
   hp::reset_cpu_memory_peak();
   EXPECT_EQ(hp::cpu_memory_peak(), before);
+}
+
+// Raw allocations (oneDNN's scratch buffers take them) work while counting, and count.
+TEST(MemoryStats, RawAllocationsWork) {
+  hp::track_cpu_memory();
+  const int64_t before = hp::cpu_memory_allocated();
+  c10::Allocator* a = c10::GetCPUAllocator();
+  void* p = a->raw_allocate(1 << 20);
+  ASSERT_NE(p, nullptr);
+  std::memset(p, 1, 1 << 20);
+  EXPECT_EQ(hp::cpu_memory_allocated() - before, 1 << 20);
+  a->raw_deallocate(p);
+  EXPECT_EQ(hp::cpu_memory_allocated(), before);
 }
 
 // Symmetric tensors live in shared memory, not in LibTorch's allocator, and count too.
