@@ -74,22 +74,28 @@ std::vector<size_t> costliest_first(const std::vector<std::vector<int64_t>>& sha
   return order;
 }
 
-// Per entry of the matrices on one mesh of `n` ranks (`params` of `all`), whether it goes
-// in blocks to every rank rather than whole to one (MuonOptions::split).
-std::vector<char> in_blocks(const std::vector<DTensor*>& all, const std::vector<size_t>& params, int n,
+// The global shapes of the entries `params` of `all`.
+std::vector<std::vector<int64_t>> global_shapes(const std::vector<DTensor*>& all, const std::vector<size_t>& params) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (size_t i : params) shapes.push_back(all[i]->spec().shape());
+  return shapes;
+}
+
+// Per entry of the matrices on one mesh of `n` ranks (`params` of `all`, with their
+// `shapes` and costliest-first `order`), whether it goes in blocks to every rank rather
+// than whole to one (MuonOptions::split).
+std::vector<char> in_blocks(const std::vector<DTensor*>& all, const std::vector<size_t>& params,
+                            const std::vector<std::vector<int64_t>>& shapes, const std::vector<size_t>& order, int n,
                             const MuonOptions& o) {
   const size_t E = params.size();
   std::vector<char> out(E, 0);
   if (n == 1 || o.split == MuonSplit::None) return out;
-  std::vector<std::vector<int64_t>> shapes;
-  for (size_t i : params) shapes.push_back(all[i]->spec().shape());
   if (o.split == MuonSplit::All) {
     out.assign(E, 1);
   } else if (o.split == MuonSplit::Listed) {
     for (size_t e = 0; e < E; ++e)
       out[e] = std::find(o.split_params.begin(), o.split_params.end(), all[params[e]]) != o.split_params.end();
   } else {
-    const std::vector<size_t> order = costliest_first(shapes);
     const size_t k = balanced_splits(shapes, order, n);
     for (size_t i = 0; i < k; ++i) out[order[i]] = 1;
   }
@@ -132,9 +138,9 @@ struct Muon::Exchange {
       : mesh(m), group(&m.whole_group()), params(std::move(idx)) {
     const int n = group->size();
     const size_t E = params.size();
-    for (size_t e = 0; e < E; ++e) shapes.push_back(all[params[e]]->spec().shape());
+    shapes = global_shapes(all, params);
     const std::vector<size_t> order = costliest_first(shapes);
-    const std::vector<char> split = in_blocks(all, params, n, o);
+    const std::vector<char> split = in_blocks(all, params, shapes, order, n, o);
     std::vector<double> load(n, 0);
     owner.assign(E, -1);
     for (size_t e : order) {
@@ -315,7 +321,9 @@ std::vector<const DTensor*> muon_split_params(const std::vector<DTensor*>& param
   std::vector<const DTensor*> out;
   for (const auto& [key, mesh_params] : by_mesh(params)) {
     const auto& [mesh, idx] = mesh_params;
-    const std::vector<char> split = in_blocks(params, idx, mesh.whole_group().size(), options);
+    const std::vector<std::vector<int64_t>> shapes = global_shapes(params, idx);
+    const std::vector<char> split =
+        in_blocks(params, idx, shapes, costliest_first(shapes), mesh.whole_group().size(), options);
     for (size_t e = 0; e < idx.size(); ++e)
       if (split[e]) out.push_back(params[idx[e]]);
   }
