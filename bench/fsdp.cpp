@@ -1,7 +1,7 @@
 // The same model and batch on every rank of the job, one run: step time and memory of our
 // DDP, of fully_shard (with and without prefetch), and of Muon against AdamW on the sharded
 // model; the modes take turns so that drift hits all alike.
-//   build/bin/hprun --nproc-per-node 4 build/bin/bench_fsdp [steps] [rounds] [micro-steps] [modes]
+//   build/bin/hprun --nproc-per-node 4 build/bin/bench_fsdp [steps] [rounds] [micro-steps] [modes] [shape]
 // micro-steps > 1 accumulates gradients over that many batches per optimizer step (no
 // communication until the last), as large-batch training does. `modes`: a comma-separated
 // subset of the modes below (default all), e.g. "fsdp adamw,fsdp muon". "on-caller" modes
@@ -9,6 +9,8 @@
 // nothing overlaps; "ddp adamw no-comm" skips DDP's all-reduce: the compute-only step that
 // exposed communication (step time minus it) is measured against; "fsdp muon no-overlap"
 // exchanges Muon's matrices once each way around all the work (MuonOptions::overlap off).
+// `shape`: sequences per rank x sequence length (default 4x128; 8x256 is the batch of the
+// training-speed comparison, bench/peers).
 // Last, the bytes one step's all-gathers move with FP8 weights against bf16 parameters
 // (gather_bytes.h).
 #include <ATen/ATen.h>
@@ -49,8 +51,15 @@ int main(int argc, char** argv) {
   const int64_t world = comm::current_world()->size();
   DeviceMesh mesh = init_device_mesh("cpu", {world}, {"dp"});
   nn::LlamaConfig c;
-  c.vocab = 256, c.dim = 256, c.layers = 4, c.heads = 8, c.kv_heads = 4, c.ffn_dim = 688, c.max_seq = 128;
-  const int64_t batch = 4 * world, seq = 128;
+  int64_t per_rank = 4, seq = 128;
+  if (argc > 5) {
+    const std::vector<std::string> bs = split(argv[5], 'x');
+    HP_CHECK(bs.size() == 2 && std::atoi(bs[0].c_str()) > 0 && std::atoi(bs[1].c_str()) > 0)
+        << "bench_fsdp: the shape is sequences-per-rank x sequence length, e.g. 8x256; got '" << argv[5] << "'";
+    per_rank = std::atoi(bs[0].c_str()), seq = std::atoi(bs[1].c_str());
+  }
+  c.vocab = 256, c.dim = 256, c.layers = 4, c.heads = 8, c.kv_heads = 4, c.ffn_dim = 688, c.max_seq = seq;
+  const int64_t batch = per_rank * world;
 
   std::vector<std::string> modes{"ddp adamw",          "ddp adamw on-caller",  "ddp adamw no-comm",
                                  "fsdp adamw",         "fsdp adamw on-caller", "fsdp adamw no-prefetch",
@@ -163,6 +172,14 @@ int main(int argc, char** argv) {
                 exposed("ddp adamw"), exposed("ddp adamw on-caller"),
                 exposed("ddp adamw") / exposed("ddp adamw on-caller"));
     std::printf("RESULT ddp_exposed_comm_ratio %.3f\n", exposed("ddp adamw") / exposed("ddp adamw on-caller"));
+  }
+  // fully_shard computes what DDP does (and copies its shards in and out, which counts
+  // here as communication on both sides).
+  if (exposed("fsdp adamw on-caller") > 0) {
+    std::printf("fsdp: exposed communication %.1f ms overlapped, %.1f ms on the caller: %.2fx\n",
+                exposed("fsdp adamw"), exposed("fsdp adamw on-caller"),
+                exposed("fsdp adamw") / exposed("fsdp adamw on-caller"));
+    std::printf("RESULT fsdp_exposed_comm_ratio %.3f\n", exposed("fsdp adamw") / exposed("fsdp adamw on-caller"));
   }
   if (ratio("ddp adamw", "ddp adamw on-caller") > 0)
     std::printf("RESULT ddp_step_overlapped_vs_on_caller %.3f\n", ratio("ddp adamw", "ddp adamw on-caller"));

@@ -142,12 +142,15 @@ void expect_match(const MoERun& run, const MoERun& ref) {
   for (size_t i = 0; i < ref.losses.size(); ++i)
     EXPECT_NEAR(run.losses[i], ref.losses[i], 1e-5 * std::abs(ref.losses[i])) << "loss at step " << i;
   EXPECT_LT(ref.losses.back(), ref.losses.front());
-  auto close = [](const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  auto close = [](const at::Tensor& got, const at::Tensor& want, double atol, const std::string& what) {
     ASSERT_EQ(got.sizes(), want.sizes()) << what;
-    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-6)) << what << ": max abs diff " << (got - want).abs().max().item<double>();
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, atol)) << what << ": max abs diff " << (got - want).abs().max().item<double>();
   };
-  for (auto& [name, g] : ref.first_grads) close(run.first_grads.at(name), g, "gradient of " + name);
-  for (auto& [name, p] : ref.final_params) close(run.final_params.at(name), p, "parameter " + name);
+  for (auto& [name, g] : ref.first_grads) close(run.first_grads.at(name), g, 1e-6, "gradient of " + name);
+  // After the AdamW steps (lr 1e-2) a last-bit difference of a near-zero gradient (sums in
+  // another order) can move an element by a few 1e-6 (4.9e-6 seen); a wrong gradient moves
+  // it by the order of lr.
+  for (auto& [name, p] : ref.final_params) close(run.final_params.at(name), p, 1e-5, "parameter " + name);
 }
 
 Spec on(std::vector<int64_t> shape, std::vector<std::string> names, int64_t ep, int64_t tp = 1) {

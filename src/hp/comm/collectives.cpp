@@ -150,8 +150,9 @@ Pending run_gloo(const char* op, const Group& g, bool async, const std::function
     }
     e->drain();
   }
-  WorkPtr work = launch(op, g, issue);
-  return Pending(std::move(work), std::move(finish), std::move(w), g.timeout());
+  Pending p(launch(op, g, issue), std::move(finish), std::move(w), g.timeout());
+  if (async && !async_engine_enabled()) p.wait();  // on the caller, as every transport then runs
+  return p;
 }
 
 int64_t bytes_of(const at::Tensor& t, int64_t numel) { return numel * static_cast<int64_t>(t.element_size()); }

@@ -31,7 +31,8 @@ Transport choose_transport(const Group& g, Collective kind, int64_t bytes, at::S
 
 // Whether asynchronous shared-memory and hierarchical collectives go to the progress
 // engine (HP_ASYNC_COLLECTIVES=0: they run to completion on the calling thread, as
-// synchronous ones do; read at each call, so benchmarks can alternate).
+// synchronous ones do, and asynchronous Gloo calls wait for their work before returning;
+// read at each call, so benchmarks can alternate).
 bool async_engine_enabled();
 
 }  // namespace hp::comm

@@ -98,8 +98,13 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, const Devic
     : state_(std::make_shared<parallel::DDPState>()) {
   auto params = module.parameters();
   std::reverse(params.begin(), params.end());  // backward meets the last parameters first
-  const int64_t cap = static_cast<int64_t>(options.bucket_cap_mb * (1 << 20));
+  int64_t cap = static_cast<int64_t>(options.bucket_cap_mb * (1 << 20));
   const int64_t first_cap = std::min(cap, static_cast<int64_t>(options.first_bucket_cap_mb * (1 << 20)));
+  if (options.min_buckets > 1) {
+    int64_t total = 0;
+    for (DTensor* p : params) total += p->to_local().numel() * p->to_local().element_size();
+    cap = std::min(cap, std::max(first_cap, total / options.min_buckets));
+  }
   int64_t bytes = 0;
   for (DTensor* p : params) {
     const DeviceMesh& pm = p->device_mesh();
