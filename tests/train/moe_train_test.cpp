@@ -199,12 +199,13 @@ TEST_P(MoEPipelineTraining, MatchesThePp1Run) {
   // Microbatches change the rows of each expert product, so the rounding: after 5 AdamW
   // steps (lr 1e-2) one element of layers.1.attn.q_proj ends 7.8e-6 from the pp = 1 run
   // with sequence parallelism, and on an AVX-512 machine (MKL's kernels differ) one of
-  // layers.1.moe.experts.w3 6.9e-6 without; every other within 3e-6. A wrong gradient
-  // moves a parameter by the order of lr.
+  // layers.1.moe.experts.w3 6.9e-6 without, and 1.3e-5 with one-pass norms (other
+  // roundings again); every other within 4e-6. A wrong gradient moves a parameter by the
+  // order of lr.
   const train::TrainResult got = run_on_all_ranks(staged_config(l, dir));
   hp::testing::expect_close_losses(got.losses, ref.result.losses, 1e-5, where);
   const int compared = hp::testing::expect_close_params(checkpoint::step_dir(ref.dir, 5), checkpoint::step_dir(dir, 5),
-                                                        1e-5, 1e-5, where);
+                                                        1e-5, 3e-5, where);
   EXPECT_EQ(compared, 3 + 9 + 3 * 11) << where;
   // The bias moved, and moved the same way (compared above).
   const at::Tensor bias = checkpoint::read_tensor(checkpoint::step_dir(dir, 5), "model.layers.1.moe.router.expert_bias");

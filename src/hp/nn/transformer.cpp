@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "hp/base/error.h"
+#include "hp/tensor/fused_cpu.h"
 #include "hp/tensor/ops.h"
 
 namespace hp::nn {
@@ -39,6 +40,7 @@ DTensor Rotary::operator()(const DTensor& x) {
     const int64_t half = v.size(-1) / 2;
     const int64_t first = ctx.output.global_offset(ctx.coord)[2];  // positions may be sharded
     auto [cos, sin] = tables(first, first + v.size(2), v.size(-1), v);
+    if (fused::rotary_fusable(v, cos, sin)) return fused::rotary(v, cos, sin);
     at::Tensor x1 = v.narrow(-1, 0, half), x2 = v.narrow(-1, half, half);
     return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
   });
@@ -53,6 +55,7 @@ at::Tensor Rotary::apply(const at::Tensor& x, const at::Tensor& positions) {
   at::Tensor at_pos = positions.to(x.device());
   cos = cos.index_select(0, at_pos);
   sin = sin.index_select(0, at_pos);
+  if (fused::rotary_fusable(x, cos, sin)) return fused::rotary(x, cos, sin);
   at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
   return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
 }

@@ -41,15 +41,15 @@ double eager_layer_activation_elements(const ModelDesc& m, int64_t tp, bool moe_
   HP_CHECK(!moe_layer || m.is_moe()) << "model " << m.name << " has no MoE layer";
   const double t = double(tp), h = m.hidden, q = m.q_dim() / t, kv = m.kv_dim() / t, f = m.ffn / t;
   const double heads = m.heads / t;
-  // Each RMSNorm keeps its input, 1/rms and the normalised input (sequence-sharded under
-  // sequence parallelism), and its weighted output: the input of the projections, which
-  // keep it whole (all-gathered) when tp > 1.
-  const double norm = h / t + 1 / t + h / t + h;
-  // q, k, v projections, which rotary keeps as its inputs; rotary's outputs, which
-  // scaled_dot_product_attention keeps (grouped heads are not repeated) with its output
-  // and one log-sum-exp per head (a flash kernel: no s x s probabilities); the heads'
-  // output, transposed and copied, feeds o_proj.
-  const double attn = q + kv + q + kv + q + heads + q;
+  // Each RMSNorm (one pass, hp::fused) keeps its input and 1/rms (sequence-sharded under
+  // sequence parallelism), and its output is the input of the projections, which keep it
+  // whole (all-gathered) when tp > 1.
+  const double norm = h / t + 1 / t + h;
+  // Rotary keeps nothing of q and k (its backward is the inverse rotation); its outputs,
+  // which scaled_dot_product_attention keeps (grouped heads are not repeated) with its
+  // output and one log-sum-exp per head (a flash kernel: no s x s probabilities); the
+  // heads' output, transposed and copied, feeds o_proj.
+  const double attn = q + kv + q + heads + q;
   // SwiGLU: gate and up projections, silu's output, their product (down_proj's input).
   double mlp = 4 * f;
   if (moe_layer) {
@@ -160,7 +160,7 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
   // bf16 logits kept for the loss's backward plus their fp32 copy, one microbatch; eager
   // fp32: the final norm's tensors, the logits and their log-softmax.
   if (st.head && n.eager)
-    mem.logits = tokens * (3 * m.hidden / t + 1 / t + m.hidden + 2 * double(m.vocab) / t) * n.activation_bytes;
+    mem.logits = tokens * (2 * m.hidden / t + 1 / t + m.hidden + 2 * double(m.vocab) / t) * n.activation_bytes;
   else if (st.head)
     mem.logits = tokens * double(m.vocab) / t * (2 + 4);
   if (n.eager && st.layers() > 0) {

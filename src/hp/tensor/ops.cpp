@@ -10,6 +10,7 @@
 #include "hp/comm/autograd.h"
 #include "hp/comm/collectives.h"
 #include "hp/layout/sharding_propagation.h"
+#include "hp/tensor/fused_cpu.h"
 #include "hp/tensor/meta_ops.h"
 #include "hp/tensor/op_observer.h"
 #include "hp/tensor/redistribute.h"
@@ -273,6 +274,14 @@ DTensor map(const DTensor& x, const std::function<at::Tensor(const at::Tensor&)>
 }
 
 DTensor rms_norm(const DTensor& x, const DTensor& weight, double eps) {
+  // Whole rows and a whole weight: one pass per row (fused::rms_norm), under the rule of
+  // x * weight, which places the output and reduces the weight's gradient as here.
+  bool whole = true;
+  for (const Placement& p : x.placements()) whole = whole && !p.is_shard(static_cast<int>(x.dim()) - 1) && !p.is_partial();
+  for (const Placement& p : weight.placements()) whole = whole && p.is_replicate();
+  if (whole && fused::rms_norm_fusable(x.to_local(), weight.to_local()))
+    return dispatch(Op::mul(), {x, weight},
+                    [eps](const auto& t, const auto&) { return fused::rms_norm(t[0], t[1], eps); });
   DTensor mean_square = mean(mul(x, x), {-1}, /*keepdim=*/true);
   DTensor inv = map(mean_square, [eps](const at::Tensor& t) { return at::rsqrt(t + eps); });
   return mul(mul(x, inv), weight);

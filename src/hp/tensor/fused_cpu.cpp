@@ -1,0 +1,191 @@
+#include "hp/tensor/fused_cpu.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace hp::fused {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+constexpr int64_t kRowGrain = 32;  // rows per task of at::parallel_for
+
+// On meta (a dry-run) the same functions run without arithmetic, so that the dry-run keeps
+// what a CPU run keeps.
+bool cpu_real(const at::Tensor& t) {
+  return t.defined() && (t.device().is_cpu() || t.is_meta()) &&
+         (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble);
+}
+
+bool same_device(const at::Tensor& a, const at::Tensor& b) { return a.device() == b.device(); }
+
+// Sum of a[j] * b[j] in 16 running sums (which the compiler keeps in vector registers), the
+// same order on every call.
+template <typename T>
+T dot(const T* a, const T* b, int64_t n) {
+  constexpr int kLanes = 16;
+  T lanes[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) lanes[k] += a[j + k] * b[j + k];
+  T s = 0;
+  for (int k = 0; k < kLanes; ++k) s += lanes[k];
+  for (; j < n; ++j) s += a[j] * b[j];
+  return s;
+}
+
+template <typename T>
+void rms_norm_forward(const T* x, const T* w, T* y, T* rstd, int64_t rows, int64_t d, double eps) {
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T* xi = x + i * d;
+      T* yi = y + i * d;
+      const T r = T(1) / std::sqrt(dot(xi, xi, d) / T(d) + T(eps));
+      rstd[i] = r;
+      for (int64_t j = 0; j < d; ++j) yi[j] = xi[j] * r * w[j];
+    }
+  });
+}
+
+// dx = r * g - x * r^3 * sum(g * x) / d with g = dy * w; dw = sum over rows of dy * x * r,
+// summed in float64 row after row (one order, whatever the thread count).
+template <typename T>
+void rms_norm_backward(const T* dy, const T* x, const T* w, const T* rstd, T* dx, T* dw, int64_t rows, int64_t d) {
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+    std::vector<T> g(d);
+    for (int64_t i = begin; i < end; ++i) {
+      const T *dyi = dy + i * d, *xi = x + i * d;
+      T* dxi = dx + i * d;
+      for (int64_t j = 0; j < d; ++j) g[j] = dyi[j] * w[j];
+      const T r = rstd[i];
+      const T k = r * r * r * dot(g.data(), xi, d) / T(d);
+      for (int64_t j = 0; j < d; ++j) dxi[j] = r * g[j] - xi[j] * k;
+    }
+  });
+  std::vector<double> acc(d, 0.0);
+  for (int64_t i = 0; i < rows; ++i) {
+    const T *dyi = dy + i * d, *xi = x + i * d;
+    const T r = rstd[i];
+    for (int64_t j = 0; j < d; ++j) acc[j] += double(dyi[j] * (xi[j] * r));
+  }
+  for (int64_t j = 0; j < d; ++j) dw[j] = T(acc[j]);
+}
+
+struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, double eps) {
+    const int64_t d = x.size(-1), rows = d ? x.numel() / d : 0;
+    at::Tensor y = at::empty_like(x, at::MemoryFormat::Contiguous);
+    at::Tensor rstd = at::empty({rows}, x.options());
+    if (!x.is_meta())
+      AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rms_norm", [&] {
+      rms_norm_forward(x.const_data_ptr<scalar_t>(), w.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(),
+                       rstd.mutable_data_ptr<scalar_t>(), rows, d, eps);
+    });
+    ctx->save_for_backward({x, w, rstd});
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1], &rstd = saved[2];
+    const at::Tensor dy = grads[0].contiguous();
+    const int64_t d = x.size(-1), rows = d ? x.numel() / d : 0;
+    at::Tensor dx = at::empty_like(x, at::MemoryFormat::Contiguous);
+    at::Tensor dw = at::empty_like(w);
+    if (!x.is_meta())
+      AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rms_norm_backward", [&] {
+      rms_norm_backward(dy.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(), w.const_data_ptr<scalar_t>(),
+                        rstd.const_data_ptr<scalar_t>(), dx.mutable_data_ptr<scalar_t>(),
+                        dw.mutable_data_ptr<scalar_t>(), rows, d);
+    });
+    return {dx, dw, at::Tensor()};
+  }
+};
+
+// Rotates the pairs (x[j], x[j + half]) of every row of `x` ([B, H, S, D], strides in
+// `stride`, the last one 1) by the table's angle of the row's position, clockwise when
+// `inverse` (backward): out is contiguous.
+template <typename T>
+void rotate(const T* x, const int64_t* size, const int64_t* stride, const T* cos, const T* sin, T* out, bool inverse) {
+  const int64_t heads = size[1], seq = size[2], d = size[3], half = d / 2;
+  at::parallel_for(0, size[0] * heads * seq, kRowGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t s = row % seq, h = (row / seq) % heads, b = row / (seq * heads);
+      const T* xi = x + b * stride[0] + h * stride[1] + s * stride[2];
+      const T *c = cos + s * half, *sn = sin + s * half;
+      T* o = out + row * d;
+      if (!inverse) {
+        for (int64_t j = 0; j < half; ++j) {
+          const T x1 = xi[j], x2 = xi[j + half];
+          o[j] = x1 * c[j] - x2 * sn[j];
+          o[j + half] = x2 * c[j] + x1 * sn[j];
+        }
+      } else {
+        for (int64_t j = 0; j < half; ++j) {
+          const T y1 = xi[j], y2 = xi[j + half];
+          o[j] = y1 * c[j] + y2 * sn[j];
+          o[j + half] = y2 * c[j] - y1 * sn[j];
+        }
+      }
+    }
+  });
+}
+
+at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool inverse) {
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (!x.is_meta())
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rotary", [&] {
+    rotate(x.const_data_ptr<scalar_t>(), x.sizes().data(), x.strides().data(), cos.const_data_ptr<scalar_t>(),
+           sin.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), inverse);
+  });
+  return out;
+}
+
+struct RotaryFunction : torch::autograd::Function<RotaryFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return rotate(x, cos, sin, false);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    at::Tensor dy = grads[0];
+    if (dy.stride(-1) != 1) dy = dy.contiguous();
+    return {rotate(dy, saved[0], saved[1], true), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool enabled() {
+  const char* v = std::getenv("HP_FUSED_KERNELS");
+  return !(v && std::string(v) == "0");
+}
+
+bool rms_norm_fusable(const at::Tensor& x, const at::Tensor& weight) {
+  return enabled() && cpu_real(x) && cpu_real(weight) && same_device(x, weight) && x.scalar_type() == weight.scalar_type() && x.dim() >= 1 &&
+         weight.dim() == 1 && weight.size(0) == x.size(-1) && x.is_contiguous() && weight.is_contiguous();
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return RMSNormFunction::apply(x, weight, eps);
+}
+
+bool rotary_fusable(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return enabled() && cpu_real(x) && cpu_real(cos) && cpu_real(sin) && same_device(x, cos) && same_device(x, sin) && x.dim() == 4 && x.size(-1) % 2 == 0 &&
+         (x.size(-1) == 0 || x.stride(-1) == 1) && x.scalar_type() == cos.scalar_type() &&
+         x.scalar_type() == sin.scalar_type() && cos.dim() == 2 && cos.size(0) == x.size(2) &&
+         cos.size(1) == x.size(-1) / 2 && cos.sizes() == sin.sizes() && cos.is_contiguous() && sin.is_contiguous();
+}
+
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return RotaryFunction::apply(x, cos, sin);
+}
+
+}  // namespace hp::fused

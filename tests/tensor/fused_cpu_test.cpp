@@ -1,0 +1,105 @@
+// The one-pass CPU kernels against the ATen compositions they replace: values and
+// gradients, float64 to 1e-12 and float32 to float rounding; rotary bitwise (the same
+// products and sums, in the same order).
+#include "hp/tensor/fused_cpu.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+namespace hp {
+namespace {
+
+at::Tensor rms_norm_composite(const at::Tensor& x, const at::Tensor& w, double eps) {
+  return x * at::rsqrt(x.pow(2).mean({-1}, true) + eps) * w;
+}
+
+at::Tensor rotary_composite(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
+}
+
+struct Grads {
+  at::Tensor out, dx, dw;
+};
+
+// Forward, then backward of a random weighting of the output.
+template <typename Fn>
+Grads run(Fn fn, const at::Tensor& x0, const at::Tensor& w0, const at::Tensor& weighting) {
+  at::Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+  at::Tensor out = fn(x, w);
+  (out * weighting).sum().backward();
+  return {out.detach(), x.grad(), w.grad()};
+}
+
+void expect_close(const at::Tensor& got, const at::Tensor& want, double rtol, double atol, const char* what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  EXPECT_TRUE(at::allclose(got, want, rtol, atol)) << what << ": max abs diff " << (got - want).abs().max().item<double>();
+}
+
+TEST(FusedRMSNorm, MatchesTheComposition) {
+  at::manual_seed(3);
+  // Rows of 256 (16-lane sums), of 37 (a remainder), a single row, and none.
+  for (auto shape : {std::vector<int64_t>{4, 9, 256}, {5, 37}, {1, 16}, {0, 8}})
+    for (auto dtype : {at::kDouble, at::kFloat}) {
+      const at::Tensor x = at::randn(shape, dtype) * 3, w = at::randn({shape.back()}, dtype);
+      const at::Tensor weighting = at::randn(shape, dtype);
+      ASSERT_TRUE(fused::rms_norm_fusable(x, w));
+      const Grads got = run([](auto& a, auto& b) { return fused::rms_norm(a, b, 1e-6); }, x, w, weighting);
+      const Grads want = run([](auto& a, auto& b) { return rms_norm_composite(a, b, 1e-6); }, x, w, weighting);
+      const double tol = dtype == at::kDouble ? 1e-12 : 2e-6;
+      expect_close(got.out, want.out, tol, tol, "output");
+      expect_close(got.dx, want.dx, tol, tol, "input gradient");
+      expect_close(got.dw, want.dw, tol, tol * 10, "weight gradient");  // summed over rows
+    }
+}
+
+TEST(FusedRMSNorm, OnlyWhereItApplies) {
+  const at::Tensor x = at::randn({4, 8}), w = at::randn({8});
+  EXPECT_TRUE(fused::rms_norm_fusable(x, w));
+  EXPECT_FALSE(fused::rms_norm_fusable(x.to(at::kBFloat16), w.to(at::kBFloat16)));  // the composition
+  EXPECT_FALSE(fused::rms_norm_fusable(x, w.to(at::kDouble)));
+  EXPECT_FALSE(fused::rms_norm_fusable(x.t(), w));  // rows not contiguous
+  EXPECT_FALSE(fused::rms_norm_fusable(x, at::randn({4})));
+  ::setenv("HP_FUSED_KERNELS", "0", 1);
+  EXPECT_FALSE(fused::rms_norm_fusable(x, w));
+  ::unsetenv("HP_FUSED_KERNELS");
+  // Meta: shapes only, and the saved tensors of a CPU run.
+  const at::Tensor xm = at::empty({4, 8}, at::device(at::kMeta)).requires_grad_();
+  const at::Tensor wm = at::empty({8}, at::device(at::kMeta)).requires_grad_();
+  ASSERT_TRUE(fused::rms_norm_fusable(xm, wm));
+  at::Tensor y = fused::rms_norm(xm, wm, 1e-6);
+  EXPECT_TRUE(y.is_meta());
+  y.sum().backward();
+  EXPECT_EQ(xm.grad().sizes(), xm.sizes());
+  EXPECT_EQ(wm.grad().sizes(), wm.sizes());
+}
+
+TEST(FusedRotary, BitwiseTheCompositionOnStridedHeads) {
+  at::manual_seed(4);
+  const int64_t b = 2, s = 7, h = 3, d = 10;
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    // [B, S, H, D] projections seen as [B, H, S, D], as the attention hands them over.
+    const at::Tensor x = at::randn({b, s, h, d}, dtype).transpose(1, 2);
+    const at::Tensor angle = at::arange(s, dtype).unsqueeze(1) * at::rand({d / 2}, dtype).unsqueeze(0);
+    const at::Tensor cos = angle.cos(), sin = angle.sin();
+    const at::Tensor weighting = at::randn({b, h, s, d}, dtype);
+    ASSERT_TRUE(fused::rotary_fusable(x, cos, sin));
+    auto leaf = [](const at::Tensor& t) { return t.detach().clone().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_(); };
+    at::Tensor x1 = leaf(x), x2 = leaf(x);
+    at::Tensor got = fused::rotary(x1, cos, sin), want = rotary_composite(x2, cos, sin);
+    (got * weighting).sum().backward();
+    (want * weighting).sum().backward();
+    EXPECT_TRUE(at::equal(got, want));
+    EXPECT_TRUE(at::equal(x1.grad(), x2.grad()));
+    EXPECT_TRUE(got.is_contiguous());
+  }
+  const at::Tensor x = at::randn({1, 1, 4, 6});
+  EXPECT_FALSE(fused::rotary_fusable(x, at::randn({4, 2}), at::randn({4, 2})));  // tables of the wrong width
+  EXPECT_FALSE(fused::rotary_fusable(x.to(at::kBFloat16), at::randn({4, 3}), at::randn({4, 3})));
+}
+
+}  // namespace
+}  // namespace hp
