@@ -98,12 +98,13 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, const Devic
     : state_(std::make_shared<parallel::DDPState>()) {
   auto params = module.parameters();
   std::reverse(params.begin(), params.end());  // backward meets the last parameters first
-  int64_t cap = static_cast<int64_t>(options.bucket_cap_mb * (1 << 20));
+  const int64_t cap = static_cast<int64_t>(options.bucket_cap_mb * (1 << 20));
   const int64_t first_cap = std::min(cap, static_cast<int64_t>(options.first_bucket_cap_mb * (1 << 20)));
+  int64_t across_hosts_cap = cap;
   if (options.min_buckets > 1) {
     int64_t total = 0;
     for (DTensor* p : params) total += p->to_local().numel() * p->to_local().element_size();
-    cap = std::min(cap, std::max(first_cap, total / options.min_buckets));
+    across_hosts_cap = std::min(cap, std::max(first_cap, total / options.min_buckets));
   }
   int64_t bytes = 0;
   for (DTensor* p : params) {
@@ -134,7 +135,8 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, const Devic
     }
     auto& buckets = state_->buckets;
     const int64_t size = p->to_local().numel() * p->to_local().element_size();
-    if (buckets.empty() || bytes + size > (buckets.size() == 1 ? first_cap : cap) || buckets.back().group != group ||
+    const int64_t later_cap = group->on_one_host() ? cap : across_hosts_cap;
+    if (buckets.empty() || bytes + size > (buckets.size() == 1 ? first_cap : later_cap) || buckets.back().group != group ||
         buckets.back().flat.scalar_type() != p->scalar_type()) {
       buckets.emplace_back();
       buckets.back().group = group;
