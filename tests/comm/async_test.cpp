@@ -144,6 +144,26 @@ TEST(AsyncProgress, ReturnsBeforePeersJoin) {
   }
 }
 
+// HP_ASYNC_COLLECTIVES=0 runs every asynchronous call to completion before it returns,
+// Gloo's too (which otherwise progress on Gloo's threads): the baseline without overlap.
+// Rank 1 joins late, so a call that returned early would not be ready.
+TEST(AsyncProgress, OffCompletesGlooCallsOnTheCaller) {
+  ScopedEnv off("HP_ASYNC_COLLECTIVES", "0");
+  ScopedEnv gloo("HP_SHM_COLLECTIVES", "0");
+  run_local_ranks(2, [&](int rank) {
+    const Group& g = *current_world()->world_group();
+    ASSERT_EQ(choose_transport(g, Collective::AllReduce, 4 * 1000, at::kFloat), Transport::Gloo);
+    at::Tensor x = rank_input(rank, {1000}, at::kFloat);
+    at::Tensor expected = all_reduce(x, g);
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    at::Tensor y = x.clone();
+    Pending p = all_reduce_async(y, g);
+    EXPECT_TRUE(p.ready()) << "rank " << rank;
+    EXPECT_TRUE(at::equal(y, expected)) << "rank " << rank;
+    p.wait();
+  });
+}
+
 // A synchronous call right after asynchronous ones, none waited yet, on the same group
 // and on a sub-group (which a hierarchical call of the world uses too): it runs after
 // them, so every rank pairs the same calls.

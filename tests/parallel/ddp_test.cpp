@@ -79,6 +79,27 @@ TEST(DistributedDataParallel, BucketsFollowTheCap) {
   });
 }
 
+// Across hosts buckets shrink until the gradients fill min_buckets of them, so that the
+// transfers overlap backward; inside a host they follow the caps alone (the first bucket
+// capped low here, the rest in one).
+TEST(DistributedDataParallel, BucketsShrinkAcrossHostsOnly) {
+  for (int ranks_per_host : {2, 1}) {
+    comm::run_local_ranks(
+        2,
+        [&](int) {
+          DeviceMesh mesh = init_device_mesh("cpu", {2}, {"dp"});
+          nn::Llama a(hp::testing::tiny_llama(), mesh), b(hp::testing::tiny_llama(), mesh);
+          const int shrunk = DistributedDataParallel(a, mesh, {.first_bucket_cap_mb = 0.001}).num_buckets();
+          const int caps_only =
+              DistributedDataParallel(b, mesh, {.first_bucket_cap_mb = 0.001, .min_buckets = 0}).num_buckets();
+          EXPECT_EQ(caps_only, 2);
+          if (ranks_per_host == 2) EXPECT_EQ(shrunk, 2);
+          else EXPECT_GE(shrunk, 8);
+        },
+        std::chrono::seconds(60), ranks_per_host);
+  }
+}
+
 // Replicas that initialise differently (each rank its own seed) start equal: every rank's
 // parameters are those of its data-parallel group's rank 0, bitwise, alone (3 ranks) and
 // beside tensor parallelism (the tp pieces differ; each dp group holds one of them).
