@@ -45,11 +45,12 @@ double eager_layer_activation_elements(const ModelDesc& m, int64_t tp, bool moe_
   // sequence parallelism), and its output is the input of the projections, which keep it
   // whole (all-gathered) when tp > 1.
   const double norm = h / t + 1 / t + h;
-  // Rotary keeps nothing of q and k (its backward is the inverse rotation); its outputs,
-  // which scaled_dot_product_attention keeps (grouped heads are not repeated) with its
-  // output and one log-sum-exp per head (a flash kernel: no s x s probabilities); the
-  // heads' output, transposed and copied, feeds o_proj.
-  const double attn = q + kv + q + heads + q;
+  // The attention: 4q + 2kv and one log-sum-exp per head (a flash kernel: no s x s
+  // probabilities): rotary's outputs, which scaled_dot_product_attention keeps with v and
+  // its output, and the heads' output transposed and copied for o_proj; as measured (the
+  // one-pass norms freed exactly their copies). Rotary keeps nothing of q and k, one pass
+  // or composed: its products are by tables that need no gradient.
+  const double attn = q + kv + q + kv + q + heads + q;
   // SwiGLU: gate and up projections, silu's output, their product (down_proj's input).
   double mlp = 4 * f;
   if (moe_layer) {

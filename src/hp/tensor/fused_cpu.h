@@ -1,7 +1,7 @@
 // One-pass CPU kernels, with their own backward, for ops that eager ATen runs as a chain of
 // elementwise passes: RMSNorm (six passes forward, about a dozen backward, and a saved
-// normalised copy of its input) and rotary embeddings (seven forward, and a saved copy of
-// their input, where rotation needs none: its backward is the inverse rotation).
+// normalised copy of its input) and rotary embeddings (seven passes forward, about as many
+// backward; its backward is the inverse rotation).
 // Float32/float64 CPU tensors only (`*_fusable` says), and meta ones, which get the shapes
 // and saved tensors of a CPU run; callers keep the ATen composition for the rest (CUDA,
 // reduced precision).
