@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -86,6 +87,18 @@ TEST(Hprun, FourRanksRendezvousAndAllReduce) {
   for (int k = 0; k < 4; ++k)
     EXPECT_NE(r.output.find("[rank" + std::to_string(k) + "]: sum 6"), std::string::npos) << r.output;
   EXPECT_TRUE(segments_left(r.output).empty()) << r.output;  // shared-memory collectives left nothing
+}
+
+// Each rank gets its slice of the cores as threads unless told otherwise; an empty value
+// tells nothing.
+TEST(Hprun, AnEmptyThreadCountGetsTheRanksSlice) {
+  const long slice = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN) / 2);
+  Result r = run("--nproc-per-node 2 sh -c 'echo threads=$OMP_NUM_THREADS/$OPENBLAS_NUM_THREADS'",
+                 "OMP_NUM_THREADS= OPENBLAS_NUM_THREADS=");
+  EXPECT_EQ(r.code, 0) << r.output;
+  const std::string want = "threads=" + std::to_string(slice) + "/" + std::to_string(slice);
+  for (int k = 0; k < 2; ++k)
+    EXPECT_NE(r.output.find("[rank" + std::to_string(k) + "]: " + want), std::string::npos) << r.output;
 }
 
 TEST(Hprun, NoSharedMemoryLeftAfterSigkill) {

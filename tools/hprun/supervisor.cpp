@@ -143,8 +143,10 @@ pid_t spawn(const Options& opt, int rank, int local_rank, int port, int restart_
   // Like torchrun: ranks share the cores, so each gets its slice of threads unless told
   // otherwise (oversubscribed OpenMP/OpenBLAS pools spin and starve communication).
   const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN) / opt.nproc_per_node);
+  // Set but empty counts as unset: OpenMP would take every core for every rank (20x slower
+  // steps of the demo at 4 ranks on 2 cores).
   for (const char* k : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
-    if (!::getenv(k)) set(k, std::to_string(cores));
+    if (const char* v = ::getenv(k); !v || !*v) set(k, std::to_string(cores));
   // Large short-lived tensors: back malloc'd memory with huge pages (512x fewer faults).
   if (!::getenv("GLIBC_TUNABLES")) set("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1");
   std::vector<char*> argv;
