@@ -45,11 +45,11 @@ double eager_layer_activation_elements(const ModelDesc& m, int64_t tp, bool moe_
   // sequence parallelism), and its output is the input of the projections, which keep it
   // whole (all-gathered) when tp > 1.
   const double norm = h / t + 1 / t + h;
-  // The attention: 4q + 2kv and one log-sum-exp per head (a flash kernel: no s x s
-  // probabilities): rotary's outputs, which scaled_dot_product_attention keeps with v and
-  // its output, and the heads' output transposed and copied for o_proj; as measured (the
-  // one-pass norms freed exactly their copies). Rotary keeps nothing of q and k, one pass
-  // or composed: its products are by tables that need no gradient.
+  // The attention: rotary's outputs, which scaled_dot_product_attention keeps with v,
+  // its output and one log-sum-exp per head (a flash kernel: no s x s probabilities), and
+  // the heads' output transposed and copied for o_proj: 3q + 2kv; one q more is held as
+  // measured, not itemised. Rotary keeps nothing of q and k, one pass or composed: its
+  // products are by tables that need no gradient.
   const double attn = q + kv + q + kv + q + heads + q;
   // SwiGLU: gate and up projections, silu's output, their product (down_proj's input).
   double mlp = 4 * f;
