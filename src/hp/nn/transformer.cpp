@@ -15,6 +15,15 @@ DTensor along_last_dim(const DTensor& x, const LocalKernel& kernel) {
   return dispatch(Op::softmax(x.dim() - 1), {x}, kernel);
 }
 
+// Each head's halves (x1, x2) rotated by the tables' angles; in one pass where hp::fused
+// serves the tensors.
+at::Tensor rotate_halves(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  if (fused::rotary_fusable(x, cos, sin)) return fused::rotary(x, cos, sin);
+  const int64_t half = x.size(-1) / 2;
+  at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
+}
+
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> Rotary::tables(int64_t first, int64_t end, int64_t head_dim,
@@ -37,27 +46,21 @@ std::pair<at::Tensor, at::Tensor> Rotary::tables(int64_t first, int64_t end, int
 DTensor Rotary::operator()(const DTensor& x) {
   return along_last_dim(x, [this](const std::vector<at::Tensor>& t, const LocalContext& ctx) {
     const at::Tensor& v = t[0];
-    const int64_t half = v.size(-1) / 2;
     const int64_t first = ctx.output.global_offset(ctx.coord)[2];  // positions may be sharded
     auto [cos, sin] = tables(first, first + v.size(2), v.size(-1), v);
-    if (fused::rotary_fusable(v, cos, sin)) return fused::rotary(v, cos, sin);
-    at::Tensor x1 = v.narrow(-1, 0, half), x2 = v.narrow(-1, half, half);
-    return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
+    return rotate_halves(v, cos, sin);
   });
 }
 
 at::Tensor Rotary::apply(const at::Tensor& x, const at::Tensor& positions) {
   HP_CHECK(positions.dim() == 1 && positions.size(0) == x.size(2))
       << "rotary: " << positions.numel() << " positions for " << x.size(2) << " tokens";
-  const int64_t half = x.size(-1) / 2;
   const int64_t end = positions.numel() ? positions.max().item<int64_t>() + 1 : 0;
   auto [cos, sin] = tables(0, end, x.size(-1), x);
   at::Tensor at_pos = positions.to(x.device());
   cos = cos.index_select(0, at_pos);
   sin = sin.index_select(0, at_pos);
-  if (fused::rotary_fusable(x, cos, sin)) return fused::rotary(x, cos, sin);
-  at::Tensor x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
-  return at::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, -1);
+  return rotate_halves(x, cos, sin);
 }
 
 DTensor apply_rotary(const DTensor& x, double theta) { return Rotary(theta)(x); }

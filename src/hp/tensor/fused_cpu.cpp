@@ -111,28 +111,21 @@ struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
 
 // Rotates the pairs (x[j], x[j + half]) of every row of `x` ([B, H, S, D], strides in
 // `stride`, the last one 1) by the table's angle of the row's position, clockwise when
-// `inverse` (backward): out is contiguous.
+// `inverse` (backward: the sine negated, which is exact): out is contiguous.
 template <typename T>
 void rotate(const T* x, const int64_t* size, const int64_t* stride, const T* cos, const T* sin, T* out, bool inverse) {
   const int64_t heads = size[1], seq = size[2], d = size[3], half = d / 2;
+  const T sign = inverse ? T(-1) : T(1);
   at::parallel_for(0, size[0] * heads * seq, kRowGrain, [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
       const int64_t s = row % seq, h = (row / seq) % heads, b = row / (seq * heads);
       const T* xi = x + b * stride[0] + h * stride[1] + s * stride[2];
       const T *c = cos + s * half, *sn = sin + s * half;
       T* o = out + row * d;
-      if (!inverse) {
-        for (int64_t j = 0; j < half; ++j) {
-          const T x1 = xi[j], x2 = xi[j + half];
-          o[j] = x1 * c[j] - x2 * sn[j];
-          o[j + half] = x2 * c[j] + x1 * sn[j];
-        }
-      } else {
-        for (int64_t j = 0; j < half; ++j) {
-          const T y1 = xi[j], y2 = xi[j + half];
-          o[j] = y1 * c[j] + y2 * sn[j];
-          o[j + half] = y2 * c[j] - y1 * sn[j];
-        }
+      for (int64_t j = 0; j < half; ++j) {
+        const T x1 = xi[j], x2 = xi[j + half], sj = sign * sn[j];
+        o[j] = x1 * c[j] - x2 * sj;
+        o[j + half] = x2 * c[j] + x1 * sj;
       }
     }
   });
