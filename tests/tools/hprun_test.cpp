@@ -240,8 +240,9 @@ TEST(Hprun, AKilledLauncherTakesItsRanksAndTheNextRunRemovesTheirSegments) {
   for (int i = 0; i < 300 && alive(rank); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_FALSE(alive(rank)) << "rank 1 (pid " << rank << ") outlived hprun";
   if (alive(rank)) ::kill(rank, SIGKILL);
+  // The segment outlives hprun; any process of this user that creates a segment meanwhile
+  // (another test running beside this one) may remove it before the next run does.
   const std::string path = "/dev/shm/" + segment;
-  EXPECT_EQ(::access(path.c_str(), F_OK), 0) << path << " should have outlived hprun";
   Result next = run("--nproc-per-node 1 true");
   EXPECT_EQ(next.code, 0) << next.output;
   EXPECT_NE(::access(path.c_str(), F_OK), 0) << path << " was not removed by the next run";
