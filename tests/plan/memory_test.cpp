@@ -56,13 +56,15 @@ TEST(Memory, FsdpShardsStatesAndAddsUnitBuffers) {
   MemoryBreakdown a = stage_memory(m, plain, st[0], 0, 1), b = stage_memory(m, sharded, st[0], 0, 1);
   EXPECT_DOUBLE_EQ(b.params * 4, a.params);
   EXPECT_DOUBLE_EQ(b.optimizer * 4, a.optimizer);
-  // Largest unit is a layer (196864 params): two gathered bf16 copies and one fp32 gradient.
-  EXPECT_DOUBLE_EQ(b.zero_buffers, 196864.0 * (2 * 2 + 4));
+  // Largest unit is a layer (196864 params): two gathered bf16 copies and one fp32 gradient,
+  // and the send buffers: its bf16 shard (a quarter) and its fp32 gradient to reduce.
+  EXPECT_DOUBLE_EQ(b.zero_buffers, 196864.0 * (2 * 2 + 4) + 196864.0 * (2 / 4.0 + 4));
 }
 
 // ZeRO-1 and -2 keep every parameter gathered through a step of 8 microbatches: the bf16
-// copy of the whole model plus the reducing unit's gradient and send buffer (2 x 196864 x
-// 4 bytes). ZeRO-1 accumulates the whole fp32 gradient unsharded as well.
+// copy of the whole model plus the reducing unit's gradient and the send buffers (its
+// gradient, 2 x 196864 x 4 bytes, and its bf16 shard, 196864 / 4 x 2). ZeRO-1 accumulates
+// the whole fp32 gradient unsharded as well.
 TEST(Memory, ZeroStagesTradeMemoryForGathers) {
   ModelDesc m = model_preset("tiny");
   auto st = split_stages(m, 1, 1, "1f1b");
@@ -76,7 +78,7 @@ TEST(Memory, ZeroStagesTradeMemoryForGathers) {
     EXPECT_DOUBLE_EQ(b.optimizer * 4, plain.optimizer);
     EXPECT_DOUBLE_EQ(b.params * 4, plain.params);
   }
-  EXPECT_DOUBLE_EQ(z[0].zero_buffers, whole * 2 + 2 * 196864.0 * 4);
+  EXPECT_DOUBLE_EQ(z[0].zero_buffers, whole * 2 + 2 * 196864.0 * 4 + 196864.0 / 4 * 2);
   EXPECT_DOUBLE_EQ(z[1].zero_buffers, z[0].zero_buffers);
   EXPECT_DOUBLE_EQ(z[0].grads, plain.grads + plain.grads / 4);
   EXPECT_DOUBLE_EQ(z[1].grads, plain.grads / 4);
@@ -167,4 +169,31 @@ TEST(Memory, Fp32EagerNumericsCountBytesAndBuckets) {
   Strategy single = resolve_strategy(parse_strategy("dp=1"), m, 1);
   EXPECT_DOUBLE_EQ(stage_memory(m, single, st[0], 0, 1, n).ddp_buckets, 0);
   EXPECT_THROW(numerics_preset("fp8"), hp::Error);
+}
+
+// The optimizer step frees the gradients: with one microbatch per step they return only as
+// the activations go, so the peak holds the larger of the two; with several, the first
+// microbatches' gradients wait beside the later ones' activations, and with recompute
+// the backward's rematerialized layer meets them.
+TEST(Memory, GradientsMeetActivationsOnlyAcrossMicrobatches) {
+  ModelDesc m = model_preset("tiny");
+  auto st = split_stages(m, 1, 1, "1f1b");
+  const Numerics n = numerics_preset("fp32-eager");
+  Strategy one = resolve_strategy(parse_strategy("dp=2,mb=1"), m, 2);
+  Strategy two = resolve_strategy(parse_strategy("dp=2,mb=2"), m, 2);
+  MemoryBreakdown a = stage_memory(m, one, st[0], 0, 1, n), b = stage_memory(m, two, st[0], 0, 1, n);
+  EXPECT_FALSE(a.grads_with_activations);
+  EXPECT_TRUE(b.grads_with_activations);
+  const double fixed = a.params + a.optimizer + a.ddp_buckets;
+  EXPECT_DOUBLE_EQ(a.total(), fixed + std::max(a.grads, a.activations + a.logits));
+  EXPECT_DOUBLE_EQ(b.total(), b.params + b.optimizer + b.ddp_buckets + b.grads + b.activations + b.logits);
+  // A short sequence: the gradients outweigh the activations, and count alone.
+  ModelDesc short_seq = m;
+  short_seq.seq_len = 8;
+  Strategy lean = resolve_strategy(parse_strategy("dp=2,mb=1,mbs=1"), short_seq, 2);
+  MemoryBreakdown c = stage_memory(short_seq, lean, st[0], 0, 1, n);
+  ASSERT_GT(c.grads, c.activations + c.logits);
+  EXPECT_DOUBLE_EQ(c.total(), c.params + c.optimizer + c.ddp_buckets + c.grads);
+  Strategy recompute = resolve_strategy(parse_strategy("dp=2,mb=1,recompute=selective"), m, 2);
+  EXPECT_TRUE(stage_memory(m, recompute, st[0], 0, 1, n).grads_with_activations);
 }

@@ -108,20 +108,25 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
   const double shard = p.dense / double(s.dp * s.ep * s.cp) + p.expert / double(s.dp * s.cp);
   const double held = s.zero > 0 ? shard : whole;  // elements of each state this rank keeps
   double grads = held;
+  // fully_shard keeps two send buffers through the step, grown to the largest unit: the
+  // packed shard it gathers from, and the unsharded gradient it reduce-scatters.
+  const double send_buffers = p.largest_unit * (n.param_bytes / double(s.dp * s.ep * s.cp) + n.grad_bytes);
   if (s.zero == 3) {
-    // Two units gathered (the one running, the one prefetched) and one unsharded gradient.
-    mem.zero_buffers = p.largest_unit * (2 * n.param_bytes + n.grad_bytes);
+    // Two units gathered (the one running, the one prefetched) and one unsharded gradient
+    // beside the one being reduced.
+    mem.zero_buffers = p.largest_unit * (2 * n.param_bytes + n.grad_bytes) + send_buffers;
   } else if (s.zero > 0) {
     // Every unit stays gathered through the step; the unit reducing its gradients holds
-    // them unsharded plus its send buffer. ZeRO-1 accumulates every unit's gradients
+    // them unsharded beside the send buffers. ZeRO-1 accumulates every unit's gradients
     // unsharded over the microbatches (one microbatch reduces at once, as ZeRO-2).
-    mem.zero_buffers = whole * n.param_bytes + p.largest_unit * 2 * n.grad_bytes;
+    mem.zero_buffers = whole * n.param_bytes + p.largest_unit * n.grad_bytes + send_buffers;
     if (s.zero == 1 && s.microbatches > 1) grads += whole;
   } else if (n.ddp_buckets && s.data_replicas() > 1) {
     mem.ddp_buckets = whole * n.grad_bytes;
   }
   mem.params = held * n.param_bytes;
   mem.grads = grads * n.grad_bytes;
+  mem.grads_with_activations = s.microbatches > 1 || s.recompute != Recompute::None;
   mem.optimizer = held * n.optimizer_bytes;
 
   // Tokens of one microbatch on this rank, before the sequence-parallel split over tp.

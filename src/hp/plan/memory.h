@@ -2,6 +2,7 @@
 // activations and the transient buffers of fully sharded units.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -64,9 +65,18 @@ struct MemoryBreakdown {
   double params = 0, grads = 0, optimizer = 0, activations = 0, logits = 0, zero_buffers = 0;  // bytes
   double ddp_buckets = 0;  // flat gradient copies of data parallelism (Numerics::ddp_buckets)
   double stage_inputs = 0;  // a pipeline stage's received inputs not yet in a running forward
+  // Whether gradients are held while activations peak. The optimizer step frees them
+  // (zero_grad), so with one microbatch per step and nothing recomputed the peak, at the
+  // start of backward, holds none, and they come back only as the activations go. With
+  // several microbatches earlier ones' gradients wait beside later ones' activations; with
+  // recompute the peak moves into the backward, where most gradients meet a rematerialized
+  // layer.
+  bool grads_with_activations = true;
   int64_t stage = 0;  // pipeline rank this breakdown is for
   double total() const {
-    return params + grads + optimizer + activations + logits + zero_buffers + ddp_buckets + stage_inputs;
+    const double with_activations = activations + logits + stage_inputs;
+    const double varying = grads_with_activations ? grads + with_activations : std::max(grads, with_activations);
+    return params + optimizer + zero_buffers + ddp_buckets + varying;
   }
 };
 
