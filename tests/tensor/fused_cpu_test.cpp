@@ -101,5 +101,43 @@ TEST(FusedRotary, BitwiseTheCompositionOnStridedHeads) {
   EXPECT_FALSE(fused::rotary_fusable(x.to(at::kBFloat16), at::randn({4, 3}), at::randn({4, 3})));
 }
 
+// Large values too: silu's tails (sigmoid near 0 and 1) must not lose the gradient.
+TEST(FusedSwiGLU, MatchesTheComposition) {
+  at::manual_seed(5);
+  for (auto shape : {std::vector<int64_t>{3, 70000}, {5, 37}, {0, 8}})
+    for (auto dtype : {at::kDouble, at::kFloat}) {
+      const at::Tensor gate = at::randn(shape, dtype) * 6, up = at::randn(shape, dtype);
+      const at::Tensor weighting = at::randn(shape, dtype);
+      ASSERT_TRUE(fused::swiglu_fusable(gate, up));
+      const Grads got = run([](auto& g, auto& u) { return fused::swiglu(g, u); }, gate, up, weighting);
+      const Grads want = run([](auto& g, auto& u) { return at::silu(g) * u; }, gate, up, weighting);
+      const double tol = dtype == at::kDouble ? 1e-12 : 2e-6;
+      expect_close(got.out, want.out, tol, tol, "output");
+      expect_close(got.dx, want.dx, tol, tol, "gate gradient");
+      expect_close(got.dw, want.dw, tol, tol, "up gradient");
+    }
+}
+
+TEST(FusedSwiGLU, OnlyWhereItApplies) {
+  const at::Tensor g = at::randn({4, 8}), u = at::randn({4, 8});
+  EXPECT_TRUE(fused::swiglu_fusable(g, u));
+  EXPECT_FALSE(fused::swiglu_fusable(g.to(at::kBFloat16), u.to(at::kBFloat16)));  // the composition
+  EXPECT_FALSE(fused::swiglu_fusable(g, u.to(at::kDouble)));
+  EXPECT_FALSE(fused::swiglu_fusable(g.t(), u.t()));  // not contiguous
+  EXPECT_FALSE(fused::swiglu_fusable(g, at::randn({8})));
+  ::setenv("HP_FUSED_KERNELS", "0", 1);
+  EXPECT_FALSE(fused::swiglu_fusable(g, u));
+  ::unsetenv("HP_FUSED_KERNELS");
+  // Meta: shapes only, and the saved tensors of a CPU run.
+  const at::Tensor gm = at::empty({4, 8}, at::device(at::kMeta)).requires_grad_();
+  const at::Tensor um = at::empty({4, 8}, at::device(at::kMeta)).requires_grad_();
+  ASSERT_TRUE(fused::swiglu_fusable(gm, um));
+  at::Tensor y = fused::swiglu(gm, um);
+  EXPECT_TRUE(y.is_meta());
+  y.sum().backward();
+  EXPECT_EQ(gm.grad().sizes(), gm.sizes());
+  EXPECT_EQ(um.grad().sizes(), um.sizes());
+}
+
 }  // namespace
 }  // namespace hp

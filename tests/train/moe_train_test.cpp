@@ -200,12 +200,14 @@ TEST_P(MoEPipelineTraining, MatchesThePp1Run) {
   // steps (lr 1e-2) one element of layers.1.attn.q_proj ends 7.8e-6 from the pp = 1 run
   // with sequence parallelism, and on an AVX-512 machine (MKL's kernels differ) one of
   // layers.1.moe.experts.w3 6.9e-6 without, and 1.3e-5 with one-pass norms (other
-  // roundings again); every other within 4e-6. A wrong gradient moves a parameter by the
-  // order of lr.
+  // roundings again); with one-pass SwiGLU one element of 2048 in layers.1.moe.experts.w1
+  // 7.9e-5 (pp = 2 x tp = 2, sequence parallel: AdamW divides a near-zero gradient's
+  // rounding by its own small second moment). Every other within 4e-6. A wrong gradient
+  // moves a parameter by the order of lr.
   const train::TrainResult got = run_on_all_ranks(staged_config(l, dir));
   hp::testing::expect_close_losses(got.losses, ref.result.losses, 1e-5, where);
   const int compared = hp::testing::expect_close_params(checkpoint::step_dir(ref.dir, 5), checkpoint::step_dir(dir, 5),
-                                                        1e-5, 3e-5, where);
+                                                        1e-5, 1e-4, where);
   EXPECT_EQ(compared, 3 + 9 + 3 * 11) << where;
   // The bias moved, and moved the same way (compared above).
   const at::Tensor bias = checkpoint::read_tensor(checkpoint::step_dir(dir, 5), "model.layers.1.moe.router.expert_bias");

@@ -1,3 +1,4 @@
+#include "hp/tensor/fused_cpu.h"
 #include "hp/nn/moe.h"
 
 #include <ATen/ATen.h>
@@ -245,8 +246,9 @@ ExpertFunction GroupedExperts::function(const std::vector<Placement>& token_layo
         << "experts: " << tokens_per_expert.size() << " token counts for " << w[0].size(0) << " local experts";
     at::Tensor x = tokens;
     for (int k : hidden_split) x = comm::autograd::all_reduce_sum_backward(x, mesh.group(k));
-    at::Tensor h = at::silu(grouped_mm(x, w[0].transpose(1, 2), tokens_per_expert)) *
-                   grouped_mm(x, w[2].transpose(1, 2), tokens_per_expert);
+    const at::Tensor gate = grouped_mm(x, w[0].transpose(1, 2), tokens_per_expert);
+    const at::Tensor up = grouped_mm(x, w[2].transpose(1, 2), tokens_per_expert);
+    at::Tensor h = fused::swiglu_fusable(gate, up) ? fused::swiglu(gate, up) : at::silu(gate) * up;
     at::Tensor out = grouped_mm(h, w[1].transpose(1, 2), tokens_per_expert);
     for (int k : hidden_split) out = comm::autograd::all_reduce_sum(out, mesh.group(k));
     return out;

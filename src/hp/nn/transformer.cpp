@@ -88,8 +88,8 @@ MLP::MLP(const LlamaConfig& c, const DeviceMesh& mesh)
       down_proj_(register_module("down_proj", std::make_shared<Linear>(c.ffn_dim, c.dim, mesh))) {}
 
 DTensor MLP::forward(const DTensor& x) {
-  DTensor gate = map((*gate_proj_)(x), [](const at::Tensor& t) { return at::silu(t); });
-  return (*down_proj_)(mul(gate, (*up_proj_)(x)));
+  DTensor gate = (*gate_proj_)(x);  // before up: the order of their hooks' collectives
+  return (*down_proj_)(swiglu(gate, (*up_proj_)(x)));
 }
 
 TransformerBlock::TransformerBlock(const LlamaConfig& c, const DeviceMesh& mesh)

@@ -51,15 +51,16 @@ double eager_layer_activation_elements(const ModelDesc& m, int64_t tp, bool moe_
   // measured, not itemised. Rotary keeps nothing of q and k, one pass or composed: its
   // products are by tables that need no gradient.
   const double attn = q + kv + q + kv + q + heads + q;
-  // SwiGLU: gate and up projections, silu's output, their product (down_proj's input).
-  double mlp = 4 * f;
+  // SwiGLU (one pass, hp::fused): gate and up projections and their silu-product
+  // (down_proj's input); silu's output is not kept.
+  double mlp = 3 * f;
   if (moe_layer) {
     // hp::nn::MoE: the router's scores and one-hot choices (E each) and the routing
     // weights (k); per routed copy of a token the experts' input and the combined output
-    // before weighting (2h) and SwiGLU's 4 on the expert width (split over tp by expert
+    // before weighting (2h) and SwiGLU's 3 on the expert width (split over tp by expert
     // tensor parallelism); the shared experts' SwiGLU.
     const double k = m.top_k, width = m.moe_ffn / t;
-    mlp = 2.0 * m.experts + k + k * (2 * h + 4 * width) + 4.0 * m.shared_experts * width;
+    mlp = 2.0 * m.experts + k + k * (2 * h + 3 * width) + 3.0 * m.shared_experts * width;
   }
   return 2 * norm + attn + mlp;
 }

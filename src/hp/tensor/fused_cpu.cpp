@@ -5,6 +5,7 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -154,6 +155,85 @@ struct RotaryFunction : torch::autograd::Function<RotaryFunction> {
   }
 };
 
+// Elements per task of at::parallel_for, and per sigmoid block inside one: ATen's
+// vectorised sigmoid into a block that stays in cache, then the fused arithmetic, so that
+// no sigmoid of the whole tensor is ever held.
+constexpr int64_t kElementGrain = 1 << 15;
+constexpr int64_t kSigmoidBlock = 1 << 14;
+
+// fn(begin, end, s) over blocks of `gate`'s elements, s = sigmoid(gate[begin, end)).
+template <typename T, typename Fn>
+void for_sigmoid_blocks(const at::Tensor& gate, Fn fn) {
+  const at::Tensor flat = gate.reshape(-1);
+  at::parallel_for(0, flat.numel(), kElementGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; b += kSigmoidBlock) {
+      const int64_t e = std::min(end, b + kSigmoidBlock);
+      const at::Tensor s = at::sigmoid(flat.narrow(0, b, e - b));
+      fn(b, e, s.const_data_ptr<T>());
+    }
+  });
+}
+
+// The arithmetic of one sigmoid block, 8 elements per step (which the compiler turns into
+// vector operations, as it does the norms' running sums), then the remainder.
+constexpr int kSwigluLanes = 8;
+
+template <typename T>
+void swiglu_block(const T* __restrict g, const T* __restrict s, const T* __restrict u, T* __restrict y, int64_t n) {
+  int64_t i = 0;
+  for (; i + kSwigluLanes <= n; i += kSwigluLanes)
+    for (int k = 0; k < kSwigluLanes; ++k) y[i + k] = g[i + k] * s[i + k] * u[i + k];
+  for (; i < n; ++i) y[i] = g[i] * s[i] * u[i];
+}
+
+// du = dy * silu(g), dg = dy * u * silu'(g) with silu'(g) = s + silu(g) * (1 - s).
+template <typename T>
+void swiglu_backward_block(const T* __restrict dy, const T* __restrict g, const T* __restrict s,
+                           const T* __restrict u, T* __restrict dg, T* __restrict du, int64_t n) {
+  int64_t i = 0;
+  for (; i + kSwigluLanes <= n; i += kSwigluLanes) {
+    for (int k = 0; k < kSwigluLanes; ++k) du[i + k] = dy[i + k] * (g[i + k] * s[i + k]);
+    for (int k = 0; k < kSwigluLanes; ++k)
+      dg[i + k] = dy[i + k] * u[i + k] * (s[i + k] + g[i + k] * s[i + k] * (T(1) - s[i + k]));
+  }
+  for (; i < n; ++i) {
+    du[i] = dy[i] * (g[i] * s[i]);
+    dg[i] = dy[i] * u[i] * (s[i] + g[i] * s[i] * (T(1) - s[i]));
+  }
+}
+
+struct SwiGLUFunction : torch::autograd::Function<SwiGLUFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+    at::Tensor y = at::empty_like(gate, at::MemoryFormat::Contiguous);
+    if (!gate.is_meta())
+      AT_DISPATCH_FLOATING_TYPES(gate.scalar_type(), "swiglu", [&] {
+        const scalar_t *g = gate.const_data_ptr<scalar_t>(), *u = up.const_data_ptr<scalar_t>();
+        scalar_t* out = y.mutable_data_ptr<scalar_t>();
+        for_sigmoid_blocks<scalar_t>(gate, [&](int64_t begin, int64_t end, const scalar_t* s) {
+          swiglu_block(g + begin, s, u + begin, out + begin, end - begin);
+        });
+      });
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &gate = saved[0], &up = saved[1];
+    const at::Tensor dy = grads[0].contiguous();
+    at::Tensor dg = at::empty_like(gate, at::MemoryFormat::Contiguous), du = at::empty_like(up, at::MemoryFormat::Contiguous);
+    if (!gate.is_meta())
+      AT_DISPATCH_FLOATING_TYPES(gate.scalar_type(), "swiglu_backward", [&] {
+        const scalar_t *g = gate.const_data_ptr<scalar_t>(), *u = up.const_data_ptr<scalar_t>();
+        const scalar_t* d = dy.const_data_ptr<scalar_t>();
+        scalar_t *dgp = dg.mutable_data_ptr<scalar_t>(), *dup = du.mutable_data_ptr<scalar_t>();
+        for_sigmoid_blocks<scalar_t>(gate, [&](int64_t begin, int64_t end, const scalar_t* s) {
+          swiglu_backward_block(d + begin, g + begin, s, u + begin, dgp + begin, dup + begin, end - begin);
+        });
+      });
+    return {dg, du};
+  }
+};
+
 }  // namespace
 
 bool enabled() {
@@ -180,5 +260,13 @@ bool rotary_fusable(const at::Tensor& x, const at::Tensor& cos, const at::Tensor
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   return RotaryFunction::apply(x, cos, sin);
 }
+
+bool swiglu_fusable(const at::Tensor& gate, const at::Tensor& up) {
+  return enabled() && cpu_real(gate) && cpu_real(up) && same_device(gate, up) &&
+         gate.scalar_type() == up.scalar_type() && gate.sizes() == up.sizes() && gate.is_contiguous() &&
+         up.is_contiguous();
+}
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwiGLUFunction::apply(gate, up); }
 
 }  // namespace hp::fused

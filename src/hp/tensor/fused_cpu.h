@@ -1,7 +1,8 @@
 // One-pass CPU kernels, with their own backward, for ops that eager ATen runs as a chain of
 // elementwise passes: RMSNorm (six passes forward, about a dozen backward, and a saved
-// normalised copy of its input) and rotary embeddings (seven passes forward, about as many
-// backward; its backward is the inverse rotation).
+// normalised copy of its input), rotary embeddings (seven passes forward, about as many
+// backward; its backward is the inverse rotation) and SwiGLU's silu(gate) * up (which
+// eagerly keeps silu's output beside gate and up).
 // Float32/float64 CPU tensors only (`*_fusable` says), and meta ones, which get the shapes
 // and saved tensors of a CPU run; callers keep the ATen composition for the rest (CUDA,
 // reduced precision).
@@ -27,5 +28,11 @@ bool rotary_fusable(const at::Tensor& x, const at::Tensor& cos, const at::Tensor
 // cat(x1 * cos - x2 * sin, x2 * cos + x1 * sin) of the halves x1, x2 of the last dim,
 // contiguous. Keeps only the tables for backward.
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+// gate and up of one shape, contiguous, same float32/float64 dtype and device (CPU or meta).
+bool swiglu_fusable(const at::Tensor& gate, const at::Tensor& up);
+// silu(gate) * up, contiguous. Keeps gate and up for backward (both a matmul's outputs,
+// kept anyway), not silu's output; the sigmoid is computed again there.
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 
 }  // namespace hp::fused

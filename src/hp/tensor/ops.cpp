@@ -287,6 +287,16 @@ DTensor rms_norm(const DTensor& x, const DTensor& weight, double eps) {
   return mul(mul(x, inv), weight);
 }
 
+DTensor swiglu(const DTensor& gate, const DTensor& up) {
+  // Same layouts and neither partial (silu is not linear): one pass (fused::swiglu) under
+  // the rule of gate * up, which places the output as silu then mul would.
+  bool whole = gate.placements() == up.placements();
+  for (const Placement& p : gate.placements()) whole = whole && !p.is_partial();
+  if (whole && fused::swiglu_fusable(gate.to_local(), up.to_local()))
+    return dispatch(Op::mul(), {gate, up}, [](const auto& t, const auto&) { return fused::swiglu(t[0], t[1]); });
+  return mul(map(gate, [](const at::Tensor& t) { return at::silu(t); }), up);
+}
+
 DTensor layer_norm(const DTensor& x, const DTensor& weight, const DTensor& bias, double eps) {
   DTensor centered = sub(x, mean(x, {-1}, /*keepdim=*/true));
   DTensor var = mean(mul(centered, centered), {-1}, /*keepdim=*/true);

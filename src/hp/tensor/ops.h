@@ -64,6 +64,8 @@ DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const D
                                      std::optional<double> scale = std::nullopt);
 
 DTensor rms_norm(const DTensor& x, const DTensor& weight, double eps = 1e-6);
+// SwiGLU's silu(gate) * up.
+DTensor swiglu(const DTensor& gate, const DTensor& up);
 DTensor layer_norm(const DTensor& x, const DTensor& weight, const DTensor& bias, double eps = 1e-5);
 
 // Mean cross-entropy of logits [..., V] against integer targets [...] (all rows: [N, V] and
