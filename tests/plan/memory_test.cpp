@@ -44,7 +44,9 @@ TEST(Memory, StageMemoryByHand) {
   EXPECT_DOUBLE_EQ(m1.params, 2 * p1);
   EXPECT_DOUBLE_EQ(m1.activations, 256 * 2 * 4112 / 2.0);
   EXPECT_DOUBLE_EQ(m1.stage_inputs, 3 * 256 * 128 / 2.0 * 2);
-  EXPECT_DOUBLE_EQ(m0.stage_inputs, 0);  // the first stage reads its own data
+  // The first stage reads its own data; it keeps the outputs of its 2 microbatches in
+  // flight and the buffers posted for their gradients.
+  EXPECT_DOUBLE_EQ(m0.stage_inputs, 2 * 2 * 256 * 128 / 2.0 * 2);
   EXPECT_DOUBLE_EQ(m1.logits, 256 * 256 / 2.0 * 6);
 }
 

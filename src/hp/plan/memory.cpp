@@ -187,7 +187,10 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     // received but the first stage's.
     const double received = double(s.virtual_stages) - (index == 0 ? 1 : 0);
     const double buffers = std::max(0.0, received * double(s.microbatches) - inflight * double(s.virtual_stages));
-    mem.stage_inputs = buffers * tokens * m.hidden / t * n.activation_bytes;
+    // A stage that sends keeps each in-flight microbatch's output (its send, its backward)
+    // and the buffer posted at its forward for the output's gradient.
+    const double sent = st.head ? 0 : 2 * inflight;
+    mem.stage_inputs = (buffers + sent) * tokens * m.hidden / t * n.activation_bytes;
   }
   return mem;
 }

@@ -64,7 +64,9 @@ StageParams stage_params(const ModelDesc& m, const Strategy& s, const StageConte
 struct MemoryBreakdown {
   double params = 0, grads = 0, optimizer = 0, activations = 0, logits = 0, zero_buffers = 0;  // bytes
   double ddp_buckets = 0;  // flat gradient copies of data parallelism (Numerics::ddp_buckets)
-  double stage_inputs = 0;  // a pipeline stage's received inputs not yet in a running forward
+  // A pipeline stage's received inputs not yet in a running forward, and the outputs it
+  // sent with the buffers posted for their gradients.
+  double stage_inputs = 0;
   // Whether gradients are held while activations peak. The optimizer step frees them
   // (zero_grad), so with one microbatch per step and nothing recomputed the peak, at the
   // start of backward, holds none, and they come back only as the activations go. With
