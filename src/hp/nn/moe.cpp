@@ -1,4 +1,3 @@
-#include "hp/tensor/fused_cpu.h"
 #include "hp/nn/moe.h"
 
 #include <ATen/ATen.h>
@@ -12,6 +11,7 @@
 #include "hp/base/strings.h"
 #include "hp/comm/autograd.h"
 #include "hp/comm/collectives.h"
+#include "hp/tensor/fused_cpu.h"
 #include "hp/tensor/ops.h"
 
 namespace hp::nn {

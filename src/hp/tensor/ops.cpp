@@ -293,7 +293,9 @@ DTensor swiglu(const DTensor& gate, const DTensor& up) {
   bool whole = gate.placements() == up.placements();
   for (const Placement& p : gate.placements()) whole = whole && !p.is_partial();
   if (whole && fused::swiglu_fusable(gate.to_local(), up.to_local()))
-    return dispatch(Op::mul(), {gate, up}, [](const auto& t, const auto&) { return fused::swiglu(t[0], t[1]); });
+    return dispatch(Op::mul(), {gate, up}, [](const auto& t, const auto&) {
+      return fused::swiglu_fusable(t[0], t[1]) ? fused::swiglu(t[0], t[1]) : at::silu(t[0]) * t[1];
+    });
   return mul(map(gate, [](const at::Tensor& t) { return at::silu(t); }), up);
 }
 
