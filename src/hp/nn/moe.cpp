@@ -11,7 +11,6 @@
 #include "hp/base/strings.h"
 #include "hp/comm/autograd.h"
 #include "hp/comm/collectives.h"
-#include "hp/tensor/fused_cpu.h"
 #include "hp/tensor/ops.h"
 
 namespace hp::nn {
@@ -248,8 +247,7 @@ ExpertFunction GroupedExperts::function(const std::vector<Placement>& token_layo
     for (int k : hidden_split) x = comm::autograd::all_reduce_sum_backward(x, mesh.group(k));
     const at::Tensor gate = grouped_mm(x, w[0].transpose(1, 2), tokens_per_expert);
     const at::Tensor up = grouped_mm(x, w[2].transpose(1, 2), tokens_per_expert);
-    at::Tensor h = fused::swiglu_fusable(gate, up) ? fused::swiglu(gate, up) : at::silu(gate) * up;
-    at::Tensor out = grouped_mm(h, w[1].transpose(1, 2), tokens_per_expert);
+    at::Tensor out = grouped_mm(swiglu_local(gate, up), w[1].transpose(1, 2), tokens_per_expert);
     for (int k : hidden_split) out = comm::autograd::all_reduce_sum(out, mesh.group(k));
     return out;
   };

@@ -293,10 +293,12 @@ DTensor swiglu(const DTensor& gate, const DTensor& up) {
   bool whole = gate.placements() == up.placements();
   for (const Placement& p : gate.placements()) whole = whole && !p.is_partial();
   if (whole && fused::swiglu_fusable(gate.to_local(), up.to_local()))
-    return dispatch(Op::mul(), {gate, up}, [](const auto& t, const auto&) {
-      return fused::swiglu_fusable(t[0], t[1]) ? fused::swiglu(t[0], t[1]) : at::silu(t[0]) * t[1];
-    });
+    return dispatch(Op::mul(), {gate, up}, [](const auto& t, const auto&) { return swiglu_local(t[0], t[1]); });
   return mul(map(gate, [](const at::Tensor& t) { return at::silu(t); }), up);
+}
+
+at::Tensor swiglu_local(const at::Tensor& gate, const at::Tensor& up) {
+  return fused::swiglu_fusable(gate, up) ? fused::swiglu(gate, up) : at::silu(gate) * up;
 }
 
 DTensor layer_norm(const DTensor& x, const DTensor& weight, const DTensor& bias, double eps) {

@@ -66,6 +66,8 @@ DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const D
 DTensor rms_norm(const DTensor& x, const DTensor& weight, double eps = 1e-6);
 // SwiGLU's silu(gate) * up.
 DTensor swiglu(const DTensor& gate, const DTensor& up);
+// The same on local tensors: one pass where hp::fused serves them, else ATen's two ops.
+at::Tensor swiglu_local(const at::Tensor& gate, const at::Tensor& up);
 DTensor layer_norm(const DTensor& x, const DTensor& weight, const DTensor& bias, double eps = 1e-5);
 
 // Mean cross-entropy of logits [..., V] against integer targets [...] (all rows: [N, V] and
