@@ -9,6 +9,7 @@
 #include "hp/comm/local_ranks.h"
 #include "hp/nn/transformer.h"
 #include "hp/optim/chained.h"
+#include "hp/tensor/memory_stats.h"
 #include "hp/tensor/random.h"
 
 using namespace hp;
@@ -204,6 +205,41 @@ TEST(Muon, OverlappedRoundsEqualOneExchange) {
       EXPECT_TRUE(at::allclose(over.full[i], want.full[i], 1e-5, 1e-6))
           << "matrix " << i << ", split choice " << int(how) << ": max diff "
           << (over.full[i] - want.full[i]).abs().max().item<double>();
+  }
+}
+
+// The step's working memory is a few matrices' worth, not copies of all of them: one rank
+// walks the matrices one by one; ranks that exchange pieces hold the send and receive
+// buffers of the exchange, and each round's results go to the parameters as they come.
+TEST(Muon, StepNeedsFewMatricesOfWorkingMemory) {
+  track_cpu_memory();
+  const int64_t matrices = 32, rows = 64, cols = 128;
+  const int64_t all_bytes = matrices * rows * cols * 4;
+  for (int ranks : {1, 2}) {
+    int64_t working = 0;
+    comm::run_local_ranks(ranks, [&](int rank) {
+      DeviceMesh mesh = init_device_mesh("cpu", {ranks}, {"dp"});
+      manual_seed(5);
+      std::vector<DTensor> w;
+      for (int64_t i = 0; i < matrices; ++i) w.push_back(randn({rows, cols}, mesh, {Shard(0)}));
+      std::vector<DTensor*> params;
+      for (DTensor& x : w) params.push_back(&x);
+      optim::Muon muon(params);
+      for (DTensor& x : w) x.to_local().mutable_grad() = at::randn_like(x.to_local());
+      comm::barrier(mesh.group(0));
+      int64_t before = 0;
+      if (rank == 0) before = cpu_memory_allocated(), reset_cpu_memory_peak();
+      comm::barrier(mesh.group(0));
+      muon.step();
+      comm::barrier(mesh.group(0));
+      if (rank == 0) working = cpu_memory_peak() - before;
+      comm::barrier(mesh.group(0));
+    });
+    // One rank: a matrix's update and its Newton-Schulz temporaries at a time. Two: the
+    // pieces sent and received (one copy of the matrices each, over both ranks) and a round.
+    const int64_t bound = ranks == 1 ? all_bytes / 4 : 5 * all_bytes / 2;
+    EXPECT_LE(working, bound) << ranks << " ranks: the step allocated " << working << " bytes beyond its state, "
+                              << "for matrices of " << all_bytes << " bytes in all";
   }
 }
 

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <numeric>
 #include <queue>
+#include <utility>
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
@@ -119,6 +121,8 @@ std::map<std::string, std::pair<DeviceMesh, std::vector<size_t>>> by_mesh(const 
 // update to the ranks whose work region it meets, each result back to the ranks that hold
 // it, one pair per round (make_rounds). Split sizes are fixed by the layouts.
 struct Muon::Exchange {
+  using Update = std::function<at::Tensor(size_t entry)>;  // the local momentum update
+  using Apply = std::function<void(size_t entry, const at::Tensor& result)>;  // the local result
   DeviceMesh mesh;
   const comm::Group* group;
   std::vector<size_t> params;
@@ -221,16 +225,19 @@ struct Muon::Exchange {
     return comm::all_to_all_single_async(recv, send, g, c.recv, c.send);
   }
 
-  // Sends the pieces of round k's momentum updates to the ranks that work on them.
-  comm::Pending send_to_work(size_t k, const std::vector<at::Tensor>& local) const {
+  // Sends the pieces of round k's momentum updates (`update(e)`, made here and dropped once
+  // packed) to the ranks that work on them.
+  comm::Pending send_to_work(size_t k, const Update& update, const at::TensorOptions& options) const {
     const int n = group->size(), me = group->rank();
+    std::vector<at::Tensor> local(params.size());
+    for (size_t e : rounds[k]) local[e] = update(e);
     std::vector<at::Tensor> out;  // destination-major, entries in order
     for (int d = 0; d < n; ++d)
       for (size_t e : rounds[k]) {
         const Box b = intersect(piece[e][me], work[e][d]);
         if (sender[e][me] && b.numel()) out.push_back(part(local[e], piece[e][me], b).reshape({-1}));
       }
-    return all_to_all(std::move(out), to_work[k], *group, local[0].options());
+    return all_to_all(std::move(out), to_work[k], *group, options);
   }
 
   // Round k's work regions of this rank, from what send_to_work delivered.
@@ -250,7 +257,7 @@ struct Muon::Exchange {
   // Round k on this rank: its whole matrices, then the split ones together, in blocks of
   // their wide form.
   void compute(size_t k, const std::vector<at::Tensor>& region, std::vector<at::Tensor>& ortho,
-               const std::vector<at::Tensor>& local, int ns_steps) const {
+               at::ScalarType dtype, int ns_steps) const {
     const int me = group->rank();
     std::vector<at::Tensor> blocks;
     std::vector<size_t> split;
@@ -267,7 +274,7 @@ struct Muon::Exchange {
     }
     for (size_t e : rounds[k])
       if (ortho[e].defined())
-        ortho[e] = ortho[e].to(local[e].scalar_type()) * std::sqrt(std::max(1.0, double(shapes[e][0]) / double(shapes[e][1])));
+        ortho[e] = ortho[e].to(dtype) * std::sqrt(std::max(1.0, double(shapes[e][0]) / double(shapes[e][1])));
   }
 
   // Sends the pieces of round k's results to the ranks that hold them.
@@ -282,9 +289,12 @@ struct Muon::Exchange {
     return all_to_all(std::move(out), back[k], *group, options);
   }
 
-  // This rank's pieces of round k's results, from what send_back delivered.
-  void receive_back(size_t k, const at::Tensor& got, std::vector<at::Tensor>& result) const {
+  // This rank's pieces of round k's results, from what send_back delivered, each handed to
+  // `apply` as soon as it is whole.
+  void receive_back(size_t k, const at::Tensor& got, const at::TensorOptions& options, const Apply& apply) const {
     const int n = group->size(), me = group->rank();
+    std::vector<at::Tensor> result(params.size());
+    for (size_t e : rounds[k]) result[e] = at::empty({piece[e][me].shape[0], piece[e][me].shape[1]}, options);
     int64_t at_ = 0;
     for (int o = 0; o < n; ++o)
       for (size_t e : rounds[k]) {
@@ -293,27 +303,36 @@ struct Muon::Exchange {
         part(result[e], piece[e][me], b).copy_(got.narrow(0, at_, b.numel()).view({b.shape[0], b.shape[1]}));
         at_ += b.numel();
       }
+    for (size_t e : rounds[k]) apply(e, result[e]);
   }
 
-  // Local updates in, local orthogonalised updates out. Every round's momentum pieces are
-  // sent at once; round k is computed as soon as its pieces are there, and its results go
-  // back while round k + 1 is computed. Each matrix's arithmetic is the same in any round.
-  std::vector<at::Tensor> orthogonalise(const std::vector<at::Tensor>& local, int ns_steps) {
-    const int me = group->rank();
+  // Orthogonalises the local updates (`update(e)`) and hands each local result to `apply`.
+  // Every round's momentum pieces are sent at once; round k is computed as soon as its
+  // pieces are there, and its results go back while round k + 1 is computed. Each matrix's
+  // arithmetic is the same in any round. What a round is done with is dropped, so the step
+  // holds the exchange's buffers and one round's work, not copies of every matrix. One rank
+  // exchanges nothing: it takes the matrices one by one.
+  void orthogonalise(const Update& update, const Apply& apply, const at::TensorOptions& options, int ns_steps) const {
     const size_t E = params.size();
-    const auto options = local[0].options();
-    std::vector<comm::Pending> incoming, outgoing;
-    for (size_t k = 0; k < rounds.size(); ++k) incoming.push_back(send_to_work(k, local));
-    std::vector<at::Tensor> region(E), ortho(E), result(E);
-    for (size_t k = 0; k < rounds.size(); ++k) {
-      receive_work(k, incoming[k].wait(), region);
-      compute(k, region, ortho, local, ns_steps);
-      outgoing.push_back(send_back(k, ortho, options));
-      for (size_t e : rounds[k]) region[e] = at::Tensor();  // done with it
+    std::vector<at::Tensor> region(E), ortho(E);
+    if (group->size() == 1) {
+      for (size_t k = 0; k < rounds.size(); ++k) {
+        for (size_t e : rounds[k]) region[e] = update(e);
+        compute(k, region, ortho, options.dtype().toScalarType(), ns_steps);
+        for (size_t e : rounds[k]) apply(e, ortho[e]), region[e] = ortho[e] = at::Tensor();
+      }
+      return;
     }
-    for (size_t e = 0; e < E; ++e) result[e] = at::empty({piece[e][me].shape[0], piece[e][me].shape[1]}, options);
-    for (size_t k = 0; k < rounds.size(); ++k) receive_back(k, outgoing[k].wait(), result);
-    return result;
+    std::vector<comm::Pending> incoming, outgoing;
+    for (size_t k = 0; k < rounds.size(); ++k) incoming.push_back(send_to_work(k, update, options));
+    for (size_t k = 0; k < rounds.size(); ++k) {
+      receive_work(k, std::exchange(incoming[k], comm::Pending()).wait(), region);
+      compute(k, region, ortho, options.dtype().toScalarType(), ns_steps);
+      outgoing.push_back(send_back(k, ortho, options));
+      for (size_t e : rounds[k]) region[e] = ortho[e] = at::Tensor();  // packed: done with them
+    }
+    for (size_t k = 0; k < rounds.size(); ++k)
+      receive_back(k, std::exchange(outgoing[k], comm::Pending()).wait(), options, apply);
   }
 };
 
@@ -358,19 +377,24 @@ void Muon::step() {
   ++step_;
   const auto& o = options_;
   for (auto& ex : exchanges_) {
-    std::vector<at::Tensor> updates;
+    // Momentum first, for every matrix; each update is made when its round is sent.
+    std::vector<at::Tensor> grads;
     for (size_t i : ex->params) {
       at::Tensor g = resident_local(params_, i, "Muon").grad();
       if (!g.defined()) g = at::zeros_like(momentum_[i]);  // every rank takes part in the exchange
       momentum_[i].mul_(o.momentum).add_(g);
-      updates.push_back(o.nesterov ? g + o.momentum * momentum_[i] : momentum_[i].clone());
+      grads.push_back(g);
     }
-    std::vector<at::Tensor> ortho = ex->orthogonalise(updates, o.ns_steps);
-    for (size_t e = 0; e < ex->params.size(); ++e) {
+    auto update = [&](size_t e) {
+      const at::Tensor& m = momentum_[ex->params[e]];
+      at::Tensor g = std::exchange(grads[e], at::Tensor());
+      return o.nesterov ? g + o.momentum * m : m.clone();
+    };
+    auto apply = [&](size_t e, const at::Tensor& ortho) {
       at::Tensor p = params_[ex->params[e]]->to_local();
-      if (!p.grad().defined()) continue;
-      p.mul_(1 - o.lr * o.weight_decay).add_(ortho[e], -o.lr);
-    }
+      if (p.grad().defined()) p.mul_(1 - o.lr * o.weight_decay).add_(ortho, -o.lr);
+    };
+    ex->orthogonalise(update, apply, momentum_[ex->params[0]].options(), o.ns_steps);
   }
 }
 
