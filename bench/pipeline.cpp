@@ -10,7 +10,11 @@
 // and a forward activation's, each sent as the runtime sends it ("p2p ms B/F").
 //
 //   bench_pipeline [ranks=4] [microbatches=8] [dim=512] [rows per microbatch=128] [device ms=0]
-//                  [schedules, comma-separated: default all]
+//                  [schedules, comma-separated: default all] [shapes: static (default) | dynamic]
+//
+// Static shapes, as `hp train` runs its pipelines: every activation's receive is posted
+// when the step starts. Dynamic: a header with the shape goes first, and the data's receive
+// is posted once the header has landed and the rank gets to it.
 //
 // With fewer cores than ranks the ranks share cores and the measured times exceed
 // the prediction by up to ranks/cores: the table prints the core count; "/cores" is
@@ -39,11 +43,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "hp/base/error.h"
 #include "hp/base/strings.h"
 #include "hp/comm.h"
 #include "hp/pipeline.h"
@@ -60,6 +66,7 @@ constexpr int kBlocks = 8;
 struct Config {
   int ranks = 4, microbatches = 8, dim = 512, rows = 128;
   double device_ms = 0;  // > 0: emulated device time per block and phase
+  bool static_shapes = true;
 };
 
 void wait_device(double ms) { std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(ms)); }
@@ -194,9 +201,9 @@ struct Row {
 
 // One-way time of a message between two ranks (ping-pong, median), called by every rank;
 // ranks 0 and 1 measure, the rest wait at the barrier. `activation`: as the runtime sends
-// a forward activation (a shape header whose receive is posted early, then the data, whose
-// receive is posted once the header has landed); else as it sends a gradient (one message,
-// its receive posted early).
+// a forward activation of dynamic shape (a shape header whose receive is posted early,
+// then the data, whose receive is posted once the header has landed); else as it sends a
+// gradient or a static-shape activation (one message, its receive posted early).
 double p2p_latency(const Config& c, const comm::Group& g, bool activation) {
   at::Tensor t = at::zeros({c.rows, c.dim});
   double one_way = 0;
@@ -261,11 +268,13 @@ Row run_kind(const Config& c, const std::string& kind) {
       if (sched.num_stages > 1) row.host_share.back() = last;
     }
     comm::barrier(*group);  // calibration alone on the machine
-    const double latency = p2p_latency(c, *group, false), activation_latency = p2p_latency(c, *group, true);
+    const double latency = p2p_latency(c, *group, false),
+                 activation_latency = p2p_latency(c, *group, !c.static_shapes);
     if (rank == 0) row.latency = latency, row.activation_latency = activation_latency;
     std::vector<pipeline::PipelineStage> stages;
     for (int s : sched.stages_of(rank)) stages.push_back(make_stage(c, s, sched.num_stages, kBlocks / sched.num_stages, group));
     pipeline::PipelineRuntime rt(stages, sched);
+    if (c.static_shapes) rt.set_static_shapes([&](int, int) { return at::empty({c.rows, c.dim}); });
     at::Tensor x = at::randn({c.rows * c.microbatches, c.dim}), y = at::randn({c.rows * c.microbatches, c.dim});
     rt.step(x, y);  // warm-up
     double total = 0, busy = 0;
@@ -320,11 +329,17 @@ int main(int argc, char** argv) {
   if (argc > 4) c.rows = std::atoi(argv[4]);
   if (argc > 5) c.device_ms = std::atof(argv[5]);
   std::vector<std::string> kinds = schedule::schedule_kinds();
-  if (argc > 6) kinds = split(argv[6], ',');
+  if (argc > 6 && std::string(argv[6]) != "all") kinds = split(argv[6], ',');
+  if (argc > 7) {
+    HP_CHECK(std::string(argv[7]) == "static" || std::string(argv[7]) == "dynamic")
+        << "bench_pipeline: shapes are static or dynamic, not " << argv[7];
+    c.static_shapes = std::string(argv[7]) == "static";
+  }
   at::manual_seed(0);
   std::printf("pipeline bench: %d ranks as threads, %d microbatches, MLP %d blocks of %dx%d, %d rows per "
-              "microbatch, float32, %u cores\n",
-              c.ranks, c.microbatches, kBlocks, c.dim, c.dim, c.rows, std::thread::hardware_concurrency());
+              "microbatch, float32, %u cores, %s shapes\n",
+              c.ranks, c.microbatches, kBlocks, c.dim, c.dim, c.rows, std::thread::hardware_concurrency(),
+              c.static_shapes ? "static" : "dynamic");
   if (c.device_ms > 0)
     std::printf("emulated devices: every block's forward, input-gradient and weight-gradient parts wait %.2f ms\n",
                 c.device_ms);
