@@ -319,7 +319,10 @@ struct Muon::Exchange {
       for (size_t k = 0; k < rounds.size(); ++k) {
         for (size_t e : rounds[k]) region[e] = update(e);
         compute(k, region, ortho, options.dtype().toScalarType(), ns_steps);
-        for (size_t e : rounds[k]) apply(e, ortho[e]), region[e] = ortho[e] = at::Tensor();
+        for (size_t e : rounds[k]) {
+          apply(e, ortho[e]);
+          region[e] = ortho[e] = at::Tensor();
+        }
       }
       return;
     }
