@@ -11,9 +11,14 @@ std::vector<std::string> numerics_preset_names() { return {"bf16-flash", "fp32-e
 
 Numerics numerics_preset(const std::string& name) {
   if (name == "bf16-flash") return Numerics{};
-  if (name == "fp32-eager")
-    return Numerics{.name = name, .param_bytes = 4, .grad_bytes = 4, .optimizer_bytes = 8, .activation_bytes = 4,
-                    .eager = true, .ddp_buckets = true};
+  if (name == "fp32-eager") {
+    Numerics n;
+    n.name = name;
+    n.param_bytes = n.grad_bytes = n.activation_bytes = 4;
+    n.optimizer_bytes = 8;
+    n.eager = n.ddp_buckets = true;
+    return n;
+  }
   HP_FAIL() << "unknown numerics '" << name << "'; presets: " << to_string_list(numerics_preset_names());
   return {};
 }
