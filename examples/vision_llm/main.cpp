@@ -85,7 +85,9 @@ int main(int argc, char** argv) {
     o.parameters = dec->parameters();
   }
   std::vector<hp::DTensor*> params = encoder ? enc->parameters() : dec->parameters();
-  hp::optim::AdamW opt(params, {.lr = 3e-3});
+  hp::optim::AdamWOptions adamw;
+  adamw.lr = 3e-3;
+  hp::optim::AdamW opt(params, adamw);
   hp::pipeline::PipelineRuntime rt({hp::pipeline::mesh_stage(mesh, o)},
                                    hp::schedule::make_schedule("1f1b", 2, kMicrobatches),
                                    {encoder_mesh, decoder_mesh});
