@@ -84,7 +84,9 @@ TEST(CheckpointModel, LlamaAndAdamWFromDpTpToOneRankAndTp4) {
     manual_seed(7);
     nn::Llama model(tiny(), mesh);
     parallelize_llama(model, mesh["tp"], {false, true});
-    optim::AdamW opt(model.parameters(), {.lr = 1e-2});
+    optim::AdamWOptions o;
+    o.lr = 1e-2;
+    optim::AdamW opt(model.parameters(), o);
     train_steps(model, opt, mesh, 2);
     State s;
     s.add_module(model);

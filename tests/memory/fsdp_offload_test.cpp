@@ -86,7 +86,9 @@ Factory optimizer_factory(bool muon, const std::vector<DTensor*>* batches_of = n
     };
   }
   return [](std::vector<DTensor*> ps) -> std::unique_ptr<optim::Optimizer> {
-    return std::make_unique<optim::AdamW>(ps, optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+    optim::AdamWOptions o;
+    o.lr = 1e-2, o.weight_decay = 0.1;
+    return std::make_unique<optim::AdamW>(ps, o);
   };
 }
 

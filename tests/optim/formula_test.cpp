@@ -49,7 +49,8 @@ TEST(OptimizerFormulas, AdamWIsDecoupledDecayPlusBiasCorrectedMoments) {
   manual_seed(5);
   const at::Tensor init = hp::randn({5, 3}, at::kDouble);
   const auto grads = gradients({5, 3}, at::kDouble);
-  const optim::AdamWOptions o{.lr = 0.05, .beta1 = 0.8, .beta2 = 0.9, .eps = 1e-3, .weight_decay = 0.2};
+  optim::AdamWOptions o;
+  o.lr = 0.05, o.beta1 = 0.8, o.beta2 = 0.9, o.eps = 1e-3, o.weight_decay = 0.2;
   const auto got = run_steps(init, grads, [&](std::vector<DTensor*> ps) {
     return std::make_unique<optim::AdamW>(ps, o);
   });
@@ -91,7 +92,8 @@ TEST(OptimizerFormulas, MuonIsNesterovMomentumThroughFiveNewtonSchulzIterations)
     manual_seed(6);
     const at::Tensor init = hp::randn(shape, at::kDouble).to(at::kFloat);
     const auto grads = gradients(shape, at::kFloat);
-    const optim::MuonOptions o{.lr = 0.03, .momentum = 0.9, .nesterov = true, .ns_steps = 5, .weight_decay = 0.1};
+    optim::MuonOptions o;
+    o.lr = 0.03, o.momentum = 0.9, o.nesterov = true, o.ns_steps = 5, o.weight_decay = 0.1;
     const auto got = run_steps(init, grads, [&](std::vector<DTensor*> ps) {
       return std::make_unique<optim::Muon>(ps, o);
     });

@@ -258,7 +258,11 @@ TEST(Muon, GroupsAndShapesAreChecked) {
     // Every parameter in exactly one group.
     EXPECT_THROW(optim::get_hyper_optimizer(model, {}, {all.begin(), all.end() - 1}), hp::Error);
     EXPECT_THROW(optim::get_hyper_optimizer(model, {all[0]}, all), hp::Error);
-    optim::ChainedOptimizer opt = optim::get_hyper_optimizer(model, optim::MuonOptions{.lr = 0.02}, optim::AdamWOptions{.lr = 1e-3});
+    optim::MuonOptions muon;
+    muon.lr = 0.02;
+    optim::AdamWOptions adamw;
+    adamw.lr = 1e-3;
+    optim::ChainedOptimizer opt = optim::get_hyper_optimizer(model, muon, adamw);
     opt.set_lr(0.01);  // half the base: every part follows
     EXPECT_DOUBLE_EQ(opt.part(0).lr(), 0.01);
     EXPECT_DOUBLE_EQ(opt.part(1).lr(), 5e-4);

@@ -15,13 +15,21 @@ using hp::testing::LlamaRunSpec;
 namespace {
 
 LlamaRunSpec ddp_spec(std::vector<int64_t> shape, std::vector<std::string> names, DDPOptions o = {}) {
-  LlamaRunSpec spec{.mesh_shape = shape, .mesh_names = names};
+  LlamaRunSpec spec;
+  spec.mesh_shape = shape, spec.mesh_names = names;
   spec.parallelize = [names, o](nn::Llama& model, const DeviceMesh& mesh) {
     if (names.back() == "tp") parallelize_llama(model, mesh["tp"], {/*sequence_parallel=*/true, true});
     auto ddp = std::make_shared<DistributedDataParallel>(model, mesh["dp"], o);
     return std::function<void(bool)>([ddp](bool on) { ddp->set_requires_gradient_sync(on); });
   };
   return spec;
+}
+
+// Buckets of about one parameter each.
+DDPOptions small_buckets() {
+  DDPOptions o;
+  o.bucket_cap_mb = 0.001;
+  return o;
 }
 
 }  // namespace
@@ -32,7 +40,7 @@ TEST(DistributedDataParallel, Dp4) {
 
 // Buckets of one parameter or so: many all-reduces in flight, the same numbers.
 TEST(DistributedDataParallel, SmallBucketsTimesSequenceParallel) {
-  hp::testing::expect_runs_match(hp::testing::train_llama(ddp_spec({2, 2}, {"dp", "tp"}, {.bucket_cap_mb = 0.001})),
+  hp::testing::expect_runs_match(hp::testing::train_llama(ddp_spec({2, 2}, {"dp", "tp"}, small_buckets())),
                                  hp::testing::train_llama({}));
 }
 
@@ -57,15 +65,15 @@ TEST(DistributedDataParallel, GradientAccumulationEqualsLargeBatch) {
 }
 
 TEST(DistributedDataParallel, TiedEmbeddingsAndMuon) {
-  auto muon_adamw = [](nn::Llama& model) -> std::unique_ptr<optim::Optimizer> {
-    return std::make_unique<optim::ChainedOptimizer>(
-        optim::get_hyper_optimizer(model, optim::MuonOptions{.lr = 0.02}, optim::AdamWOptions{.lr = 1e-2}));
+  optim::AdamWOptions adamw;
+  adamw.lr = 1e-2;
+  auto muon_adamw = [adamw](nn::Llama& model) -> std::unique_ptr<optim::Optimizer> {
+    return std::make_unique<optim::ChainedOptimizer>(optim::get_hyper_optimizer(model, optim::MuonOptions{}, adamw));
   };
-  LlamaRunSpec spec = ddp_spec({4}, {"dp"});
-  spec.tied = true;
-  spec.optimizer = muon_adamw;
-  hp::testing::expect_runs_match(hp::testing::train_llama(spec),
-                                 hp::testing::train_llama({.tied = true, .optimizer = muon_adamw}));
+  LlamaRunSpec spec = ddp_spec({4}, {"dp"}), ref;
+  spec.tied = ref.tied = true;
+  spec.optimizer = ref.optimizer = muon_adamw;
+  hp::testing::expect_runs_match(hp::testing::train_llama(spec), hp::testing::train_llama(ref));
 }
 
 TEST(DistributedDataParallel, BucketsFollowTheCap) {
@@ -73,7 +81,7 @@ TEST(DistributedDataParallel, BucketsFollowTheCap) {
     DeviceMesh mesh = init_device_mesh("cpu", {2}, {"dp"});
     nn::Llama a(hp::testing::tiny_llama(), mesh), b(hp::testing::tiny_llama(), mesh);
     EXPECT_EQ(DistributedDataParallel(a, mesh).num_buckets(), 1);
-    EXPECT_GT(DistributedDataParallel(b, mesh, {.bucket_cap_mb = 0.001}).num_buckets(), 10);
+    EXPECT_GT(DistributedDataParallel(b, mesh, small_buckets()).num_buckets(), 10);
     nn::Llama c(hp::testing::tiny_llama(), mesh);
     EXPECT_THROW(DistributedDataParallel(c, init_device_mesh("cpu", {2}, {"x"})), hp::Error);
   });
@@ -89,9 +97,12 @@ TEST(DistributedDataParallel, BucketsShrinkAcrossHostsOnly) {
         [&](int) {
           DeviceMesh mesh = init_device_mesh("cpu", {2}, {"dp"});
           nn::Llama a(hp::testing::tiny_llama(), mesh), b(hp::testing::tiny_llama(), mesh);
-          const int shrunk = DistributedDataParallel(a, mesh, {.first_bucket_cap_mb = 0.001}).num_buckets();
-          const int caps_only =
-              DistributedDataParallel(b, mesh, {.first_bucket_cap_mb = 0.001, .min_buckets = 0}).num_buckets();
+          DDPOptions first_small;
+          first_small.first_bucket_cap_mb = 0.001;
+          DDPOptions caps = first_small;
+          caps.min_buckets = 0;
+          const int shrunk = DistributedDataParallel(a, mesh, first_small).num_buckets();
+          const int caps_only = DistributedDataParallel(b, mesh, caps).num_buckets();
           EXPECT_EQ(caps_only, 2);
           if (ranks_per_host == 2) EXPECT_EQ(shrunk, 2);
           else EXPECT_GE(shrunk, 8);

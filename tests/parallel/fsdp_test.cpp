@@ -23,7 +23,8 @@ const LlamaRun& reference() {
 }
 
 LlamaRunSpec fsdp_spec(std::vector<int64_t> shape, std::vector<std::string> names, FullyShardOptions o = {}) {
-  LlamaRunSpec spec{.mesh_shape = shape, .mesh_names = names};
+  LlamaRunSpec spec;
+  spec.mesh_shape = shape, spec.mesh_names = names;
   spec.parallelize = [names, o](nn::Llama& model, const DeviceMesh& mesh) {
     const bool hsdp = names[0] == "dp_rep";
     const bool tp = names.back() == "tp";
@@ -302,12 +303,13 @@ TEST(FullyShard, ErrorsNameTheProblem) {
 // Distributed Muon (each matrix orthogonalised once, on its owner) chained with AdamW.
 std::unique_ptr<optim::Optimizer> muon_adamw(nn::Llama& model) {
   return std::make_unique<optim::ChainedOptimizer>(
-      optim::get_hyper_optimizer(model, optim::MuonOptions{.lr = 0.02},
-                                 optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1}));
+      optim::get_hyper_optimizer(model, optim::MuonOptions{}, hp::testing::adamw_options()));
 }
 
 const LlamaRun& muon_reference() {
-  static LlamaRun ref = hp::testing::train_llama({.optimizer = muon_adamw});
+  LlamaRunSpec spec;
+  spec.optimizer = muon_adamw;
+  static LlamaRun ref = hp::testing::train_llama(spec);
   return ref;
 }
 
@@ -334,7 +336,7 @@ std::unique_ptr<optim::Optimizer> split_muon_adamw(nn::Llama& model) {
   optim::MuonOptions muon;
   muon.lr = 0.02, muon.split = optim::MuonSplit::All;
   return std::make_unique<optim::ChainedOptimizer>(
-      optim::get_hyper_optimizer(model, muon, optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1}));
+      optim::get_hyper_optimizer(model, muon, hp::testing::adamw_options()));
 }
 TEST(FullyShard, MuonWithSplitMatrices) {
   for (auto [shape, names] : {std::pair<std::vector<int64_t>, std::vector<std::string>>{{4}, {"dp"}},
@@ -357,13 +359,15 @@ TEST(FullyShard, MuonWithSplitMatrices) {
 // The seed's recipe: explicit placements with shard_module on the (dp, tp) mesh, then
 // fully_shard over dp.
 TEST(FullyShard, ComposesWithShardModule) {
-  LlamaRunSpec spec{.mesh_shape = {2, 2}, .mesh_names = {"dp", "tp"}};
+  LlamaRunSpec spec;
+  spec.mesh_shape = {2, 2}, spec.mesh_names = {"dp", "tp"};
   spec.parallelize = [](nn::Llama& model, const DeviceMesh& mesh) {
     const std::vector<Placement> col{Replicate(), Shard(0)}, row{Replicate(), Shard(1)};
-    shard_module(model, mesh,
-                 ShardingPlan{.plan = {{"layers.*.mlp.gate_proj.weight", col},
-                                       {"layers.*.mlp.up_proj.weight", col},
-                                       {"layers.*.mlp.down_proj.weight", row}}});
+    ShardingPlan plan;
+    plan.plan = {{"layers.*.mlp.gate_proj.weight", col},
+                 {"layers.*.mlp.up_proj.weight", col},
+                 {"layers.*.mlp.down_proj.weight", row}};
+    shard_module(model, mesh, plan);
     fully_shard_llama(model, mesh["dp"]);
     return std::function<void(bool)>();
   };

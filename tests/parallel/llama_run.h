@@ -37,6 +37,13 @@ inline nn::MoELlamaConfig tiny_moe_llama() {
   return c;
 }
 
+// The tests' AdamW: lr 1e-2, weight decay 0.1.
+inline optim::AdamWOptions adamw_options() {
+  optim::AdamWOptions o;
+  o.lr = 1e-2, o.weight_decay = 0.1;
+  return o;
+}
+
 struct LlamaRunSpec {
   std::vector<int64_t> mesh_shape{1};
   std::vector<std::string> mesh_names{"dp"};  // batch rows are split over the dims named dp*
@@ -46,7 +53,7 @@ struct LlamaRunSpec {
   // Parallelizes the model; may return a switch for gradient sync (accumulation).
   std::function<std::function<void(bool)>(nn::Llama&, const DeviceMesh&)> parallelize;
   std::function<std::unique_ptr<optim::Optimizer>(nn::Llama&)> optimizer = [](nn::Llama& m) {
-    return std::make_unique<optim::AdamW>(m.parameters(), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+    return std::make_unique<optim::AdamW>(m.parameters(), adamw_options());
   };
   std::function<void(nn::Llama&, int64_t step)> after_backward;  // inspects the model
   std::function<void(nn::Llama&)> before_final;  // runs before the final parameters are read

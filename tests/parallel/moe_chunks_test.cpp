@@ -62,7 +62,7 @@ MoERun train(const Spec& s) {
         if (name == "layers.0" || name == "layers.1") fully_shard(*m, mesh["dp"]);
       fully_shard(model, mesh["dp"]);
     }
-    optim::AdamW opt(model.parameters(), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+    optim::AdamW opt(model.parameters(), hp::testing::adamw_options());
     nn::MoE& moe = *nn::moe_layers(model).at(0);
     EXPECT_EQ(moe.token_dispatcher().pipelines(), s.chunks > 1);
     const at::Tensor tokens = (hp::rand({batch, seq + 1}, at::kDouble) * config.llama.vocab).floor().to(at::kLong);

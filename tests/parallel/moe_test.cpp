@@ -91,7 +91,7 @@ MoERun train(const Spec& s) {
     parallelize(model, mesh, s);
     std::optional<DistributedDataParallel> ddp;
     if (s.ddp) ddp.emplace(model, mesh.submesh(batch_dims(s)));
-    optim::AdamW opt(model.parameters(), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+    optim::AdamW opt(model.parameters(), hp::testing::adamw_options());
     std::vector<Placement> rows(mesh.ndim(), Replicate());
     for (int k = 0; k < mesh.ndim(); ++k)
       if (is_batch_dim(s.names[k])) rows[k] = Shard(0);

@@ -16,12 +16,17 @@ using hp::testing::LlamaRun;
 
 const LlamaRun& reference(bool tied = false) {
   static std::map<bool, LlamaRun> cache;
-  if (!cache.count(tied)) cache[tied] = hp::testing::train_llama({.tied = tied});
+  if (!cache.count(tied)) {
+    hp::testing::LlamaRunSpec spec;
+    spec.tied = tied;
+    cache[tied] = hp::testing::train_llama(spec);
+  }
   return cache[tied];
 }
 
 void expect_matches_reference(int64_t dp, int64_t tp, bool sp, bool tied = false) {
-  hp::testing::LlamaRunSpec spec{.mesh_shape = {dp, tp}, .mesh_names = {"dp", "tp"}, .tied = tied};
+  hp::testing::LlamaRunSpec spec;
+  spec.mesh_shape = {dp, tp}, spec.mesh_names = {"dp", "tp"}, spec.tied = tied;
   spec.parallelize = [tp, sp](nn::Llama& model, const DeviceMesh& mesh) {
     if (tp > 1) parallelize_llama(model, mesh["tp"], {sp, /*loss_parallel=*/true});
     return std::function<void(bool)>();

@@ -64,7 +64,9 @@ struct RunResult {
 };
 
 std::unique_ptr<optim::AdamW> adamw(std::vector<DTensor*> params) {
-  return std::make_unique<optim::AdamW>(std::move(params), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+  optim::AdamWOptions o;
+  o.lr = 1e-2, o.weight_decay = 0.1;
+  return std::make_unique<optim::AdamW>(std::move(params), o);
 }
 
 // One process: loss = mean over the m microbatches of their losses, as the pipeline has it.

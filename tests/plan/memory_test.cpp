@@ -101,11 +101,18 @@ TEST(Memory, ExpertsSplitOverEp) {
   EXPECT_DOUBLE_EQ(a.dense, b.dense);
 }
 
+// The bench_3m model (h 256, 8 heads, 4 kv heads, ffn 688, vocab 256) at seq 256.
+ModelDesc bench_3m() {
+  ModelDesc m;
+  m.name = "bench_3m";
+  m.layers = 4, m.hidden = 256, m.heads = 8, m.kv_heads = 4, m.ffn = 688, m.vocab = 256, m.seq_len = 256;
+  return m;
+}
+
 // hp::nn's eager layer, counted by hand for the bench_3m model (h 256, 8 heads of 32,
 // 4 kv heads, ffn 688) at seq 256.
 TEST(Memory, EagerActivationsByHand) {
-  ModelDesc m{.name = "bench_3m", .layers = 4, .hidden = 256, .heads = 8, .kv_heads = 4, .ffn = 688, .vocab = 256,
-              .seq_len = 256};
+  ModelDesc m = bench_3m();
   // Norms 2 x (input 256 + 1/rms + output 256); attention 4 x 256 + 2 x 128 + 8 heads'
   // log-sum-exp; SwiGLU 3 x 688 (gate, up, their product).
   EXPECT_DOUBLE_EQ(eager_layer_activation_elements(m, 1), 1026 + 1288 + 2064);
@@ -122,8 +129,7 @@ TEST(Memory, EagerActivationsByHand) {
 // output and 8 log-sum-exps, the reduce-scattered o_proj output, gate and up; with
 // sequence parallelism each norm's all-gathered output (a collective's) too.
 TEST(Memory, EagerSelectiveActivationsByHand) {
-  ModelDesc m{.name = "bench_3m", .layers = 4, .hidden = 256, .heads = 8, .kv_heads = 4, .ffn = 688, .vocab = 256,
-              .seq_len = 256};
+  ModelDesc m = bench_3m();
   EXPECT_DOUBLE_EQ(eager_selective_layer_activation_elements(m, 1), 256 + 256 + 256 + 256 + 256 + 8 + 2 * 688);
   EXPECT_DOUBLE_EQ(eager_selective_layer_activation_elements(m, 2), 128 + 128 + 512 + 128 + 128 + 128 + 4 + 688);
   Strategy s;
@@ -145,8 +151,7 @@ TEST(Memory, EagerSelectiveActivationsByHand) {
 // saved activations; on the stage with the head the two peaks come at different times and
 // the larger counts: its logits' term (1281 per token) and what the working set exceeds it by.
 TEST(Memory, EagerBackwardWorkingSet) {
-  ModelDesc m{.name = "bench_3m", .layers = 4, .hidden = 256, .heads = 8, .kv_heads = 4, .ffn = 688, .vocab = 256,
-              .seq_len = 256};
+  ModelDesc m = bench_3m();
   Strategy s;
   s.dp = 1, s.global_batch = 1, s.micro_batch = 1, s.microbatches = 1;
   StageContents body;
