@@ -331,9 +331,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> kinds = schedule::schedule_kinds();
   if (argc > 6 && std::string(argv[6]) != "all") kinds = split(argv[6], ',');
   if (argc > 7) {
-    HP_CHECK(std::string(argv[7]) == "static" || std::string(argv[7]) == "dynamic")
-        << "bench_pipeline: shapes are static or dynamic, not " << argv[7];
-    c.static_shapes = std::string(argv[7]) == "static";
+    const std::string shapes = argv[7];
+    HP_CHECK(shapes == "static" || shapes == "dynamic") << "bench_pipeline: shapes are static or dynamic, not " << shapes;
+    c.static_shapes = shapes == "static";
   }
   at::manual_seed(0);
   std::printf("pipeline bench: %d ranks as threads, %d microbatches, MLP %d blocks of %dx%d, %d rows per "

@@ -221,7 +221,6 @@ struct Muon::Exchange {
                                   const at::TensorOptions& options) {
     at::Tensor send = parts.empty() ? at::empty({0}, options) : at::cat(parts);
     at::Tensor recv = at::empty({std::accumulate(c.recv.begin(), c.recv.end(), int64_t{0})}, options);
-    if (g.size() == 1) return comm::Pending::done(recv.copy_(send));
     return comm::all_to_all_single_async(recv, send, g, c.recv, c.send);
   }
 
