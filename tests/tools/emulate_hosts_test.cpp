@@ -3,8 +3,10 @@
 // and the script's own contract. Needs root (CI runs
 // as root); skipped where network namespaces cannot be made.
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -44,6 +46,27 @@ TEST(HierEmulatedHosts, TwoHostsOfTwoRanksRunHierarchicalAndMatchFlat) {
               std::string::npos)
         << r.output;
   }
+}
+
+// Hosts have their own cores: two emulated hosts split the cores the script may use, and
+// hprun gives each host's rank that share as threads, not every core of the machine.
+TEST(HierEmulatedHosts, EachHostRunsOnItsOwnShareOfTheCores) {
+  cpu_set_t usable;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(usable), &usable), 0);
+  const int share = std::max(1, CPU_COUNT(&usable) / 2);
+  Result r = run("--hosts 2 -- " HP_BIN_DIR "/hprun --nnodes 2 --node-rank {node_rank} --master-addr {master_addr} "
+                 "--master-port {master_port} --nproc-per-node 1 sh -c "
+                 "'echo threads=$OMP_NUM_THREADS cores=$(taskset -pc $$ | sed \"s/.*: //\")'");
+  if (r.code == 77) GTEST_SKIP() << r.output;
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::string cores[2];
+  for (int k = 0; k < 2; ++k) {
+    const std::string tag = "[rank" + std::to_string(k) + "]: threads=" + std::to_string(share) + " cores=";
+    const size_t at = r.output.find(tag);
+    ASSERT_NE(at, std::string::npos) << tag << " in\n" << r.output;
+    cores[k] = r.output.substr(at + tag.size(), r.output.find('\n', at) - at - tag.size());
+  }
+  if (CPU_COUNT(&usable) >= 2) EXPECT_NE(cores[0], cores[1]) << r.output;
 }
 
 TEST(HprunAcrossHosts, ARankFailingOnOneNodeStopsTheRanksOfEveryNode) {

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -92,13 +93,25 @@ TEST(Hprun, FourRanksRendezvousAndAllReduce) {
 // Each rank gets its slice of the cores as threads unless told otherwise; an empty value
 // tells nothing.
 TEST(Hprun, AnEmptyThreadCountGetsTheRanksSlice) {
-  const long slice = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN) / 2);
+  cpu_set_t usable;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(usable), &usable), 0);
+  const long slice = std::max(1, CPU_COUNT(&usable) / 2);
   Result r = run("--nproc-per-node 2 sh -c 'echo threads=$OMP_NUM_THREADS/$OPENBLAS_NUM_THREADS'",
                  "OMP_NUM_THREADS= OPENBLAS_NUM_THREADS=");
   EXPECT_EQ(r.code, 0) << r.output;
   const std::string want = "threads=" + std::to_string(slice) + "/" + std::to_string(slice);
   for (int k = 0; k < 2; ++k)
     EXPECT_NE(r.output.find("[rank" + std::to_string(k) + "]: " + want), std::string::npos) << r.output;
+}
+
+// The slice is of the cores hprun may run on: two emulated hosts on one machine each get
+// their own cores (scripts/emulate_hosts pins them), and their ranks must not each take
+// every core of the machine.
+TEST(Hprun, TheSliceIsOfTheCoresItMayRunOn) {
+  Result r = shell("OMP_NUM_THREADS= taskset -c 0 " HP_BIN_DIR
+                   "/hprun --nproc-per-node 1 sh -c 'echo threads=$OMP_NUM_THREADS'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank0]: threads=1\n"), std::string::npos) << r.output;
 }
 
 TEST(Hprun, NoSharedMemoryLeftAfterSigkill) {

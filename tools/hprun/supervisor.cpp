@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -22,6 +23,14 @@
 
 namespace hp::run {
 namespace {
+
+// The cores this process may run on (a cpuset, taskset, an emulated host's share), not
+// every core the machine has.
+long usable_cores() {
+  cpu_set_t set;
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+}
 
 volatile std::sig_atomic_t g_interrupted = 0;
 
@@ -142,7 +151,7 @@ pid_t spawn(const Options& opt, int rank, int local_rank, int port, int restart_
   set("HP_LAUNCHER_PID", std::to_string(launcher));
   // Like torchrun: ranks share the cores, so each gets its slice of threads unless told
   // otherwise (oversubscribed OpenMP/OpenBLAS pools spin and starve communication).
-  const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN) / opt.nproc_per_node);
+  const long cores = std::max(1L, usable_cores() / opt.nproc_per_node);
   // Set but empty counts as unset: OpenMP would take every core for every rank (20x slower
   // steps of the demo at 4 ranks on 2 cores).
   for (const char* k : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
