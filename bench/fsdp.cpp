@@ -8,7 +8,9 @@
 // run the asynchronous collectives on the calling thread (HP_ASYNC_COLLECTIVES=0), so
 // nothing overlaps; "ddp adamw no-comm" skips DDP's all-reduce: the compute-only step that
 // exposed communication (step time minus it) is measured against; "fsdp muon no-overlap"
-// exchanges Muon's matrices once each way around all the work (MuonOptions::overlap off).
+// exchanges Muon's matrices once each way around all the work (MuonOptions::overlap off);
+// "ddp adamw caps-only" buckets by the caps alone, as PyTorch's DDP (min_buckets = 1),
+// where the default makes buckets smaller across hosts.
 // `shape`: sequences per rank x sequence length (default 4x128; 8x256 is the batch of the
 // training-speed comparison, bench/peers).
 // Last, the bytes one step's all-gathers move with FP8 weights against bf16 parameters
@@ -62,8 +64,8 @@ int main(int argc, char** argv) {
   const int64_t batch = per_rank * world;
 
   std::vector<std::string> modes{"ddp adamw",          "ddp adamw on-caller",  "ddp adamw no-comm",
-                                 "fsdp adamw",         "fsdp adamw on-caller", "fsdp adamw no-prefetch",
-                                 "fsdp muon",          "fsdp muon no-overlap"};
+                                 "ddp adamw caps-only", "fsdp adamw",          "fsdp adamw on-caller",
+                                 "fsdp adamw no-prefetch", "fsdp muon",        "fsdp muon no-overlap"};
   if (argc > 4) {
     std::vector<std::string> chosen;
     for (const std::string& m : split(argv[4], ','))
@@ -82,7 +84,9 @@ int main(int argc, char** argv) {
       std::unique_ptr<DistributedDataParallel> ddp;
       std::optional<FSDPModule> fsdp;
       if (mode.rfind("ddp", 0) == 0) {
-        ddp = std::make_unique<DistributedDataParallel>(model, mesh);
+        DDPOptions o;
+        if (mode.find("caps-only") != std::string::npos) o.min_buckets = 1;  // PyTorch's bucketing
+        ddp = std::make_unique<DistributedDataParallel>(model, mesh, o);
       } else {
         FullyShardOptions o;
         o.prefetch = mode.find("no-prefetch") == std::string::npos;
@@ -172,6 +176,12 @@ int main(int argc, char** argv) {
                 exposed("ddp adamw"), exposed("ddp adamw on-caller"),
                 exposed("ddp adamw") / exposed("ddp adamw on-caller"));
     std::printf("RESULT ddp_exposed_comm_ratio %.3f\n", exposed("ddp adamw") / exposed("ddp adamw on-caller"));
+    if (results.count("ddp adamw caps-only")) {
+      const double caps = exposed("ddp adamw caps-only") / exposed("ddp adamw on-caller");
+      std::printf("ddp with the caps' buckets only: exposed communication %.1f ms: %.2fx\n",
+                  exposed("ddp adamw caps-only"), caps);
+      std::printf("RESULT ddp_caps_only_exposed_comm_ratio %.3f\n", caps);
+    }
   }
   // fully_shard computes what DDP does (and copies its shards in and out, which counts
   // here as communication on both sides).
