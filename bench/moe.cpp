@@ -9,7 +9,9 @@
 // Chunked rows: at the largest expert-parallel degree the same step with the token
 // exchange in C chunks (MoEOptions::num_chunks, default C = 2 and 4), taking turns with
 // C = 1; RESULT moe_chunked_speedup_ep<ep>_chunks<C> is tokens/s chunked over unchunked,
-// and the a2a share of a chunked row is the time the step waited on its exchanges.
+// moe_chunked_speedup_bound_ep<ep>_chunks<C> the most C chunks could gain in the same run
+// (all but 1/C of the unchunked step's exchange wait hidden), and the a2a share of a
+// chunked row is the time the step waited on its exchanges.
 // The overlap pays where the transfers need no core, across hosts:
 //   scripts/emulate_hosts --hosts 2 --rate 1gbit -- build/bin/hprun --nnodes 2 \
 //     --node-rank {node_rank} --master-addr {master_addr} --master-port {master_port} --nproc-per-node 1 \
@@ -155,6 +157,12 @@ int main(int argc, char** argv) {
                   double(tokens) / (median(r.ms) / 1e3));
       std::printf("RESULT moe_chunked_speedup_ep%lld_chunks%lld %.3f x\n", (long long)ep, (long long)chunks,
                   unchunked / median(r.ms));
+      // The most C chunks can gain: each chunk's exchange hides behind the other chunks'
+      // experts, but the first dispatch and the last combine have nothing to hide behind,
+      // so at best (1 - 1/C) of the unchunked step's exchange wait goes.
+      const double hidden = median(results[{ep, 1}].a2a_share) * (1 - 1.0 / double(chunks));
+      std::printf("RESULT moe_chunked_speedup_bound_ep%lld_chunks%lld %.3f x\n", (long long)ep, (long long)chunks,
+                  1 / (1 - hidden));
       std::printf("RESULT moe_a2a_share_ep%lld_chunks%lld %.3f\n", (long long)ep, (long long)chunks,
                   median(r.a2a_share));
       std::printf("RESULT moe_token_a2a_bytes_over_analytic_ep%lld_chunks%lld %.4f\n", (long long)ep,
