@@ -54,9 +54,10 @@ TEST(HierEmulatedHosts, EachHostRunsOnItsOwnShareOfTheCores) {
   cpu_set_t usable;
   ASSERT_EQ(::sched_getaffinity(0, sizeof(usable), &usable), 0);
   const int share = std::max(1, CPU_COUNT(&usable) / 2);
-  Result r = run("--hosts 2 -- " HP_BIN_DIR "/hprun --nnodes 2 --node-rank {node_rank} --master-addr {master_addr} "
-                 "--master-port {master_port} --nproc-per-node 1 sh -c "
-                 "'echo threads=$OMP_NUM_THREADS cores=$(taskset -pc $$ | sed \"s/.*: //\")'");
+  // Unset, as ctest sets it: hprun sets only what is unset.
+  Result r = shell("OMP_NUM_THREADS= " PROJECT_DIR "/scripts/emulate_hosts --hosts 2 -- " HP_BIN_DIR
+                   "/hprun --nnodes 2 --node-rank {node_rank} --master-addr {master_addr} --master-port {master_port} "
+                   "--nproc-per-node 1 sh -c 'echo threads=$OMP_NUM_THREADS cores=$(taskset -pc $$ | sed \"s/.*: //\")'");
   if (r.code == 77) GTEST_SKIP() << r.output;
   ASSERT_EQ(r.code, 0) << r.output;
   std::string cores[2];
