@@ -1,6 +1,7 @@
 // hp/nn.h: modules whose parameters are DTensors, building blocks, the Llama decoder.
 #pragma once
 
+#include "hp/nn/deferred_init.h"
 #include "hp/nn/layers.h"
 #include "hp/nn/moe.h"
 #include "hp/nn/moe_llama.h"

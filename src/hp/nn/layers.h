@@ -49,7 +49,10 @@ class RMSNorm : public Module {
   double eps_;
 };
 
-// A parameter of `shape` drawn N(0, std^2) (std 0: all ones) on `mesh`, replicated.
+// A parameter of `shape` drawn N(0, std^2) (std 0: all ones) on `mesh`, replicated; inside
+// no_init_parameters() deferred (deferred_init.h).
 DTensor init_parameter(const std::vector<int64_t>& shape, const DeviceMesh& mesh, double std);
+// The same, all zeros.
+DTensor init_zeros(const std::vector<int64_t>& shape, const DeviceMesh& mesh);
 
 }  // namespace hp::nn

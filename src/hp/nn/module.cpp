@@ -6,6 +6,9 @@
 namespace hp::nn {
 
 DTensor Module::operator()(const DTensor& x) {
+  HP_CHECK(deferred_.empty()) << "parameter '" << deferred_.begin()->first
+                              << "' was made inside nn::no_init_parameters() and is not drawn yet: call "
+                              << "nn::init_parameters(model) after sharding the model, before running it";
   DTensor in = x;
   for (auto& h : pre_hooks_) in = h(*this, in);
   DTensor out = forward_wrapper_ ? forward_wrapper_(*this, in) : forward(in);
@@ -61,6 +64,7 @@ void Module::zero_grad() {
 }
 
 DTensor& Module::register_parameter(std::string name, DTensor value) {
+  if (std::optional<ParameterInit> init = take_pending_init(value.to_local())) deferred_[name] = std::move(*init);
   params_.emplace_back(std::move(name), std::make_unique<DTensor>(make_parameter(value)));
   return *params_.back().second;
 }

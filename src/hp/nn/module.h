@@ -4,11 +4,13 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "hp/nn/deferred_init.h"
 #include "hp/tensor/dtensor.h"
 
 namespace hp::nn {
@@ -45,6 +47,10 @@ class Module {
   void set_forward_wrapper(ForwardWrapper wrapper) { forward_wrapper_ = std::move(wrapper); }
   bool has_forward_wrapper() const { return static_cast<bool>(forward_wrapper_); }
 
+  // This module's own parameters made inside no_init_parameters() and not drawn yet, by
+  // name (deferred_init.h); forward refuses to run while any is left.
+  std::map<std::string, ParameterInit>& deferred_inits() { return deferred_; }
+
  protected:
   // The returned reference stays valid; parallelization replaces the DTensor in place.
   DTensor& register_parameter(std::string name, DTensor value);
@@ -63,6 +69,7 @@ class Module {
   std::vector<PreHook> pre_hooks_;
   std::vector<PostHook> post_hooks_;
   ForwardWrapper forward_wrapper_;
+  std::map<std::string, ParameterInit> deferred_;
 };
 
 // A trainable leaf: detached from any graph, requiring grad.

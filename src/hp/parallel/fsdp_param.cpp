@@ -76,13 +76,19 @@ FSDPParam::FSDPParam(std::string name, DTensor* slot, const std::vector<int>& sh
     pieces_.push_back(std::move(p));
   }
   const Piece& mine = pieces_[shard_rank_];
-  at::Tensor local = full.to_local().detach().narrow(dim_, mine.offset, mine.size).clone();
+  // A deferred parameter (nn::no_init_parameters) gets storage of its shard's size only,
+  // for nn::init_parameters to fill.
+  const at::Tensor whole = full.to_local();
+  deferred_ = awaits_init(full);
+  const at::TensorOptions options = deferred_ ? tensor_options(mesh, whole.scalar_type()) : whole.options();
+  at::Tensor local = deferred_ ? at::empty(mine.shape, options)
+                               : whole.detach().narrow(dim_, mine.offset, mine.size).clone();
   sharded_ = nn::make_parameter(DTensor(local, mesh, spec));
   *slot_ = sharded_;
 
   reduce_dims_ = replicated;
   unsharded_spec_ = make_spec(full.sizes(), compute_dtype, mesh, full.placements());
-  unsharded_ = at::empty(full.to_local().sizes(), full.to_local().options().dtype(compute_dtype));
+  unsharded_ = at::empty(whole.sizes(), options.dtype(compute_dtype));
   unsharded_nbytes_ = unsharded_.storage().nbytes();
   free_unsharded();
 }

@@ -29,6 +29,9 @@ class FSDPParam {
             int replicate_dim, at::ScalarType compute_dtype);
 
   const std::string& name() const { return name_; }
+  // Made inside nn::no_init_parameters(): its shard has storage, not values, until
+  // nn::init_parameters fills it.
+  bool deferred() const { return deferred_; }
   DTensor* slot() const { return slot_; }  // the module's parameter
   const DTensor& sharded() const { return sharded_; }
   int64_t padded_numel() const { return padded_numel_; }  // one rank's slot in a flat buffer
@@ -78,6 +81,7 @@ class FSDPParam {
   };
   std::string name_;
   DTensor* slot_;
+  bool deferred_ = false;
   int dim_;  // the tensor dim split over the shard mesh dim
   int shard_rank_;
   std::vector<Piece> pieces_;  // per shard rank

@@ -89,7 +89,12 @@ class FSDPUnit : public std::enable_shared_from_this<FSDPUnit> {
     run_ = std::make_shared<FSDPRun>();
     if (params_.empty()) return;
     if (auto tier = make_offload_tier(options_.offload_policy, params_[0].sharded().device_mesh().rank()))
-      for (FSDPParam& p : params_) p.offload_to(tier, p.name());
+      for (FSDPParam& p : params_) {
+        HP_CHECK(!p.deferred()) << "fully_shard: parameter '" << p.name() << "' was made inside "
+                                << "nn::no_init_parameters(), and an offload policy sends its shard out at once: "
+                                << "call nn::init_parameters(model) before fully_shard when offloading";
+        p.offload_to(tier, p.name());
+      }
   }
 
   void adopt(const std::shared_ptr<FSDPUnit>& inner) {

@@ -36,6 +36,8 @@ at::TensorOptions tensor_options(const DeviceMesh& mesh, at::ScalarType dtype) {
   return at::TensorOptions().dtype(dtype).device(c10::Device(mesh.device_type()));
 }
 
+bool awaits_init(const DTensor& t) { return t.to_local().is_meta() && t.device_mesh().device_type() != "meta"; }
+
 DTensor DTensor::from_local(at::Tensor local, const DeviceMesh& mesh, std::vector<Placement> placements,
                             std::optional<std::vector<int64_t>> shape) {
   std::vector<int64_t> global = shape ? *shape : local.sizes().vec();

@@ -70,6 +70,10 @@ ShardSpec make_spec(const std::vector<int64_t>& shape, at::ScalarType dtype, con
 // dry-run, where tensors have shapes and no data).
 at::TensorOptions tensor_options(const DeviceMesh& mesh, at::ScalarType dtype = at::kFloat);
 
+// A parameter made inside nn::no_init_parameters() and not drawn yet: meta storage on a
+// mesh of real devices.
+bool awaits_init(const DTensor& t);
+
 // Spreads a full tensor over `mesh`. With src_rank < 0 every rank passes the same tensor;
 // otherwise rank `src_rank`'s tensor is broadcast first (the others may pass an undefined
 // tensor). Partial placements keep the values on coordinate 0 of that mesh dim (sum) or

@@ -93,6 +93,7 @@ at::Tensor dropout_mask(const std::vector<int64_t>& global, const std::vector<in
 
 void manual_seed(uint64_t seed) { t_state = RngState{seed, 0}; }
 RngState get_rng_state() { return t_state; }
+RngState reserve_randn(const std::vector<int64_t>& shape) { return take(Dist::Normal, numel_of(shape)); }
 void set_rng_state(RngState state) { t_state = state; }
 
 at::Tensor rand(const std::vector<int64_t>& shape, at::ScalarType dtype) {

@@ -24,6 +24,10 @@ struct RngState {
 void manual_seed(uint64_t seed);
 RngState get_rng_state();
 void set_rng_state(RngState state);
+// Advances the state past what randn(shape) would draw, drawing nothing, and returns the
+// state that draw would have started at: randn(shape, ...) at that state later gives the
+// same numbers (deferred initialisation draws each shard so).
+RngState reserve_randn(const std::vector<int64_t>& shape);
 
 // One device: the whole tensor.
 at::Tensor rand(const std::vector<int64_t>& shape, at::ScalarType dtype = at::kFloat);   // U[0, 1)

@@ -57,14 +57,19 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
   const int chunks = sched.num_stages;
   const std::vector<int64_t> layers = chunk_layers(cfg, chunks);
 
-  // The whole model on every stage mesh from the same seed, so each stage keeps the values
-  // one process would have; what no stage of this rank takes is freed at the end.
+  // The whole model on every stage mesh from the same seed, deferred (nn::no_init_parameters),
+  // so each stage draws the values one process would have; what no stage of this rank takes
+  // never gets storage.
   const bool moe = cfg.moe.enabled();
   std::shared_ptr<nn::Module> whole;
   if (moe) {
     whole = build_moe_llama(cfg, sm);
   } else {
-    auto llama = std::make_shared<nn::Llama>(cfg.model, sm);
+    std::shared_ptr<nn::Llama> llama;
+    {
+      auto deferred = nn::no_init_parameters();  // each stage draws its own shards below
+      llama = std::make_shared<nn::Llama>(cfg.model, sm);
+    }
     if (dims.tp > 1) parallelize_llama(*llama, sm["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true, cfg.mesh.async_tp});
     apply_context_parallel(*llama, sm, cfg);
     apply_precision(*llama, cfg);
@@ -91,6 +96,7 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
       const int zero = cfg.mesh.zero_stage();
       FullyShardOptions so = zero_stage_options(zero);
       so.offload_policy = shard_offload_policy(cfg, sm);
+      if (offloads(so)) nn::init_parameters(*stage);  // an offloaded shard goes out at once
       // MoE: as pp = 1, routed experts in their own unit over dp, the rest over dp x ep.
       const auto [shard_mesh, expert_mesh] =
           moe ? moe_shard_meshes(sm) : std::pair<DeviceMesh, DeviceMesh>{fully_shard_mesh(sm, cfg), fully_shard_mesh(sm, cfg)};
@@ -99,13 +105,17 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
       for (const auto& [name, m] : stage->named_children())
         if (name.rfind("layers.", 0) == 0) fully_shard(*m, shard_mesh, so);
       FSDPModule unit = fully_shard(*stage, shard_mesh, so);
+      nn::init_parameters(*stage);
       if (offloads(so)) t.offloaded.push_back(unit);
       o.set_requires_gradient_sync = [unit, zero](bool last) mutable { prepare_zero_backward(unit, zero, last); };
-    } else if (!reduce_dims.empty()) {
-      t.ddp.push_back(std::make_unique<DistributedDataParallel>(*stage, sm.submesh(reduce_dims)));
-      DistributedDataParallel* d = t.ddp.back().get();
-      o.set_requires_gradient_sync = [d](bool on) { d->set_requires_gradient_sync(on); };
-      o.sync_in_weight_backward = true;  // its hooks fire as W accumulates
+    } else {
+      nn::init_parameters(*stage);
+      if (!reduce_dims.empty()) {
+        t.ddp.push_back(std::make_unique<DistributedDataParallel>(*stage, sm.submesh(reduce_dims)));
+        DistributedDataParallel* d = t.ddp.back().get();
+        o.set_requires_gradient_sync = [d](bool on) { d->set_requires_gradient_sync(on); };
+        o.sync_in_weight_backward = true;  // its hooks fire as W accumulates
+      }
     }
     o.forward = [stage, aux_sum = t.stage_aux_loss, loss_scale](const DTensor& x) {
       DTensor y = (*stage)(x);

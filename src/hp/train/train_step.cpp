@@ -63,12 +63,15 @@ void build_moe_model(Training& t, const TrainConfig& cfg) {
   t.moe_llama = detail::build_moe_llama(cfg, mesh);
   nn::MoELlama& model = *t.moe_llama;
   const std::vector<std::string> reduce_dims = detail::gradient_reduce_dims(cfg);
+  const FullyShardOptions o = whole_model_shard_options(cfg, mesh);
+  // Each rank draws its shards once sharded; an offloaded shard goes out at once, so first.
+  if (!shards_data(cfg) || detail::offloads(o)) nn::init_parameters(model);
   if (cfg.mesh.data_parallel == "ddp" && !reduce_dims.empty())
     t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh.submesh(reduce_dims)));
   if (shards_data(cfg)) {
     const auto [others, experts] = detail::moe_shard_meshes(mesh);
-    const FullyShardOptions o = whole_model_shard_options(cfg, mesh);
     FSDPModule root = fully_shard_moe_llama(model, others, experts, o);
+    nn::init_parameters(model);
     if (detail::offloads(o)) t.offloaded.push_back(root);
     logits_in_float32(model, cfg);
   }
@@ -79,7 +82,10 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
   if (cfg.moe.enabled()) return build_moe_model(t, cfg);
   const ParallelDims dims = cfg.dims();
   DeviceMesh& mesh = t.stage_mesh;
-  t.llama = std::make_shared<nn::Llama>(cfg.model, mesh);
+  {
+    auto deferred = nn::no_init_parameters();  // each rank draws its own shards below
+    t.llama = std::make_shared<nn::Llama>(cfg.model, mesh);
+  }
   nn::Llama& model = *t.llama;
   if (dims.tp > 1) parallelize_llama(model, mesh["tp"], {cfg.mesh.sequence_parallel, /*loss_parallel=*/true, cfg.mesh.async_tp});
   detail::apply_context_parallel(model, mesh, cfg);
@@ -89,11 +95,15 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
   const std::vector<std::string> reduce_dims = detail::gradient_reduce_dims(cfg);
   if (shards_data(cfg)) {
     const FullyShardOptions o = whole_model_shard_options(cfg, mesh);
+    if (detail::offloads(o)) nn::init_parameters(model);  // an offloaded shard goes out at once
     FSDPModule root = fully_shard_llama(model, detail::fully_shard_mesh(mesh, cfg), o);
+    nn::init_parameters(model);
     if (detail::offloads(o)) t.offloaded.push_back(root);
     logits_in_float32(model, cfg);
-  } else if (!reduce_dims.empty()) {
-    t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh.submesh(reduce_dims)));
+  } else {
+    nn::init_parameters(model);
+    if (!reduce_dims.empty())
+      t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh.submesh(reduce_dims)));
   }
   t.model = t.llama;
 }
@@ -105,7 +115,11 @@ std::shared_ptr<nn::MoELlama> detail::build_moe_llama(const TrainConfig& cfg, co
   // A recomputed router would count its tokens' expert loads twice.
   HP_CHECK(cfg.memory.activation_checkpoint.empty())
       << cfg.source << ": memory.activation_checkpoint is not run for [moe] models yet; set it to \"\"";
-  auto model = std::make_shared<nn::MoELlama>(cfg.moe.model(cfg.model), mesh);
+  std::shared_ptr<nn::MoELlama> model;
+  {
+    auto deferred = nn::no_init_parameters();  // the caller draws each rank's shards (nn::init_parameters)
+    model = std::make_shared<nn::MoELlama>(cfg.moe.model(cfg.model), mesh);
+  }
   if (dims.tp > 1) parallelize_moe_llama(*model, mesh["tp"], {/*loss_parallel=*/true, cfg.mesh.sequence_parallel});
   if (dims.ep > 1) expert_parallelize_moe_llama(*model, mesh["ep"]);
   apply_precision(*model, cfg);
