@@ -33,7 +33,7 @@ struct Layout {
 std::unique_ptr<nn::Llama> build(const DeviceMesh& mesh, bool deferred, const nn::LlamaConfig& c) {
   manual_seed(1234);
   if (!deferred) return std::make_unique<nn::Llama>(c, mesh);
-  auto scope = nn::no_init_parameters();
+  auto scope = no_init_parameters();  // the original HyperParallel's names, in hp::
   return std::make_unique<nn::Llama>(c, mesh);
 }
 
@@ -56,7 +56,7 @@ View run(const Layout& layout, bool deferred) {
     View v;
     v.after_build = get_rng_state();
     layout.shard(*model, mesh);
-    if (deferred) nn::init_parameters(*model);
+    if (deferred) init_parameters(*model);
     for (auto& [name, p] : model->named_parameters()) v.shards[name] = p->to_local().detach().clone();
     optim::AdamW opt(model->parameters(), testing::adamw_options());
     manual_seed(99);

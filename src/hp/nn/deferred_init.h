@@ -10,12 +10,12 @@
 //
 //   std::unique_ptr<nn::Llama> model;
 //   {
-//     auto scope = nn::no_init_parameters();
+//     auto scope = no_init_parameters();
 //     model = std::make_unique<nn::Llama>(config, mesh);
 //   }
 //   parallelize_llama(*model, mesh["tp"]);
 //   fully_shard_llama(*model, mesh["dp"]);
-//   nn::init_parameters(*model);  // before DDP, an optimizer, a checkpoint load or a forward
+//   init_parameters(*model);  // before DDP, an optimizer, a checkpoint load or a forward
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -61,3 +61,9 @@ std::optional<ParameterInit> take_pending_init(const at::Tensor& local);
 void init_parameters(Module& module);
 
 }  // namespace hp::nn
+
+namespace hp {
+// The original HyperParallel's names, beside fully_shard and shard_module.
+using nn::init_parameters;
+using nn::no_init_parameters;
+}  // namespace hp
