@@ -37,6 +37,11 @@ std::unique_ptr<nn::Llama> build(const DeviceMesh& mesh, bool deferred, const nn
   return std::make_unique<nn::Llama>(c, mesh);
 }
 
+std::unique_ptr<nn::Linear> deferred_linear(const DeviceMesh& mesh) {
+  auto scope = no_init_parameters();
+  return std::make_unique<nn::Linear>(3, 2, mesh);
+}
+
 // Rank by rank: the local shards, the RNG state after building, and two training steps' losses.
 struct View {
   std::map<std::string, at::Tensor> shards;
@@ -154,11 +159,7 @@ TEST(DeferredInitLayers, BiasesAndNormsAreDrawnAsBuilt) {
 TEST(DeferredInitLayers, UseBeforeInitParametersIsRefusedNamingIt) {
   comm::run_local_ranks(1, [](int) {
     DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
-    std::unique_ptr<nn::Linear> linear;
-    {
-      auto scope = nn::no_init_parameters();
-      linear = std::make_unique<nn::Linear>(3, 2, mesh);
-    }
+    std::unique_ptr<nn::Linear> linear = deferred_linear(mesh);
     DTensor x = distribute_tensor(at::ones({1, 3}), mesh, {Replicate()});
     auto expect_refused = [](const std::function<void()>& f, const std::string& who) {
       try {
@@ -181,11 +182,7 @@ TEST(DeferredInitLayers, UseBeforeInitParametersIsRefusedNamingIt) {
 TEST(DeferredInitLayers, OffloadingAShardNotDrawnYetIsRefused) {
   comm::run_local_ranks(1, [](int) {
     DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
-    std::unique_ptr<nn::Linear> linear;
-    {
-      auto scope = nn::no_init_parameters();
-      linear = std::make_unique<nn::Linear>(3, 2, mesh);
-    }
+    std::unique_ptr<nn::Linear> linear = deferred_linear(mesh);
     FullyShardOptions o;
     o.offload_policy = FileOffloadPolicy{::testing::TempDir() + "deferred_offload"};
     try {

@@ -60,9 +60,9 @@ void init_parameters(Module& module) {
       DTensor& p = m->param(name);
       at::Tensor local = p.to_local();
       at::Tensor piece = draw_piece(p, init);
-      if (awaits_init(p))
+      if (awaits_init(p)) {
         p = make_parameter(DTensor(piece.to(local.scalar_type()), p.device_mesh(), p.spec()));
-      else if (!local.is_meta()) {
+      } else if (!local.is_meta()) {  // a meta mesh's dry-run keeps its meta tensors
         HP_CHECK(local.numel() == 0 || local.storage().nbytes() > 0)
             << "init_parameters: parameter '" << (prefix.empty() ? name : prefix + "." + name)
             << "' has given its storage away (offloaded); initialise before offloading";
