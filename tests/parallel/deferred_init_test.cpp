@@ -12,6 +12,7 @@
 #include <ostream>
 #include <string>
 
+#include "hp/checkpoint/state.h"
 #include "hp/optim/adamw.h"
 #include "hp/parallel.h"
 #include "hp/tensor/memory_stats.h"
@@ -172,6 +173,7 @@ TEST(DeferredInitLayers, UseBeforeInitParametersIsRefusedNamingIt) {
     expect_refused([&] { (*linear)(x); }, "forward");
     expect_refused([&] { optim::AdamW opt(linear->parameters()); }, "AdamW");
     expect_refused([&] { DistributedDataParallel ddp(*linear, mesh); }, "DDP");
+    expect_refused([&] { checkpoint::State().add_module(*linear); }, "a checkpoint's state");
     nn::init_parameters(*linear);
     EXPECT_EQ((*linear)(x).to_local().sizes(), (std::vector<int64_t>{1, 2}));
   });

@@ -12,7 +12,11 @@
 
 namespace hp::checkpoint {
 
-void State::add(const std::string& name, const DTensor& t) { add(name, t.to_local(), t); }
+void State::add(const std::string& name, const DTensor& t) {
+  HP_CHECK(!awaits_init(t)) << "checkpoint state: tensor " << name << " was made inside no_init_parameters() and "
+                            << "is not drawn yet: call init_parameters(model) before saving or loading it";
+  add(name, t.to_local(), t);
+}
 
 void State::add(const std::string& name, const at::Tensor& local, const DTensor& like) {
   if (!like.device_mesh().contains_me()) return;
