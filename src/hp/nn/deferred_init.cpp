@@ -58,16 +58,17 @@ void init_parameters(Module& module) {
   for (auto& [prefix, m] : module.named_modules()) {
     for (auto& [name, init] : m->deferred_inits()) {
       DTensor& p = m->param(name);
-      at::Tensor local = p.to_local();
-      at::Tensor piece = draw_piece(p, init);
+      const at::Tensor local = p.to_local();
+      if (local.is_meta() && !awaits_init(p)) continue;  // a meta mesh's dry-run keeps its meta tensors
+      const at::Tensor piece = draw_piece(p, init);
       if (awaits_init(p)) {
         p = make_parameter(DTensor(piece.to(local.scalar_type()), p.device_mesh(), p.spec()));
-      } else if (!local.is_meta()) {  // a meta mesh's dry-run keeps its meta tensors
-        HP_CHECK(local.numel() == 0 || local.storage().nbytes() > 0)
-            << "init_parameters: parameter '" << (prefix.empty() ? name : prefix + "." + name)
-            << "' has given its storage away (offloaded); initialise before offloading";
-        local.copy_(piece);
+        continue;
       }
+      HP_CHECK(local.numel() == 0 || local.storage().nbytes() > 0)
+          << "init_parameters: parameter '" << (prefix.empty() ? name : prefix + "." + name)
+          << "' has given its storage away (offloaded); initialise before offloading";
+      local.copy_(piece);
     }
     m->deferred_inits().clear();
   }
