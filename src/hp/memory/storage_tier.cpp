@@ -42,7 +42,10 @@ void FileTier::write(const std::string& key, const at::Tensor& t) {
     std::lock_guard<std::mutex> lock(mu_);
     written_.insert(key);
   }
-  Fd f{::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)};
+  // Overwritten in place, not truncated first: a truncated file gives its blocks back
+  // (a discard on a mount with `discard`) and ext4 flushes a file rewritten after a
+  // truncation when it is closed, so every step would wait for the disk.
+  Fd f{::open(p.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600)};
   HP_CHECK(f.fd >= 0) << "FileTier: cannot open " << p << " for writing: " << std::strerror(errno);
   const char* data = static_cast<const char*>(c.data_ptr());
   const int64_t n = static_cast<int64_t>(c.nbytes());
@@ -50,10 +53,18 @@ void FileTier::write(const std::string& key, const at::Tensor& t) {
   while (done < n) {
     const ssize_t w = ::pwrite(f.fd, data + done, static_cast<size_t>(n - done), done);
     if (w < 0 && errno == EINTR) continue;
-    HP_CHECK(w > 0) << "FileTier: writing " << n << " bytes to " << p << " stopped after " << done
-                    << ": " << (w < 0 ? std::strerror(errno) : "no progress") << " (the tensor stays in memory)";
+    if (w <= 0) {
+      const std::string why = w < 0 ? std::strerror(errno) : "no progress";
+      [[maybe_unused]] const int emptied = ::ftruncate(f.fd, 0);  // no half-new bytes read back as the tensor
+      HP_FAIL() << "FileTier: writing " << n << " bytes to " << p << " stopped after " << done << ": " << why
+                << " (the tensor stays in memory)";
+    }
     done += w;
   }
+  struct stat st;
+  HP_CHECK(::fstat(f.fd, &st) == 0) << "FileTier: stat " << p << ": " << std::strerror(errno);
+  HP_CHECK(st.st_size == n || ::ftruncate(f.fd, n) == 0)
+      << "FileTier: cannot cut " << p << " to " << n << " bytes: " << std::strerror(errno);
 }
 
 void FileTier::read(const std::string& key, at::Tensor& into) {

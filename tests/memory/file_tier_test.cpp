@@ -1,0 +1,59 @@
+// FileTier rewrites a key's file in place: what reads back is always the last write whole,
+// never the bytes of an earlier, longer one nor a write that failed part way.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <sys/resource.h>
+
+#include <csignal>
+#include <cstdlib>
+
+#include "hp/base/error.h"
+#include "hp/memory/storage_tier.h"
+
+using namespace hp;
+
+namespace {
+
+std::string fresh_dir() {
+  char tmpl[] = "/tmp/hp_file_tier_XXXXXX";
+  HP_CHECK(::mkdtemp(tmpl) != nullptr) << "mkdtemp failed";
+  return tmpl;
+}
+
+}  // namespace
+
+TEST(FileTier, AShorterRewriteReadsBackAtItsOwnSize) {
+  memory::FileTier tier(fresh_dir());
+  tier.write("k", at::arange(64, at::kFloat));
+  const at::Tensor shorter = at::arange(16, at::kFloat) * 2;
+  tier.write("k", shorter);
+  at::Tensor got = at::empty({16}, at::kFloat);
+  tier.read("k", got);
+  EXPECT_TRUE(at::equal(got, shorter));
+  at::Tensor as_before = at::empty({64}, at::kFloat);
+  EXPECT_THROW(tier.read("k", as_before), hp::Error);
+}
+
+// A file size limit stands for a disk that fills part way through a rewrite.
+TEST(FileTier, ARewriteThatFailsPartWayLeavesNothingToReadBack) {
+  memory::FileTier tier(fresh_dir());
+  tier.write("k", at::zeros({64}, at::kFloat));  // 256 bytes
+  rlimit old;
+  ::getrlimit(RLIMIT_FSIZE, &old);
+  auto previous = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit tiny = old;
+  tiny.rlim_cur = 100;  // the rewrite's first 100 bytes land, the rest do not
+  ::setrlimit(RLIMIT_FSIZE, &tiny);
+  std::string error;
+  try {
+    tier.write("k", at::ones({64}, at::kFloat));
+  } catch (const hp::Error& e) {
+    error = e.what();
+  }
+  ::setrlimit(RLIMIT_FSIZE, &old);
+  std::signal(SIGXFSZ, previous);
+  EXPECT_NE(error.find("stays in memory"), std::string::npos) << error;
+  at::Tensor got = at::empty({64}, at::kFloat);
+  EXPECT_THROW(tier.read("k", got), hp::Error) << "read back: " << got;
+}
