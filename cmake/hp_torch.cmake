@@ -64,3 +64,13 @@ add_library(hp_torch_pch OBJECT ${CMAKE_BINARY_DIR}/hp_torch_pch.cpp)
 target_link_libraries(hp_torch_pch PUBLIC hp_torch)
 target_compile_options(hp_torch_pch PRIVATE -fPIC)
 target_precompile_headers(hp_torch_pch PRIVATE ${PROJECT_SOURCE_DIR}/src/hp/torch_pch.h)
+
+# The OpenMP runtime LibTorch's intra-op threads run on (the wheel's own libgomp), for hp
+# code whose at::parallel_for must share them (compiled with -fopenmp; see
+# src/hp/tensor/CMakeLists.txt): one runtime, so at::set_num_threads governs both.
+if(EXISTS ${HP_TORCH_DIR}/lib/libgomp.so.1)
+  set(HP_TORCH_OPENMP ${HP_TORCH_DIR}/lib/libgomp.so.1)
+else()
+  find_package(OpenMP REQUIRED COMPONENTS CXX)
+  set(HP_TORCH_OPENMP OpenMP::OpenMP_CXX)
+endif()

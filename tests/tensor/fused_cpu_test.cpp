@@ -4,6 +4,7 @@
 #include "hp/tensor/fused_cpu.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -137,6 +138,16 @@ TEST(FusedSwiGLU, OnlyWhereItApplies) {
   y.sum().backward();
   EXPECT_EQ(gm.grad().sizes(), gm.sizes());
   EXPECT_EQ(um.grad().sizes(), um.sizes());
+}
+
+// The kernels split their rows over ATen's intra-op threads (fused_cpu.cpp is compiled
+// with OpenMP, on LibTorch's runtime): without it they ran on one core of a two-thread process.
+TEST(FusedCpu, KernelsSplitTheirRowsOverTheIntraOpThreads) {
+  const int before = at::get_num_threads();
+  at::set_num_threads(2);
+  EXPECT_EQ(fused::threads_for_rows(1024), 2);
+  EXPECT_EQ(fused::threads_for_rows(8), 1);  // under one task's rows
+  at::set_num_threads(before);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -239,6 +240,12 @@ struct SwiGLUFunction : torch::autograd::Function<SwiGLUFunction> {
 bool enabled() {
   const char* v = std::getenv("HP_FUSED_KERNELS");
   return !(v && std::string(v) == "0");
+}
+
+int threads_for_rows(int64_t rows) {
+  std::atomic<int> tasks{0};
+  at::parallel_for(0, rows, kRowGrain, [&](int64_t, int64_t) { ++tasks; });
+  return tasks;
 }
 
 bool rms_norm_fusable(const at::Tensor& x, const at::Tensor& weight) {

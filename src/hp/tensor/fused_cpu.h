@@ -16,6 +16,10 @@ namespace hp::fused {
 // then runs as its ATen composition.
 bool enabled();
 
+// How many of ATen's intra-op threads these kernels split `rows` rows over (the tasks of
+// at::parallel_for that got rows): 1 in a build whose kernels were compiled without OpenMP.
+int threads_for_rows(int64_t rows);
+
 // x [..., D] contiguous, weight [D], same float32/float64 dtype and device (CPU or meta).
 bool rms_norm_fusable(const at::Tensor& x, const at::Tensor& weight);
 // x * rsqrt(mean(x^2 over the last dim) + eps) * weight. Keeps x, weight and one 1/rms per
