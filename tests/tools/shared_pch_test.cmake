@@ -1,6 +1,8 @@
 # Every translation unit that sees LibTorch's headers compiles with hp_torch_pch's one
 # precompiled header (cmake/hp_torch.cmake, hp_share_torch_pch): a target left out parses
-# those headers again in each of its sources, about twice their compile time.
+# those headers again in each of its sources, about twice their compile time. Sources
+# compiled with -fopenmp are the exception (the header is built without it, and
+# at::parallel_for's body depends on it): src/hp/tensor/CMakeLists.txt names them.
 #   cmake -DCOMPILE_COMMANDS=<build>/compile_commands.json -DTORCH_INCLUDE=<torch>/include -P shared_pch_test.cmake
 file(READ ${COMPILE_COMMANDS} json)
 string(JSON count LENGTH "${json}")
@@ -15,6 +17,10 @@ foreach(i RANGE ${last})
     continue()
   endif()
   math(EXPR torch_sources "${torch_sources} + 1")
+  string(FIND "${command}" " -fopenmp" openmp)
+  if(NOT openmp EQUAL -1)
+    continue()
+  endif()
   string(FIND "${command}" "/hp_torch_pch.dir/cmake_pch.hxx" shares)
   if(shares EQUAL -1)
     string(JSON file GET "${entry}" file)
