@@ -63,6 +63,10 @@ void Checkpointer::save(int64_t step, const State& state) {
     for (const auto& p : job.pieces) versions.push_back(p.data._version());
     std::lock_guard<std::mutex> lock(mu_);
     snapshot_taken_ = false;
+    live_.clear();
+    for (const auto& p : job.pieces) live_.push_back(p.data);
+    versions_ = versions;
+    versions_at_wait_.clear();
   } else {
     // Here: the live tensors change as soon as training goes on.
     take_snapshot(job, buffers_, nullptr);
@@ -86,9 +90,27 @@ void Checkpointer::save(int64_t step, const State& state) {
           }
           snapshot_done();
         };
-      write_and_commit(job, prepare);
+      // The versions as of wait_for_snapshot() (or now, if it was not called) must be
+      // those of save(): else a change may have been under way while the copy was taken.
+      std::function<void()> verify;
+      if (deferred)
+        verify = [&] {
+          std::lock_guard<std::mutex> lock(mu_);
+          for (size_t i = 0; i < live_.size(); ++i) {
+            const int64_t seen = versions_at_wait_.empty() ? live_[i]._version() : versions_at_wait_[i];
+            HP_CHECK(seen == versions_[i])
+                << "checkpoint step " << job.step << ": tensor '" << job.pieces[i].tensor
+                << "' changed while its snapshot was taken; call Checkpointer::wait_for_snapshot() before "
+                   "updating the saved state (the optimizer step)";
+          }
+        };
+      write_and_commit(job, prepare, verify);
     } catch (...) {
       error_ = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_.clear();  // the model's own tensors: not held past the save
     }
     snapshot_done();
   });
@@ -97,6 +119,8 @@ void Checkpointer::save(int64_t step, const State& state) {
 void Checkpointer::wait_for_snapshot() {
   std::unique_lock<std::mutex> lock(mu_);
   snapshot_cv_.wait(lock, [this] { return snapshot_taken_; });
+  if (!live_.empty() && versions_at_wait_.empty())
+    for (const at::Tensor& t : live_) versions_at_wait_.push_back(t._version());
 }
 
 void Checkpointer::wait() {

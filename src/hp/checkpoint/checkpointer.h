@@ -4,8 +4,8 @@
 // With defer_snapshot the copy too runs on that thread, beside the next forward and
 // backward, which only read the state: call wait_for_snapshot() before anything changes a
 // saved tensor (the optimizer step). A tensor that changes before its copy is taken fails
-// that save (its version counter tells), so a missing call never publishes a torn
-// checkpoint. A save waits for the previous one first; wait() and the destructor wait too.
+// that save (its version counter tells, when the copy is taken and again when the files
+// are written), so a missing call never publishes a torn checkpoint. A save waits for the previous one first; wait() and the destructor wait too.
 #pragma once
 
 #include <cstdint>
@@ -60,6 +60,12 @@ class Checkpointer {
   std::mutex mu_;
   std::condition_variable snapshot_cv_;
   bool snapshot_taken_ = true;
+  // A deferred save's live pieces and their versions at save(), and at the first
+  // wait_for_snapshot() after it (empty: not waited for): a change still being made while
+  // the copy was taken bumps its version only when done, so the versions are checked again
+  // once the files are written.
+  std::vector<at::Tensor> live_;
+  std::vector<int64_t> versions_, versions_at_wait_;
 };
 
 }  // namespace hp::checkpoint

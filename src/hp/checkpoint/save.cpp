@@ -260,7 +260,8 @@ SaveJob plan_save(const std::string& root, int64_t step, int64_t keep, const Sta
   return job;
 }
 
-void write_and_commit(const SaveJob& job, const std::function<void()>& prepare) {
+void write_and_commit(const SaveJob& job, const std::function<void()>& prepare,
+                      const std::function<void()>& verify) {
   const std::string tmp = tmp_dir(job.root, job.step);
   const std::string part_key = job.key + "/part/" + std::to_string(job.rank);
   std::exception_ptr failed;
@@ -268,7 +269,9 @@ void write_and_commit(const SaveJob& job, const std::function<void()>& prepare) 
   try {
     if (prepare) prepare();
     fs::create_directories(tmp);
-    job.store->set(part_key, bytes_of(to_json(write_rank_file(job, tmp))));
+    const std::vector<uint8_t> part = bytes_of(to_json(write_rank_file(job, tmp)));
+    if (verify) verify();
+    job.store->set(part_key, part);
   } catch (const std::exception& e) {
     failed = std::current_exception();
     why = e.what();

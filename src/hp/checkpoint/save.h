@@ -48,8 +48,10 @@ SaveJob plan_save(const std::string& root, int64_t step, int64_t keep, const Sta
 // Writes this rank's file, then rank 0 writes metadata.json and renames the directory
 // into place once every rank's file is on disk; returns when it is published (or throws,
 // on every rank, if any rank failed). `prepare` (e.g. taking the snapshot the pieces
-// point to) runs first and fails the save like a failed write.
-void write_and_commit(const SaveJob& job, const std::function<void()>& prepare = {});
+// point to) runs first and `verify` after this rank's file is written; either fails the
+// save like a failed write.
+void write_and_commit(const SaveJob& job, const std::function<void()>& prepare = {},
+                      const std::function<void()>& verify = {});
 
 // Every rank adds itself to `key`; the last to arrive opens the gate for all. `who`
 // starts the error a rank that waited past `timeout` gets.

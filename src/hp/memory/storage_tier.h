@@ -27,9 +27,10 @@ class StorageTier {
 
 // Files `dir/key` rewritten in place with pwrite and read with pread, each call opening
 // the file by its path, so a file deleted under a run is an error at its next read instead
-// of data read from an unlinked inode. Plain page-cache I/O: at these sizes (optimizer state in
-// batches of tens of MiB) O_DIRECT's aligned buffers would cost a copy and save nothing
-// measurable, and a memory map would leave every touched page counted in the resident set.
+// of data read from an unlinked inode. Plain page-cache I/O: at these sizes (optimizer
+// state in batches of tens of MiB) O_DIRECT's aligned buffers would cost a copy and save
+// nothing measurable, and a memory map would leave every touched page counted in the
+// resident set.
 class FileTier : public StorageTier {
  public:
   explicit FileTier(std::string dir);  // created if missing
