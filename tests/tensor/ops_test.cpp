@@ -2,6 +2,8 @@
 // tensors (float64, relative 1e-10), over random layouts on 1-D and 2-D meshes.
 #include <gtest/gtest.h>
 
+#include <ATen/Parallel.h>
+
 #include <cmath>
 
 #include "check.h"
@@ -214,6 +216,56 @@ TEST(DistributedRng, OffsetAdvancesByTheCountersEachDrawConsumes) {
     set_rng_state({3, 0});
     at::Tensor consumed = hp::rand({20}, at::kDouble);  // the normal's 20 uniforms
     EXPECT_FALSE(at::isin(u, consumed).any().item<bool>());
+  });
+}
+
+// Every element is the documented function of its counter: splitmix64 of the counter,
+// xored with the seed, splitmix64 again, top 53 bits; a normal is Box-Muller on the
+// element's counters 2g and 2g + 1. Checked element by element against that formula,
+// here written out again, for whole tensors and for an uneven shard of the last dim, with
+// blocks large enough to be drawn on several threads.
+namespace {
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+double uniform(uint64_t seed, uint64_t counter) { return (splitmix64(splitmix64(counter) ^ seed) >> 11) * 0x1.0p-53; }
+double normal(uint64_t seed, uint64_t counter) {
+  const double u1 = 1.0 - uniform(seed, counter), u2 = uniform(seed, counter + 1);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+}  // namespace
+
+TEST(DistributedRng, EveryElementIsTheFormulaOfItsCounter) {
+  const int before = at::get_num_threads();
+  at::set_num_threads(2);
+  const std::vector<int64_t> shape{3, 70, 130};
+  manual_seed(11);
+  const at::Tensor u = hp::rand(shape, at::kDouble), g = hp::randn(shape, at::kDouble);
+  at::set_num_threads(before);
+  const int64_t n = 3 * 70 * 130;
+  const double *pu = u.const_data_ptr<double>(), *pg = g.const_data_ptr<double>();
+  int wrong = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    wrong += pu[i] != uniform(11, static_cast<uint64_t>(i));
+    wrong += pg[i] != normal(11, static_cast<uint64_t>(n + 2 * i));  // after the uniforms' n counters
+  }
+  EXPECT_EQ(wrong, 0);
+  comm::run_local_ranks(3, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {3});
+    manual_seed(11);
+    hp::rand(shape, mesh, {Shard(2)});  // the same counters as above
+    const DTensor drawn = hp::randn(shape, mesh, {Shard(2)}, at::kDouble);
+    const at::Tensor piece = drawn.to_local();
+    const int64_t cols = piece.size(2), first = drawn.spec().global_offset(mesh.coordinate())[2];
+    int wrong_here = 0;
+    for (int64_t a = 0; a < 3; ++a)
+      for (int64_t b = 0; b < 70; ++b)
+        for (int64_t c = 0; c < cols; ++c)
+          wrong_here += piece[a][b][c].item<double>() != normal(11, static_cast<uint64_t>(n + 2 * ((a * 70 + b) * 130 + first + c)));
+    EXPECT_EQ(wrong_here, 0) << "rank " << rank;
   });
 }
 

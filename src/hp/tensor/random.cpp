@@ -1,7 +1,9 @@
 #include "hp/tensor/random.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "hp/base/error.h"
@@ -26,7 +28,18 @@ double uniform_at(uint64_t seed, uint64_t counter) {
 
 enum class Dist { Uniform, Normal };
 
-// Draws the block [offset, offset + shape) of a tensor of `global` shape.
+// One value of `dist` at the element with flat index `g` of the whole tensor.
+double value_at(Dist dist, const RngState& s, uint64_t g) {
+  if (dist == Dist::Uniform) return uniform_at(s.seed, s.offset + g);
+  // Box-Muller on the element's two counters
+  const uint64_t c = s.offset + 2 * g;
+  const double u1 = 1.0 - uniform_at(s.seed, c), u2 = uniform_at(s.seed, c + 1);
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+}
+
+// Draws the block [offset, offset + shape) of a tensor of `global` shape. Every element
+// is a function of its counter alone, so rows of the block are drawn on ATen's intra-op
+// threads (this file is compiled with OpenMP) with the numbers of one thread.
 at::Tensor draw(Dist dist, const std::vector<int64_t>& global, const std::vector<int64_t>& offset,
                 const std::vector<int64_t>& shape, RngState s) {
   const int nd = static_cast<int>(global.size());
@@ -35,23 +48,22 @@ at::Tensor draw(Dist dist, const std::vector<int64_t>& global, const std::vector
   int64_t n = 1;
   for (int64_t e : shape) n *= e;
   at::Tensor out = at::empty(shape, at::kDouble);
+  if (n == 0) return out;
   double* p = out.data_ptr<double>();
-  std::vector<int64_t> idx(nd, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    uint64_t g = 0;
-    for (int d = 0; d < nd; ++d) g += static_cast<uint64_t>((offset[d] + idx[d]) * stride[d]);
-    if (dist == Dist::Uniform) {
-      p[i] = uniform_at(s.seed, s.offset + g);
-    } else {  // Box-Muller on the element's two counters
-      const uint64_t c = s.offset + 2 * g;
-      double u1 = 1.0 - uniform_at(s.seed, c), u2 = uniform_at(s.seed, c + 1);
-      p[i] = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+  const int64_t cols = nd ? shape[nd - 1] : 1, rows = n / cols;
+  const uint64_t first_col = nd ? static_cast<uint64_t>(offset[nd - 1]) : 0;
+  constexpr int64_t kValuesPerTask = 1 << 14;
+  at::parallel_for(0, rows, std::max<int64_t>(1, kValuesPerTask / cols), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      uint64_t g = first_col;  // the row's first element, as a flat index of the whole tensor
+      for (int64_t d = nd - 2, rest = r; d >= 0; --d) {
+        g += static_cast<uint64_t>((offset[d] + rest % shape[d]) * stride[d]);
+        rest /= shape[d];
+      }
+      double* row = p + r * cols;
+      for (int64_t j = 0; j < cols; ++j) row[j] = value_at(dist, s, g + static_cast<uint64_t>(j));
     }
-    for (int d = nd - 1; d >= 0; --d) {
-      if (++idx[d] < shape[d]) break;
-      idx[d] = 0;
-    }
-  }
+  });
   return out;
 }
 
