@@ -113,16 +113,17 @@ ModelDesc bench_3m() {
 // 4 kv heads, ffn 688) at seq 256.
 TEST(Memory, EagerActivationsByHand) {
   ModelDesc m = bench_3m();
-  // Norms 2 x (input 256 + 1/rms + output 256); attention 4 x 256 + 2 x 128 + 8 heads'
-  // log-sum-exp; SwiGLU 3 x 688 (gate, up, their product).
-  EXPECT_DOUBLE_EQ(eager_layer_activation_elements(m, 1), 1026 + 1288 + 2064);
+  // Norms 2 x (input 256 + 1/rms + output 256); attention 2 x 256 (rotated q, the output,
+  // which o_proj reads as a view) + 2 x 128 (rotated k, v) + 8 heads' log-sum-exp; SwiGLU
+  // 3 x 688 (gate, up, their product).
+  EXPECT_DOUBLE_EQ(eager_layer_activation_elements(m, 1), 1026 + 776 + 2064);
   // t = 2 with sequence parallelism: each norm h/2 + 1/2 + the gathered h = 384.5;
-  // attention 4 x 128 + 2 x 64 + 4 = 644; SwiGLU 3 x 344 = 1032.
-  EXPECT_DOUBLE_EQ(eager_layer_activation_elements(m, 2), 769 + 644 + 1032);
+  // attention 2 x 128 + 2 x 64 + 4 = 388; SwiGLU 3 x 344 = 1032.
+  EXPECT_DOUBLE_EQ(eager_layer_activation_elements(m, 2), 769 + 388 + 1032);
   EXPECT_THROW(eager_layer_activation_elements(m, 1, /*moe_layer=*/true), hp::Error);
   // A MoE layer: the same norms and attention; router 2E + k, then per routed copy 2h + 3F.
   m.experts = 8, m.top_k = 2, m.moe_ffn = 64;
-  EXPECT_DOUBLE_EQ(eager_layer_activation_elements(m, 1, true), 1026 + 1288 + 16 + 2 + 2 * (512 + 192));
+  EXPECT_DOUBLE_EQ(eager_layer_activation_elements(m, 1, true), 1026 + 776 + 16 + 2 + 2 * (512 + 192));
 }
 
 // Selective checkpointing of the same layer keeps the input x, q and k, v, the attention
@@ -144,7 +145,7 @@ TEST(Memory, EagerSelectiveActivationsByHand) {
   // head's logits term) in both.
   const double working = 256 * 4 * 95.0;
   EXPECT_DOUBLE_EQ(stage_memory(m, s, all, 0, 1, eager).activations,
-                   (none - working) * (4 * 2664.0 + (4378 - 2664)) / (4 * 4378.0) + working);
+                   (none - working) * (4 * 2664.0 + (3866 - 2664)) / (4 * 3866.0) + working);
 }
 
 // A layer's backward holds SwiGLU's gate and up gradients (2 x 688 per token) beside the
@@ -157,10 +158,10 @@ TEST(Memory, EagerBackwardWorkingSet) {
   StageContents body;
   body.dense_layers = 2;
   const Numerics eager = numerics_preset("fp32-eager");
-  EXPECT_DOUBLE_EQ(stage_memory(m, s, body, 0, 1, eager).activations, 256 * 4 * (2 * 4378.0 + 2 * 688));
+  EXPECT_DOUBLE_EQ(stage_memory(m, s, body, 0, 1, eager).activations, 256 * 4 * (2 * 3866.0 + 2 * 688));
   body.head = true;
   const MemoryBreakdown with_head = stage_memory(m, s, body, 0, 1, eager);
-  EXPECT_DOUBLE_EQ(with_head.activations, 256 * 4 * (2 * 4378.0 + 2 * 688 - 1281));
+  EXPECT_DOUBLE_EQ(with_head.activations, 256 * 4 * (2 * 3866.0 + 2 * 688 - 1281));
   EXPECT_DOUBLE_EQ(with_head.logits, 256 * 4 * 1281.0);
 }
 

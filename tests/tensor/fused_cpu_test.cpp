@@ -95,7 +95,18 @@ TEST(FusedRotary, BitwiseTheCompositionOnStridedHeads) {
     (want * weighting).sum().backward();
     EXPECT_TRUE(at::equal(got, want));
     EXPECT_TRUE(at::equal(x1.grad(), x2.grad()));
+    // Laid out as its input, [B, S, H, D] in storage: attention's output then goes back
+    // to [B, S, H * D] without a copy.
+    EXPECT_EQ(got.strides(), x1.strides());
+    EXPECT_TRUE(got.transpose(1, 2).is_contiguous());
+  }
+  {  // a strided input that is not dense (a narrowed head dim) gives a contiguous output
+    const at::Tensor wide = at::randn({2, 3, 7, 12}), x = wide.narrow(-1, 0, 10);
+    const at::Tensor angle = at::arange(7, at::kFloat).unsqueeze(1) * at::rand({5}).unsqueeze(0);
+    ASSERT_TRUE(fused::rotary_fusable(x, angle.cos(), angle.sin()));
+    const at::Tensor got = fused::rotary(x, angle.cos(), angle.sin());
     EXPECT_TRUE(got.is_contiguous());
+    EXPECT_TRUE(at::equal(got, rotary_composite(x, angle.cos(), angle.sin())));
   }
   const at::Tensor x = at::randn({1, 1, 4, 6});
   EXPECT_FALSE(fused::rotary_fusable(x, at::randn({4, 2}), at::randn({4, 2})));  // tables of the wrong width

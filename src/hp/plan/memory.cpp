@@ -51,11 +51,12 @@ double eager_layer_activation_elements(const ModelDesc& m, int64_t tp, bool moe_
   // whole (all-gathered) when tp > 1.
   const double norm = h / t + 1 / t + h;
   // The attention: rotary's outputs, which scaled_dot_product_attention keeps with v,
-  // its output and one log-sum-exp per head (a flash kernel: no s x s probabilities), and
-  // the heads' output transposed and copied for o_proj: 3q + 2kv; one q more is held as
-  // measured, not itemised. Rotary keeps nothing of q and k, one pass or composed: its
-  // products are by tables that need no gradient.
-  const double attn = q + kv + q + kv + q + heads + q;
+  // and its output and one log-sum-exp per head (a flash kernel: no s x s probabilities):
+  // 2q + 2kv, as measured. o_proj reads the output through a view, not a copy: rotary
+  // keeps the projection's [B, S, H, D] layout and the kernel lays its output out as its
+  // queries. Rotary keeps nothing of q and k, one pass or composed: its products are by
+  // tables that need no gradient.
+  const double attn = q + kv + kv + q + heads;
   // SwiGLU (one pass, hp::fused): gate and up projections and their silu-product
   // (down_proj's input); silu's output is not kept.
   double mlp = 3 * f;

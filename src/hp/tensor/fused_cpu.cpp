@@ -113,9 +113,11 @@ struct RMSNormFunction : torch::autograd::Function<RMSNormFunction> {
 
 // Rotates the pairs (x[j], x[j + half]) of every row of `x` ([B, H, S, D], strides in
 // `stride`, the last one 1) by the table's angle of the row's position, clockwise when
-// `inverse` (backward: the sine negated, which is exact): out is contiguous.
+// `inverse` (backward: the sine negated, which is exact), into `out` (strides in
+// `out_stride`, the last one 1).
 template <typename T>
-void rotate(const T* x, const int64_t* size, const int64_t* stride, const T* cos, const T* sin, T* out, bool inverse) {
+void rotate(const T* x, const int64_t* size, const int64_t* stride, const T* cos, const T* sin, T* out,
+            const int64_t* out_stride, bool inverse) {
   const int64_t heads = size[1], seq = size[2], d = size[3], half = d / 2;
   const T sign = inverse ? T(-1) : T(1);
   at::parallel_for(0, size[0] * heads * seq, kRowGrain, [&](int64_t begin, int64_t end) {
@@ -123,7 +125,7 @@ void rotate(const T* x, const int64_t* size, const int64_t* stride, const T* cos
       const int64_t s = row % seq, h = (row / seq) % heads, b = row / (seq * heads);
       const T* xi = x + b * stride[0] + h * stride[1] + s * stride[2];
       const T *c = cos + s * half, *sn = sin + s * half;
-      T* o = out + row * d;
+      T* o = out + b * out_stride[0] + h * out_stride[1] + s * out_stride[2];
       for (int64_t j = 0; j < half; ++j) {
         const T x1 = xi[j], x2 = xi[j + half], sj = sign * sn[j];
         o[j] = x1 * c[j] - x2 * sj;
@@ -133,12 +135,16 @@ void rotate(const T* x, const int64_t* size, const int64_t* stride, const T* cos
   });
 }
 
+// The output keeps a dense input's layout: the heads' transposed view of a projection's
+// [B, S, H, D] output rotates into [B, S, H, D] storage too, so that attention's output,
+// laid out as its queries are, goes back to [B, S, H * D] as a view instead of a copy.
 at::Tensor rotate(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool inverse) {
-  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor out = x.is_non_overlapping_and_dense() ? at::empty_like(x)
+                                                    : at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   if (!x.is_meta())
     AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "rotary", [&] {
     rotate(x.const_data_ptr<scalar_t>(), x.sizes().data(), x.strides().data(), cos.const_data_ptr<scalar_t>(),
-           sin.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), inverse);
+           sin.const_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(), out.strides().data(), inverse);
   });
   return out;
 }

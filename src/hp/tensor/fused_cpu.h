@@ -29,8 +29,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 // x [B, H, S, D] (any strides, the last dim unit-stride), cos and sin [S, D/2] contiguous,
 // all of one float32/float64 dtype and device (CPU or meta).
 bool rotary_fusable(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
-// cat(x1 * cos - x2 * sin, x2 * cos + x1 * sin) of the halves x1, x2 of the last dim,
-// contiguous. Keeps only the tables for backward.
+// cat(x1 * cos - x2 * sin, x2 * cos + x1 * sin) of the halves x1, x2 of the last dim, laid
+// out as x where x is dense (else contiguous). Keeps only the tables for backward.
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 // gate and up of one shape, contiguous, same float32/float64 dtype and device (CPU or meta).
