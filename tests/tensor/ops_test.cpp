@@ -253,6 +253,15 @@ TEST(DistributedRng, EveryElementIsTheFormulaOfItsCounter) {
     wrong += pg[i] != normal(11, static_cast<uint64_t>(n + 2 * i));  // after the uniforms' n counters
   }
   EXPECT_EQ(wrong, 0);
+  // Other dtypes: the float64 numbers rounded once.
+  at::set_num_threads(2);
+  for (auto dtype : {at::kFloat, at::kBFloat16}) {
+    manual_seed(11);
+    const at::Tensor u_as = hp::rand(shape, dtype), g_as = hp::randn(shape, dtype);
+    EXPECT_TRUE(at::equal(u_as, u.to(dtype))) << dtype;
+    EXPECT_TRUE(at::equal(g_as, g.to(dtype))) << dtype;
+  }
+  at::set_num_threads(before);
   comm::run_local_ranks(3, [&](int rank) {
     DeviceMesh mesh = init_device_mesh("cpu", {3});
     manual_seed(11);

@@ -1,6 +1,7 @@
 #include "hp/tensor/random.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -37,32 +38,37 @@ double value_at(Dist dist, const RngState& s, uint64_t g) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
 }
 
-// Draws the block [offset, offset + shape) of a tensor of `global` shape. Every element
-// is a function of its counter alone, so rows of the block are drawn on ATen's intra-op
-// threads (this file is compiled with OpenMP) with the numbers of one thread.
+// Draws the block [offset, offset + shape) of a tensor of `global` shape, as `dtype`:
+// every value is computed in double and rounded once, straight into a float32 or float64
+// output (what a double tensor's .to() would give); other dtypes go through a double one.
+// Every element is a function of its counter alone, so rows of the block are drawn on
+// ATen's intra-op threads (this file is compiled with OpenMP) with the numbers of one thread.
 at::Tensor draw(Dist dist, const std::vector<int64_t>& global, const std::vector<int64_t>& offset,
-                const std::vector<int64_t>& shape, RngState s) {
+                const std::vector<int64_t>& shape, RngState s, at::ScalarType dtype = at::kDouble) {
+  if (dtype != at::kFloat && dtype != at::kDouble) return draw(dist, global, offset, shape, s).to(dtype);
   const int nd = static_cast<int>(global.size());
   std::vector<int64_t> stride(nd, 1);
   for (int d = nd - 2; d >= 0; --d) stride[d] = stride[d + 1] * global[d + 1];
   int64_t n = 1;
   for (int64_t e : shape) n *= e;
-  at::Tensor out = at::empty(shape, at::kDouble);
+  at::Tensor out = at::empty(shape, dtype);
   if (n == 0) return out;
-  double* p = out.data_ptr<double>();
   const int64_t cols = nd ? shape[nd - 1] : 1, rows = n / cols;
   const uint64_t first_col = nd ? static_cast<uint64_t>(offset[nd - 1]) : 0;
   constexpr int64_t kValuesPerTask = 1 << 14;
-  at::parallel_for(0, rows, std::max<int64_t>(1, kValuesPerTask / cols), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      uint64_t g = first_col;  // the row's first element, as a flat index of the whole tensor
-      for (int64_t d = nd - 2, rest = r; d >= 0; --d) {
-        g += static_cast<uint64_t>((offset[d] + rest % shape[d]) * stride[d]);
-        rest /= shape[d];
+  AT_DISPATCH_FLOATING_TYPES(dtype, "draw", [&] {
+    scalar_t* p = out.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, std::max<int64_t>(1, kValuesPerTask / cols), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        uint64_t g = first_col;  // the row's first element, as a flat index of the whole tensor
+        for (int64_t d = nd - 2, rest = r; d >= 0; --d) {
+          g += static_cast<uint64_t>((offset[d] + rest % shape[d]) * stride[d]);
+          rest /= shape[d];
+        }
+        scalar_t* row = p + r * cols;
+        for (int64_t j = 0; j < cols; ++j) row[j] = static_cast<scalar_t>(value_at(dist, s, g + static_cast<uint64_t>(j)));
       }
-      double* row = p + r * cols;
-      for (int64_t j = 0; j < cols; ++j) row[j] = value_at(dist, s, g + static_cast<uint64_t>(j));
-    }
+    });
   });
   return out;
 }
@@ -92,7 +98,7 @@ DTensor draw_dtensor(Dist dist, const std::vector<int64_t>& shape, const DeviceM
   auto coord = mesh.coordinate();
   // A dry-run on meta tensors draws nothing (the offset still advances, as on a device).
   if (mesh.device_type() == "meta") return DTensor(at::empty(spec.local_shape(coord), tensor_options(mesh, dtype)), mesh, spec);
-  at::Tensor local = draw(dist, shape, spec.global_offset(coord), spec.local_shape(coord), s).to(dtype);
+  at::Tensor local = draw(dist, shape, spec.global_offset(coord), spec.local_shape(coord), s, dtype);
   return DTensor(local, mesh, spec);
 }
 
@@ -109,11 +115,13 @@ RngState reserve_randn(const std::vector<int64_t>& shape) { return take(Dist::No
 void set_rng_state(RngState state) { t_state = state; }
 
 at::Tensor rand(const std::vector<int64_t>& shape, at::ScalarType dtype) {
-  return draw(Dist::Uniform, shape, std::vector<int64_t>(shape.size(), 0), shape, take(Dist::Uniform, numel_of(shape))).to(dtype);
+  return draw(Dist::Uniform, shape, std::vector<int64_t>(shape.size(), 0), shape, take(Dist::Uniform, numel_of(shape)),
+              dtype);
 }
 
 at::Tensor randn(const std::vector<int64_t>& shape, at::ScalarType dtype) {
-  return draw(Dist::Normal, shape, std::vector<int64_t>(shape.size(), 0), shape, take(Dist::Normal, numel_of(shape))).to(dtype);
+  return draw(Dist::Normal, shape, std::vector<int64_t>(shape.size(), 0), shape, take(Dist::Normal, numel_of(shape)),
+              dtype);
 }
 
 at::Tensor dropout(const at::Tensor& x, double p) {
