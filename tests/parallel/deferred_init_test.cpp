@@ -211,6 +211,9 @@ TEST(DeferredInitLayers, FullyShardedRanksNeverHoldTheWholeModel) {
     comm::run_local_ranks(4, [&](int rank) {
       DeviceMesh mesh = init_device_mesh("cpu", {4}, {"dp"});
       std::unique_ptr<nn::Llama> model = build(mesh, deferred, c);
+      // Every rank's model built before any is sharded, as when each rank is a process of
+      // its own: rank threads that took turns would never hold four at once.
+      comm::barrier(mesh.whole_group());
       fully_shard_llama(*model, mesh["dp"]);
       if (deferred) nn::init_parameters(*model);
       comm::barrier(mesh.whole_group());
