@@ -5,7 +5,8 @@
 // backward, which only read the state: call wait_for_snapshot() before anything changes a
 // saved tensor (the optimizer step). A tensor that changes before its copy is taken fails
 // that save (its version counter tells, when the copy is taken and again when the files
-// are written), so a missing call never publishes a torn checkpoint. A save waits for the previous one first; wait() and the destructor wait too.
+// are written), so a missing call never publishes a torn checkpoint. A save waits for the
+// previous one first; wait() and the destructor wait too.
 #pragma once
 
 #include <cstdint>
