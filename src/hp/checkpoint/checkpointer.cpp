@@ -65,7 +65,6 @@ void Checkpointer::save(int64_t step, const State& state) {
     snapshot_taken_ = false;
     live_.clear();
     for (const auto& p : job.pieces) live_.push_back(p.data);
-    versions_ = versions;
     versions_at_wait_.clear();
   } else {
     // Here: the live tensors change as soon as training goes on.
@@ -98,7 +97,7 @@ void Checkpointer::save(int64_t step, const State& state) {
           std::lock_guard<std::mutex> lock(mu_);
           for (size_t i = 0; i < live_.size(); ++i) {
             const int64_t seen = versions_at_wait_.empty() ? live_[i]._version() : versions_at_wait_[i];
-            HP_CHECK(seen == versions_[i])
+            HP_CHECK(seen == versions[i])
                 << "checkpoint step " << job.step << ": tensor '" << job.pieces[i].tensor
                 << "' changed while its snapshot was taken; call Checkpointer::wait_for_snapshot() before "
                    "updating the saved state (the optimizer step)";

@@ -61,12 +61,12 @@ class Checkpointer {
   std::mutex mu_;
   std::condition_variable snapshot_cv_;
   bool snapshot_taken_ = true;
-  // A deferred save's live pieces and their versions at save(), and at the first
-  // wait_for_snapshot() after it (empty: not waited for): a change still being made while
-  // the copy was taken bumps its version only when done, so the versions are checked again
-  // once the files are written.
+  // A deferred save's live pieces and their versions at the first wait_for_snapshot()
+  // after it (empty: not waited for): a change still being made while the copy was taken
+  // bumps its version only when done, so the writer checks the versions again, against
+  // those of save(), once the files are written.
   std::vector<at::Tensor> live_;
-  std::vector<int64_t> versions_, versions_at_wait_;
+  std::vector<int64_t> versions_at_wait_;
 };
 
 }  // namespace hp::checkpoint
