@@ -11,7 +11,11 @@
 // C = 1; RESULT moe_chunked_speedup_ep<ep>_chunks<C> is tokens/s chunked over unchunked,
 // moe_chunked_speedup_bound_ep<ep>_chunks<C> the most C chunks could gain in the same run
 // (all but 1/C of the unchunked step's exchange wait hidden), and the a2a share of a
-// chunked row is the time the step waited on its exchanges.
+// chunked row is the time the step waited on its exchanges. "cores busy" is the share of
+// the step the cores this rank may run on were busy (/proc/stat: the rank, its
+// communication threads, the kernel moving the bytes); moe_chunked_speedup_core_bound_ep<ep>
+// is the unchunked step over that busy time, what chunking could gain before the cores
+// ran out.
 // The overlap pays where the transfers need no core, across hosts:
 //   scripts/emulate_hosts --hosts 2 --rate 1gbit -- build/bin/hprun --nnodes 2 \
 //     --node-rank {node_rank} --master-addr {master_addr} --master-port {master_port} --nproc-per-node 1 \
@@ -23,10 +27,14 @@
 // DDP over (dp, ep) sums the gradients of the parameters outside the experts over every
 // rank in buckets behind the backward, and the experts' over dp, at every degree alike.
 #include <ATen/ATen.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <sstream>
 #include <utility>
@@ -41,8 +49,34 @@ namespace {
 
 struct Result {
   std::vector<double> ms, a2a_share;
+  double busy_seconds = 0, timed_seconds = 0;  // of the cores this rank may run on, over the timed steps
   double bytes = 0, token_bytes = 0, analytic = 0;  // every float all-to-all; the dispatchers' rows
 };
+
+// Seconds the cores this process may run on have been busy (anything but idle and iowait:
+// this rank, its communication threads, the kernel's network stack), from /proc/stat.
+double cores_busy_seconds() {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (::sched_getaffinity(0, sizeof mine, &mine) != 0) return 0;
+  std::ifstream stat("/proc/stat");
+  double ticks = 0;
+  for (std::string line; std::getline(stat, line);) {
+    if (line.size() < 4 || line.compare(0, 3, "cpu") != 0 || !std::isdigit(static_cast<unsigned char>(line[3]))) continue;
+    std::istringstream in(line.substr(3));
+    int cpu = 0;
+    double user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+    in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal;
+    if (CPU_ISSET(cpu, &mine)) ticks += user + nice + system + irq + softirq + steal;
+  }
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+int cores_allowed() {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  return ::sched_getaffinity(0, sizeof mine, &mine) == 0 ? CPU_COUNT(&mine) : 1;
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -106,6 +140,7 @@ int main(int argc, char** argv) {
         for (auto* d : dispatchers) d->reset_all_to_all_seconds();
         const bool count = step == steps + 1 && round == 0;
         comm::barrier(mesh.whole_group());
+        const double busy0 = cores_busy_seconds();
         const auto t0 = std::chrono::steady_clock::now();
         if (count) log.clear(), log.enable();
         DTensor loss = model.loss(ids, tgt);
@@ -115,7 +150,9 @@ int main(int argc, char** argv) {
         opt.step();
         opt.zero_grad();
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        const double busy = cores_busy_seconds() - busy0;
         if (step < 2) continue;
+        r.busy_seconds += busy, r.timed_seconds += s;
         double a2a = 0;
         for (auto* d : dispatchers) a2a += d->all_to_all_seconds();
         r.ms.push_back(1e3 * s);
@@ -140,14 +177,16 @@ int main(int argc, char** argv) {
               (long long)world, rounds, steps, (long long)batch, (long long)seq, (long long)tokens,
               (long long)c.llama.dim, (long long)c.llama.layers, (long long)c.dense_layers,
               (long long)c.moe.num_experts, (long long)c.moe.top_k, (long long)c.moe_hidden_dim);
-  std::printf("%4s %6s %10s %10s %10s %12s %16s %16s %16s\n", "ep", "chunks", "ms/step", "tokens/s", "vs ep=1",
-              "a2a share", "all a2a B/fwd", "token a2a B/fwd", "analytic");
+  std::printf("%4s %6s %10s %10s %10s %12s %11s %16s %16s %16s\n", "ep", "chunks", "ms/step", "tokens/s", "vs ep=1",
+              "a2a share", "cores busy", "all a2a B/fwd", "token a2a B/fwd", "analytic");
+  const int cores = cores_allowed();
+  auto busy_share = [&](const Result& r) { return r.busy_seconds / (r.timed_seconds * cores); };
   const double base = median(results[{degrees[0], 1}].ms);
   for (const auto& [ep, chunks] : variants) {
     const Result& r = results[{ep, chunks}];
-    std::printf("%4lld %6lld %10.1f %10.0f %9.2fx %11.1f%% %16.0f %16.0f %16.0f\n", (long long)ep, (long long)chunks,
-                median(r.ms), double(tokens) / (median(r.ms) / 1e3), base / median(r.ms), 100 * median(r.a2a_share),
-                r.bytes, r.token_bytes, r.analytic);
+    std::printf("%4lld %6lld %10.1f %10.0f %9.2fx %11.1f%% %10.1f%% %16.0f %16.0f %16.0f\n", (long long)ep,
+                (long long)chunks, median(r.ms), double(tokens) / (median(r.ms) / 1e3), base / median(r.ms),
+                100 * median(r.a2a_share), 100 * busy_share(r), r.bytes, r.token_bytes, r.analytic);
   }
   for (const auto& [ep, chunks] : variants) {
     const Result& r = results[{ep, chunks}];
@@ -174,6 +213,11 @@ int main(int argc, char** argv) {
     if (ep > 1) {
       std::printf("RESULT moe_a2a_share_ep%lld %.3f\n", (long long)ep, median(r.a2a_share));
       std::printf("RESULT moe_token_a2a_bytes_over_analytic_ep%lld %.4f\n", (long long)ep, r.token_bytes / r.analytic);
+      // Whatever the chunks, the cores still do this step's work (its compute, and the
+      // communication threads' and the kernel's share of moving the bytes), which it did in
+      // the busy share of its time: no chunking gains more than its inverse.
+      if (ep == chunked_ep && variants.back().second > 1)
+        std::printf("RESULT moe_chunked_speedup_core_bound_ep%lld %.3f x\n", (long long)ep, 1 / busy_share(r));
     }
   }
   return 0;
