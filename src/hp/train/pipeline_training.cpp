@@ -96,17 +96,16 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
       const int zero = cfg.mesh.zero_stage();
       FullyShardOptions so = zero_stage_options(zero);
       so.offload_policy = shard_offload_policy(cfg, sm);
-      if (offloads(so)) nn::init_parameters(*stage);  // an offloaded shard goes out at once
       // MoE: as pp = 1, routed experts in their own unit over dp, the rest over dp x ep.
       const auto [shard_mesh, expert_mesh] =
           moe ? moe_shard_meshes(sm) : std::pair<DeviceMesh, DeviceMesh>{fully_shard_mesh(sm, cfg), fully_shard_mesh(sm, cfg)};
-      for (const auto& [name, m] : stage->named_modules())
-        if (name_matches("layers.*.moe.experts", name)) fully_shard(*m, expert_mesh, so);
-      for (const auto& [name, m] : stage->named_children())
-        if (name.rfind("layers.", 0) == 0) fully_shard(*m, shard_mesh, so);
-      FSDPModule unit = fully_shard(*stage, shard_mesh, so);
-      nn::init_parameters(*stage);
-      if (offloads(so)) t.offloaded.push_back(unit);
+      FSDPModule unit = shard_and_draw(t, *stage, so, [&, &shard_mesh = shard_mesh, &expert_mesh = expert_mesh] {
+        for (const auto& [name, m] : stage->named_modules())
+          if (name_matches("layers.*.moe.experts", name)) fully_shard(*m, expert_mesh, so);
+        for (const auto& [name, m] : stage->named_children())
+          if (name.rfind("layers.", 0) == 0) fully_shard(*m, shard_mesh, so);
+        return fully_shard(*stage, shard_mesh, so);
+      });
       o.set_requires_gradient_sync = [unit, zero](bool last) mutable { prepare_zero_backward(unit, zero, last); };
     } else {
       nn::init_parameters(*stage);

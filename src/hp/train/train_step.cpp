@@ -64,16 +64,16 @@ void build_moe_model(Training& t, const TrainConfig& cfg) {
   nn::MoELlama& model = *t.moe_llama;
   const std::vector<std::string> reduce_dims = detail::gradient_reduce_dims(cfg);
   const FullyShardOptions o = whole_model_shard_options(cfg, mesh);
-  // Each rank draws its shards once sharded; an offloaded shard goes out at once, so first.
-  if (!shards_data(cfg) || detail::offloads(o)) nn::init_parameters(model);
-  if (cfg.mesh.data_parallel == "ddp" && !reduce_dims.empty())
-    t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh.submesh(reduce_dims)));
   if (shards_data(cfg)) {
     const auto [others, experts] = detail::moe_shard_meshes(mesh);
-    FSDPModule root = fully_shard_moe_llama(model, others, experts, o);
-    nn::init_parameters(model);
-    if (detail::offloads(o)) t.offloaded.push_back(root);
+    detail::shard_and_draw(t, model, o, [&, &others = others, &experts = experts] {  // C++17 captures no bindings
+      return fully_shard_moe_llama(model, others, experts, o);
+    });
     logits_in_float32(model, cfg);
+  } else {
+    nn::init_parameters(model);
+    if (cfg.mesh.data_parallel == "ddp" && !reduce_dims.empty())
+      t.ddp.push_back(std::make_unique<DistributedDataParallel>(model, mesh.submesh(reduce_dims)));
   }
   t.model = t.moe_llama;
 }
@@ -95,10 +95,7 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
   const std::vector<std::string> reduce_dims = detail::gradient_reduce_dims(cfg);
   if (shards_data(cfg)) {
     const FullyShardOptions o = whole_model_shard_options(cfg, mesh);
-    if (detail::offloads(o)) nn::init_parameters(model);  // an offloaded shard goes out at once
-    FSDPModule root = fully_shard_llama(model, detail::fully_shard_mesh(mesh, cfg), o);
-    nn::init_parameters(model);
-    if (detail::offloads(o)) t.offloaded.push_back(root);
+    detail::shard_and_draw(t, model, o, [&] { return fully_shard_llama(model, detail::fully_shard_mesh(mesh, cfg), o); });
     logits_in_float32(model, cfg);
   } else {
     nn::init_parameters(model);
@@ -154,7 +151,15 @@ OffloadPolicyVariant detail::shard_offload_policy(const TrainConfig& cfg, const 
   return FileOffloadPolicy{cfg.memory.fsdp_offload_dir};
 }
 
-bool detail::offloads(const FullyShardOptions& o) { return !std::holds_alternative<OffloadPolicy>(o.offload_policy); }
+FSDPModule detail::shard_and_draw(Training& t, nn::Module& model, const FullyShardOptions& o,
+                                  const std::function<FSDPModule()>& shard) {
+  const bool offloads = !std::holds_alternative<OffloadPolicy>(o.offload_policy);
+  if (offloads) nn::init_parameters(model);
+  FSDPModule root = shard();
+  nn::init_parameters(model);
+  if (offloads) t.offloaded.push_back(root);
+  return root;
+}
 
 void bring_in_offloaded(Training& t) {
   for (FSDPModule& root : t.offloaded) root.bring_in_offloaded();

@@ -91,7 +91,12 @@ std::vector<std::string> gradient_reduce_dims(const TrainConfig& cfg);
 // fully_shard's shards go to files ([memory] fsdp_offload_dir; a dry-run's meta tensors have
 // no bytes to offload): its policy for `mesh`, or none.
 OffloadPolicyVariant shard_offload_policy(const TrainConfig& cfg, const DeviceMesh& mesh);
-bool offloads(const FullyShardOptions& o);  // whether its policy keeps shards out of memory
+// `shard` (fully_shard over `model` and its parts, with `o`), then each rank draws its
+// shards of the deferred parameters, never the whole model; a shard offloaded to a file goes
+// there as fully_shard makes it, so with offloading the values are drawn before. The unit
+// `shard` returns joins t.offloaded where it offloads.
+FSDPModule shard_and_draw(Training& t, nn::Module& model, const FullyShardOptions& o,
+                          const std::function<FSDPModule()>& shard);
 // The mesh fully_shard takes: dp, as (cp, dp) HSDP when cp is one dim.
 DeviceMesh fully_shard_mesh(const DeviceMesh& stage_mesh, const TrainConfig& cfg);
 // fully_shard's meshes for the MoE Llama (torchtitan's dp_shard_in_ep): the parameters
