@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include "hp/tensor/fused_cpu.h"
 #include "hp/tensor/memory_stats.h"
 #include "memory/llama_checkpoint.h"
 
@@ -81,6 +82,33 @@ TEST(Checkpoint, KeepsOnlyTheBlockInputs) {
   const int64_t full = hp::testing::kept_after_forward({}), ckpt = hp::testing::kept_after_forward({"layers.*"});
   // Per block: about 20 saved tensors of [4, 64, 32..96] without, one input with.
   EXPECT_LT(ckpt * 4, full) << "kept " << ckpt << " bytes with checkpointing, " << full << " without";
+}
+
+// The recompute's graph runs once and nothing outside holds its tensors, so a recomputed
+// SwiGLU writes its input gradients over its inputs (fused::ReuseSavedInputs): the
+// region's backward then needs less than where something else holds a recomputed input.
+TEST(Checkpoint, RecomputedSwiGLUWritesItsGradientsOverItsInputs) {
+  track_cpu_memory();
+  auto backward = [](bool hold) {
+    at::manual_seed(3);
+    at::Tensor x = at::randn({64, 256}).requires_grad_();
+    std::vector<at::Tensor> held;
+    at::Tensor y = memory::checkpoint(
+        [&](const at::Tensor& in) {
+          at::Tensor gate = in * 2, up = in * 3;
+          if (hold) held.push_back(gate);
+          return fused::swiglu(gate, up);
+        },
+        x, {});
+    reset_cpu_memory_peak();
+    const int64_t before = cpu_memory_allocated();
+    y.sum().backward();
+    return std::pair{cpu_memory_peak() - before, x.grad()};
+  };
+  const auto [held_bytes, held_grad] = backward(true);
+  const auto [bytes, grad] = backward(false);
+  EXPECT_TRUE(at::equal(grad, held_grad));
+  EXPECT_LE(bytes + 64 * 256 * 4, held_bytes) << bytes << " B against " << held_bytes << " B";
 }
 
 TEST(Checkpoint, BadPatternsAndUnlistedTensorsAreErrors) {

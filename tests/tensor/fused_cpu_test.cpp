@@ -8,6 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <optional>
+
+#include "hp/tensor/memory_stats.h"
 
 namespace hp {
 namespace {
@@ -128,6 +131,54 @@ TEST(FusedSwiGLU, MatchesTheComposition) {
       expect_close(got.dx, want.dx, tol, tol, "gate gradient");
       expect_close(got.dw, want.dw, tol, tol, "up gradient");
     }
+}
+
+// Gradients of swiglu(a * 2, b * 2) with respect to a and b, where nothing but swiglu's
+// node holds gate and up, and the counted memory its backward allocates; `square_too`
+// saves gate in a second node too (gate * gate + y).
+struct ReuseRun {
+  at::Tensor da, db;
+  int64_t backward_bytes = 0;
+};
+ReuseRun run_swiglu_backward(bool reuse, bool square_too) {
+  track_cpu_memory();
+  at::manual_seed(9);
+  at::Tensor a = at::randn({64, 256}).requires_grad_(), b = at::randn({64, 256}).requires_grad_();
+  const at::Tensor weighting = at::randn({64, 256});
+  at::Tensor y;
+  {
+    at::Tensor gate = a * 2, up = b * 2;
+    // Made first, the square's node runs its backward after swiglu's (autograd runs the
+    // later node first).
+    const at::Tensor square = square_too ? gate * gate : at::Tensor();
+    y = fused::swiglu(gate, up);
+    if (square_too) y = y + square;
+  }
+  reset_cpu_memory_peak();
+  const int64_t before = cpu_memory_allocated();
+  {
+    std::optional<fused::ReuseSavedInputs> on;
+    if (reuse) on.emplace();
+    y.backward(weighting);
+  }
+  return {a.grad(), b.grad(), cpu_memory_peak() - before};
+}
+
+TEST(FusedSwiGLU, WritesItsInputGradientsOverInputsNothingElseHolds) {
+  const ReuseRun plain = run_swiglu_backward(false, false), reused = run_swiglu_backward(true, false);
+  EXPECT_TRUE(at::equal(reused.da, plain.da));
+  EXPECT_TRUE(at::equal(reused.db, plain.db));
+  // Without reuse the gradients of gate and up are new tensors beside gate and up.
+  const int64_t one = 64 * 256 * 4;
+  EXPECT_LE(reused.backward_bytes + one, plain.backward_bytes)
+      << "reused " << reused.backward_bytes << " B, plain " << plain.backward_bytes << " B";
+}
+
+TEST(FusedSwiGLU, KeepsInputsAnotherNodeSaved) {
+  // gate * gate's backward reads gate after swiglu's: overwriting it would change da.
+  const ReuseRun plain = run_swiglu_backward(false, true), reused = run_swiglu_backward(true, true);
+  EXPECT_TRUE(at::equal(reused.da, plain.da));
+  EXPECT_TRUE(at::equal(reused.db, plain.db));
 }
 
 TEST(FusedSwiGLU, OnlyWhereItApplies) {

@@ -13,6 +13,7 @@
 #include "hp/base/strings.h"
 #include "hp/memory/selective_region.h"
 #include "hp/parallel/tensor_parallel.h"
+#include "hp/tensor/fused_cpu.h"
 #include "hp/tensor/random.h"
 #include "hp/tensor/weight_outputs.h"
 
@@ -101,6 +102,7 @@ variable_list Region::backward(const at::Tensor& grad_output) {
   std::vector<at::Tensor> own = leaves;
   own.push_back(in);
   check_closed(out, own, first_seq);
+  fused::ReuseSavedInputs reuse;  // the recompute's graph runs once, and only here
   variable_list got = torch::autograd::grad({out}, wrt, {grad_output}, /*retain_graph=*/false,
                                             /*create_graph=*/false, /*allow_unused=*/true);
   for (size_t k = 0; k < got.size(); ++k) grads[slot[k]] = got[k];

@@ -209,6 +209,26 @@ void swiglu_backward_block(const T* __restrict dy, const T* __restrict g, const 
   }
 }
 
+// The same, writing dg over g and du over u.
+template <typename T>
+void swiglu_backward_in_place_block(const T* __restrict dy, T* __restrict g, const T* __restrict s, T* __restrict u,
+                                    int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T gi = g[i], ui = u[i], silu = gi * s[i];
+    u[i] = dy[i] * silu;
+    g[i] = dy[i] * ui * (s[i] + silu * (T(1) - s[i]));
+  }
+}
+
+thread_local bool t_reuse_saved_inputs = false;
+
+// Whether `t`, a saved input unpacked in backward, may be overwritten: reuse is on, and its
+// storage has this one tensor, held only by the saved variable and the unpacked list.
+bool reusable(const at::Tensor& t) {
+  return t_reuse_saved_inputs && t.is_contiguous() && t.has_storage() && t.storage().use_count() == 1 &&
+         t.use_count() == 2;
+}
+
 struct SwiGLUFunction : torch::autograd::Function<SwiGLUFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
     ctx->save_for_backward({gate, up});
@@ -227,6 +247,16 @@ struct SwiGLUFunction : torch::autograd::Function<SwiGLUFunction> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &gate = saved[0], &up = saved[1];
     const at::Tensor dy = grads[0].contiguous();
+    if (!gate.is_meta() && reusable(gate) && reusable(up)) {
+      AT_DISPATCH_FLOATING_TYPES(gate.scalar_type(), "swiglu_backward_in_place", [&] {
+        scalar_t *g = gate.mutable_data_ptr<scalar_t>(), *u = up.mutable_data_ptr<scalar_t>();
+        const scalar_t* d = dy.const_data_ptr<scalar_t>();
+        for_sigmoid_blocks<scalar_t>(gate, [&](int64_t begin, int64_t end, const scalar_t* s) {
+          swiglu_backward_in_place_block(d + begin, g + begin, s, u + begin, end - begin);
+        });
+      });
+      return {gate.detach(), up.detach()};
+    }
     at::Tensor dg = at::empty_like(gate, at::MemoryFormat::Contiguous), du = at::empty_like(up, at::MemoryFormat::Contiguous);
     if (!gate.is_meta())
       AT_DISPATCH_FLOATING_TYPES(gate.scalar_type(), "swiglu_backward", [&] {
@@ -242,6 +272,9 @@ struct SwiGLUFunction : torch::autograd::Function<SwiGLUFunction> {
 };
 
 }  // namespace
+
+ReuseSavedInputs::ReuseSavedInputs() : previous_(t_reuse_saved_inputs) { t_reuse_saved_inputs = true; }
+ReuseSavedInputs::~ReuseSavedInputs() { t_reuse_saved_inputs = previous_; }
 
 bool enabled() {
   const char* v = std::getenv("HP_FUSED_KERNELS");
