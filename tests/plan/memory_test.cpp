@@ -150,7 +150,8 @@ TEST(Memory, EagerSelectiveActivationsByHand) {
 
 // A layer's backward holds SwiGLU's gate and up gradients (2 x 688 per token) beside the
 // saved activations; on the stage with the head the two peaks come at different times and
-// the larger counts: its logits' term (1281 per token) and what the working set exceeds it by.
+// the larger counts: its logits' term (1281 per token) and what the working set exceeds it
+// by. A recomputed layer holds them in its gate and up.
 TEST(Memory, EagerBackwardWorkingSet) {
   ModelDesc m = bench_3m();
   Strategy s;
@@ -163,6 +164,14 @@ TEST(Memory, EagerBackwardWorkingSet) {
   const MemoryBreakdown with_head = stage_memory(m, s, body, 0, 1, eager);
   EXPECT_DOUBLE_EQ(with_head.activations, 256 * 4 * (2 * 3866.0 + 2 * 688 - 1281));
   EXPECT_DOUBLE_EQ(with_head.logits, 256 * 4 * 1281.0);
+  // Recomputed, each layer keeps its input (256) and the one whose backward runs has all
+  // of its activations back, and the gradient of SwiGLU's output (688) beside them; SwiGLU
+  // writes its two gradients over gate and up. With the head, that comes after the head's
+  // backward: the larger counts.
+  s.recompute = Recompute::Full;
+  EXPECT_DOUBLE_EQ(stage_memory(m, s, body, 0, 1, eager).activations, 256 * 4 * (2 * 256 + 3866.0 + 688 - 1281));
+  body.head = false;
+  EXPECT_DOUBLE_EQ(stage_memory(m, s, body, 0, 1, eager).activations, 256 * 4 * (2 * 256 + 3866.0 + 688));
 }
 
 TEST(Memory, Fp32EagerNumericsCountBytesAndBuckets) {

@@ -159,8 +159,20 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     per_mb *= tokens / t;
   }
   mem.activations = inflight * per_mb;
+  // bf16 logits kept for the loss's backward plus their fp32 copy, one microbatch; eager
+  // fp32: the final norm's tensors, the logits and their log-softmax.
+  if (st.head && n.eager)
+    mem.logits = tokens * (2 * m.hidden / t + 1 / t + m.hidden + 2 * double(m.vocab) / t) * n.activation_bytes;
+  else if (st.head)
+    mem.logits = tokens * double(m.vocab) / t * (2 + 4);
   if (s.recompute == Recompute::Full && st.layers() > 0 && n.eager) {
-    mem.activations += tokens * eager_layer_activation_elements(m, s.tp, st.moe_layers > 0) * n.activation_bytes;
+    // The backward of one layer has all of it back, and at its peak the gradient of
+    // SwiGLU's output beside it (SwiGLU then writes its own gradients over gate and up:
+    // fused::ReuseSavedInputs). That comes after the head's backward, whose logits are gone
+    // by then: the larger of the two counts.
+    const double layer = tokens * eager_layer_activation_elements(m, s.tp, st.moe_layers > 0) * n.activation_bytes;
+    const double product_grad = st.dense_layers ? tokens * m.ffn / t * n.activation_bytes : 0.0;
+    mem.activations += std::max(0.0, layer + product_grad - mem.logits);
   } else if (s.recompute == Recompute::Selective && st.dense_layers > 0 && n.eager) {
     // The backward of one layer rematerializes what it dropped.
     mem.activations += tokens * n.activation_bytes *
@@ -170,13 +182,7 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     const bool moe = st.moe_layers > 0;
     mem.activations += tokens / t * layer_activation_bytes_per_token(m, moe, Recompute::None);
   }
-  // bf16 logits kept for the loss's backward plus their fp32 copy, one microbatch; eager
-  // fp32: the final norm's tensors, the logits and their log-softmax.
-  if (st.head && n.eager)
-    mem.logits = tokens * (2 * m.hidden / t + 1 / t + m.hidden + 2 * double(m.vocab) / t) * n.activation_bytes;
-  else if (st.head)
-    mem.logits = tokens * double(m.vocab) / t * (2 + 4);
-  if (n.eager && st.layers() > 0) {
+  if (n.eager && st.layers() > 0 && s.recompute != Recompute::Full) {
     // A layer's backward holds the gradients of SwiGLU's gate and up outputs (per routed
     // copy of a token in MoE layers) beside every saved activation. On the stage with
     // the head this peak and the head's (its logits term) come at different times: the
