@@ -14,6 +14,7 @@
 
 #include "hp/checkpoint/state.h"
 #include "hp/optim/adamw.h"
+#include "hp/optim/muon.h"
 #include "hp/parallel.h"
 #include "hp/tensor/memory_stats.h"
 #include "llama_run.h"
@@ -172,6 +173,7 @@ TEST(DeferredInitLayers, UseBeforeInitParametersIsRefusedNamingIt) {
     };
     expect_refused([&] { (*linear)(x); }, "forward");
     expect_refused([&] { optim::AdamW opt(linear->parameters()); }, "AdamW");
+    expect_refused([&] { optim::Muon opt({&linear->weight()}); }, "Muon");
     expect_refused([&] { DistributedDataParallel ddp(*linear, mesh); }, "DDP");
     expect_refused([&] { checkpoint::State().add_module(*linear); }, "a checkpoint's state");
     nn::init_parameters(*linear);

@@ -13,8 +13,7 @@
 namespace hp::checkpoint {
 
 void State::add(const std::string& name, const DTensor& t) {
-  HP_CHECK(!awaits_init(t)) << "checkpoint state: tensor " << name << " was made inside no_init_parameters() and "
-                            << "is not drawn yet: call init_parameters(model) before saving or loading it";
+  HP_CHECK(!awaits_init(t)) << not_drawn_yet("checkpoint state: tensor " + name, "before saving or loading it");
   add(name, t.to_local(), t);
 }
 

@@ -6,9 +6,8 @@
 namespace hp::nn {
 
 DTensor Module::operator()(const DTensor& x) {
-  HP_CHECK(deferred_.empty()) << "parameter '" << deferred_.begin()->first
-                              << "' was made inside nn::no_init_parameters() and is not drawn yet: call "
-                              << "nn::init_parameters(model) after sharding the model, before running it";
+  HP_CHECK(deferred_.empty()) << not_drawn_yet("parameter '" + deferred_.begin()->first + "'",
+                                               "after sharding the model, before running it");
   DTensor in = x;
   for (auto& h : pre_hooks_) in = h(*this, in);
   DTensor out = forward_wrapper_ ? forward_wrapper_(*this, in) : forward(in);

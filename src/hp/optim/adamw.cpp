@@ -16,8 +16,7 @@ namespace hp::optim {
 AdamW::AdamW(std::vector<DTensor*> params, AdamWOptions options) : params_(std::move(params)), options_(options) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const DTensor* p = params_[i];
-    HP_CHECK(!awaits_init(*p)) << "AdamW: parameter " << i << " was made inside nn::no_init_parameters() and is not "
-                               << "drawn yet: call nn::init_parameters(model) before making the optimizer";
+    HP_CHECK(!awaits_init(*p)) << not_drawn_yet("AdamW: parameter " + std::to_string(i), "before making the optimizer");
     m_.push_back(at::zeros_like(p->to_local()));
     v_.push_back(at::zeros_like(p->to_local()));
   }

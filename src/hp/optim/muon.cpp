@@ -356,8 +356,7 @@ Muon::Muon(std::vector<DTensor*> params, MuonOptions options) : params_(std::mov
     DTensor* p = params_[i];
     HP_CHECK(p->dim() == 2) << "Muon: parameter " << i << " has shape " << to_string_list(p->sizes())
                             << "; Muon takes 2-D weights (give the others to AdamW)";
-    HP_CHECK(!awaits_init(*p)) << "Muon: parameter " << i << " was made inside nn::no_init_parameters() and is not "
-                               << "drawn yet: call nn::init_parameters(model) before making the optimizer";
+    HP_CHECK(!awaits_init(*p)) << not_drawn_yet("Muon: parameter " + std::to_string(i), "before making the optimizer");
     for (const Placement& pl : p->placements())
       HP_CHECK(!pl.is_partial()) << "Muon: parameter " << i << " is Partial: " << p->spec().to_string();
     momentum_.push_back(at::zeros_like(p->to_local()));

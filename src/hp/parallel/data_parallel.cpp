@@ -97,8 +97,7 @@ void broadcast_from_first_replica(parallel::Bucket& b) {
 DistributedDataParallel::DistributedDataParallel(nn::Module& module, const DeviceMesh& mesh, DDPOptions options)
     : state_(std::make_shared<parallel::DDPState>()) {
   for (auto& [name, p] : module.named_parameters())
-    HP_CHECK(!awaits_init(*p)) << "DistributedDataParallel: parameter '" << name << "' was made inside "
-                               << "nn::no_init_parameters() and is not drawn yet: call nn::init_parameters(model) first";
+    HP_CHECK(!awaits_init(*p)) << not_drawn_yet("DistributedDataParallel: parameter '" + name + "'", "first");
   auto params = module.parameters();
   std::reverse(params.begin(), params.end());  // backward meets the last parameters first
   const int64_t cap = static_cast<int64_t>(options.bucket_cap_mb * (1 << 20));

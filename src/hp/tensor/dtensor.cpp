@@ -38,6 +38,10 @@ at::TensorOptions tensor_options(const DeviceMesh& mesh, at::ScalarType dtype) {
 
 bool awaits_init(const DTensor& t) { return t.to_local().is_meta() && t.device_mesh().device_type() != "meta"; }
 
+std::string not_drawn_yet(const std::string& what, const std::string& when) {
+  return what + " was made inside nn::no_init_parameters() and is not drawn yet: call nn::init_parameters(model) " + when;
+}
+
 DTensor DTensor::from_local(at::Tensor local, const DeviceMesh& mesh, std::vector<Placement> placements,
                             std::optional<std::vector<int64_t>> shape) {
   std::vector<int64_t> global = shape ? *shape : local.sizes().vec();

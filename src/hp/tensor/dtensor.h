@@ -73,6 +73,9 @@ at::TensorOptions tensor_options(const DeviceMesh& mesh, at::ScalarType dtype = 
 // A parameter made inside nn::no_init_parameters() and not drawn yet: meta storage on a
 // mesh of real devices.
 bool awaits_init(const DTensor& t);
+// The refusal of one: "<what> was made inside nn::no_init_parameters() and is not drawn
+// yet: call nn::init_parameters(model) <when>".
+std::string not_drawn_yet(const std::string& what, const std::string& when);
 
 // Spreads a full tensor over `mesh`. With src_rank < 0 every rank passes the same tensor;
 // otherwise rank `src_rank`'s tensor is broadcast first (the others may pass an undefined
