@@ -13,6 +13,7 @@
 
 #include <atomic>
 
+#include "hp/tensor/memory_stats.h"
 #include "memory/llama_checkpoint.h"
 
 using namespace hp;
@@ -88,6 +89,29 @@ TEST(SelectiveCheckpoint, KeepsBetweenFullAndNone) {
   EXPECT_LT(half, none) << figures;
   EXPECT_GE(all, none) << figures;  // every output kept, some beyond what autograd would save
   EXPECT_LT(swapped, sel) << figures;  // the kept matmul outputs are in files
+}
+
+// A budget is a share of the bytes autograd reads, spent on outputs that may be read: the
+// region's last product, which only its result reads, takes none of it. Here x w1 (read by
+// the mul's backward) and the mul's output (read by the last product's) are 8 KiB each,
+// so half fits x w1 exactly, with the last product (2 KiB) left out.
+TEST(SelectiveCheckpoint, ABudgetSpendsNothingOnOutputsNothingReads) {
+  comm::run_local_ranks(1, [](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    manual_seed(2);
+    DTensor w1 = hp::randn({32, 32}, mesh, {Replicate()}), w2 = hp::randn({8, 32}, mesh, {Replicate()});
+    DTensor s = hp::randn({64, 32}, mesh, {Replicate()}), x = hp::randn({64, 32}, mesh, {Replicate()});
+    for (DTensor* t : {&w1, &w2, &s, &x}) t->requires_grad_();
+    track_cpu_memory();
+    const int64_t before = cpu_memory_allocated();
+    DTensor out = memory::checkpoint([&](const DTensor& in) { return linear(mul(linear(in, w1), s), w2); }, x,
+                                     {&w1, &w2, &s}, budget(0.5));
+    const int64_t kept = cpu_memory_allocated() - before - 64 * 8 * 4;  // less the result
+    EXPECT_GE(kept, 64 * 32 * 4) << "x w1 not kept";
+    EXPECT_LT(kept, 2 * 64 * 32 * 4) << "more than the budget kept";
+    out.to_local().sum().backward();
+    EXPECT_TRUE(w1.to_local().grad().defined());
+  });
 }
 
 // swap_wrapper: every activation a block's backward reads goes to the tier and comes back;

@@ -200,9 +200,17 @@ void SelectiveRegion::decide() {
       if (keep_rank(x.op) != keep_rank(y.op)) return keep_rank(x.op) < keep_rank(y.op);
       return x.op.bytes < y.op.bytes;
     });
+    // An output nothing reads however the rest is chosen (not referenced, and feeding no
+    // op that may be) is never kept: it takes no share of the budget.
+    std::vector<bool> readable(entries_.size(), false);
+    for (size_t i = entries_.size(); i-- > 0;) {
+      if (!readable[i] && !untracked_input_ && !entries_[i].referenced) continue;
+      readable[i] = true;
+      for (int j : entries_[i].inputs) readable[j] = true;
+    }
     double used = static_cast<double>(must);
     for (size_t k : prefer)
-      if (used + static_cast<double>(entries_[k].op.bytes) <= allowed) {
+      if (readable[k] && used + static_cast<double>(entries_[k].op.bytes) <= allowed) {
         entries_[k].keep = true;
         used += static_cast<double>(entries_[k].op.bytes);
       }
