@@ -209,14 +209,23 @@ void swiglu_backward_block(const T* __restrict dy, const T* __restrict g, const 
   }
 }
 
-// The same, writing dg over g and du over u.
+// The same, writing dg over g and du over u (a lane's both results are made before either
+// is stored).
 template <typename T>
 void swiglu_backward_in_place_block(const T* __restrict dy, T* __restrict g, const T* __restrict s, T* __restrict u,
                                     int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const T gi = g[i], ui = u[i], silu = gi * s[i];
-    u[i] = dy[i] * silu;
-    g[i] = dy[i] * ui * (s[i] + silu * (T(1) - s[i]));
+  int64_t i = 0;
+  for (; i + kSwigluLanes <= n; i += kSwigluLanes) {
+    T dg[kSwigluLanes], du[kSwigluLanes];
+    for (int k = 0; k < kSwigluLanes; ++k) du[k] = dy[i + k] * (g[i + k] * s[i + k]);
+    for (int k = 0; k < kSwigluLanes; ++k)
+      dg[k] = dy[i + k] * u[i + k] * (s[i + k] + g[i + k] * s[i + k] * (T(1) - s[i + k]));
+    for (int k = 0; k < kSwigluLanes; ++k) g[i + k] = dg[k], u[i + k] = du[k];
+  }
+  for (; i < n; ++i) {
+    const T dg = dy[i] * u[i] * (s[i] + g[i] * s[i] * (T(1) - s[i]));
+    u[i] = dy[i] * (g[i] * s[i]);
+    g[i] = dg;
   }
 }
 
