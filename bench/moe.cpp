@@ -37,6 +37,7 @@
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "hp/comm/world.h"
@@ -53,12 +54,19 @@ struct Result {
   double bytes = 0, token_bytes = 0, analytic = 0;  // every float all-to-all; the dispatchers' rows
 };
 
+// The CPUs this process may run on (every one of the machine's if that cannot be read).
+cpu_set_t allowed_cpus() {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (::sched_getaffinity(0, sizeof mine, &mine) != 0)
+    for (unsigned c = 0; c < std::thread::hardware_concurrency(); ++c) CPU_SET(c, &mine);
+  return mine;
+}
+
 // Seconds the cores this process may run on have been busy (anything but idle and iowait:
 // this rank, its communication threads, the kernel's network stack), from /proc/stat.
 double cores_busy_seconds() {
-  cpu_set_t mine;
-  CPU_ZERO(&mine);
-  if (::sched_getaffinity(0, sizeof mine, &mine) != 0) return 0;
+  const cpu_set_t mine = allowed_cpus();
   std::ifstream stat("/proc/stat");
   double ticks = 0;
   for (std::string line; std::getline(stat, line);) {
@@ -70,12 +78,6 @@ double cores_busy_seconds() {
     if (CPU_ISSET(cpu, &mine)) ticks += user + nice + system + irq + softirq + steal;
   }
   return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
-}
-
-int cores_allowed() {
-  cpu_set_t mine;
-  CPU_ZERO(&mine);
-  return ::sched_getaffinity(0, sizeof mine, &mine) == 0 ? CPU_COUNT(&mine) : 1;
 }
 
 double median(std::vector<double> v) {
@@ -179,7 +181,8 @@ int main(int argc, char** argv) {
               (long long)c.moe.num_experts, (long long)c.moe.top_k, (long long)c.moe_hidden_dim);
   std::printf("%4s %6s %10s %10s %10s %12s %11s %16s %16s %16s\n", "ep", "chunks", "ms/step", "tokens/s", "vs ep=1",
               "a2a share", "cores busy", "all a2a B/fwd", "token a2a B/fwd", "analytic");
-  const int cores = cores_allowed();
+  const cpu_set_t allowed = allowed_cpus();
+  const int cores = CPU_COUNT(&allowed);
   auto busy_share = [&](const Result& r) { return r.busy_seconds / (r.timed_seconds * cores); };
   const double base = median(results[{degrees[0], 1}].ms);
   for (const auto& [ep, chunks] : variants) {

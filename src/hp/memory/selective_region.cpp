@@ -200,14 +200,8 @@ void SelectiveRegion::decide() {
       if (keep_rank(x.op) != keep_rank(y.op)) return keep_rank(x.op) < keep_rank(y.op);
       return x.op.bytes < y.op.bytes;
     });
-    // An output nothing reads however the rest is chosen (not referenced, and feeding no
-    // op that may be) is never kept: it takes no share of the budget.
-    std::vector<bool> readable(entries_.size(), false);
-    for (size_t i = entries_.size(); i-- > 0;) {
-      if (!readable[i] && !untracked_input_ && !entries_[i].referenced) continue;
-      readable[i] = true;
-      for (int j : entries_[i].inputs) readable[j] = true;
-    }
+    // An output nothing reads however the rest is chosen is never kept: it takes no share.
+    const std::vector<bool> readable = read(/*through_kept=*/true);
     double used = static_cast<double>(must);
     for (size_t k : prefer)
       if (readable[k] && used + static_cast<double>(entries_[k].op.bytes) <= allowed) {
@@ -229,19 +223,25 @@ void SelectiveRegion::decide() {
     if (slot->entry >= 0 && (!entries_[slot->entry].keep || entries_[slot->entry].swapped)) slot->value = at::Tensor();
 }
 
-void SelectiveRegion::mark_demanded() {
-  // An op's output (or the storage it views) is read by autograd, or by a recomputed op;
-  // walking back from the last op, a kept output ends the chain.
-  std::vector<bool> feeds(entries_.size(), false);
+std::vector<bool> SelectiveRegion::read(bool through_kept) const {
+  // An op's output (or the storage it views) is read by autograd, or by an op whose output
+  // is read and recomputed; walking back from the last op.
+  std::vector<bool> out(entries_.size(), false);
   for (size_t i = entries_.size(); i-- > 0;) {
-    Entry& e = entries_[i];
-    e.demanded = untracked_input_ || e.referenced || feeds[i];
-    if (!e.demanded) {
-      e.keep = false;  // nothing reads it: neither kept nor recomputed
-      continue;
-    }
-    if (e.keep) continue;
-    for (int j : e.inputs) feeds[j] = true;
+    const Entry& e = entries_[i];
+    out[i] = out[i] || untracked_input_ || e.referenced;
+    if (!out[i] || (e.keep && !through_kept)) continue;
+    for (int j : e.inputs) out[j] = true;
+  }
+  return out;
+}
+
+void SelectiveRegion::mark_demanded() {
+  // A kept output ends the chain: what only it read is not recomputed.
+  const std::vector<bool> demanded = read(/*through_kept=*/false);
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    entries_[i].demanded = demanded[i];
+    if (!demanded[i]) entries_[i].keep = false;  // nothing reads it: neither kept nor recomputed
   }
 }
 

@@ -110,6 +110,10 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
     bool finished_ = false;
   };
   void decide();
+  // Per entry, whether autograd or a recomputed op reads its output. A kept output is not
+  // recomputed, so its inputs are not read for it, unless `through_kept`: then the answer
+  // holds however the rest is chosen.
+  std::vector<bool> read(bool through_kept) const;
   void mark_demanded();
   std::string swap_key(size_t k) const;
   void replay_once();

@@ -256,24 +256,20 @@ struct SwiGLUFunction : torch::autograd::Function<SwiGLUFunction> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &gate = saved[0], &up = saved[1];
     const at::Tensor dy = grads[0].contiguous();
-    if (!gate.is_meta() && reusable(gate) && reusable(up)) {
-      AT_DISPATCH_FLOATING_TYPES(gate.scalar_type(), "swiglu_backward_in_place", [&] {
-        scalar_t *g = gate.mutable_data_ptr<scalar_t>(), *u = up.mutable_data_ptr<scalar_t>();
-        const scalar_t* d = dy.const_data_ptr<scalar_t>();
-        for_sigmoid_blocks<scalar_t>(gate, [&](int64_t begin, int64_t end, const scalar_t* s) {
-          swiglu_backward_in_place_block(d + begin, g + begin, s, u + begin, end - begin);
-        });
-      });
-      return {gate.detach(), up.detach()};
-    }
-    at::Tensor dg = at::empty_like(gate, at::MemoryFormat::Contiguous), du = at::empty_like(up, at::MemoryFormat::Contiguous);
+    // In place (gate and up become their own gradients) where nothing else can see them.
+    const bool in_place = !gate.is_meta() && reusable(gate) && reusable(up);
+    const at::Tensor dg = in_place ? gate.detach() : at::empty_like(gate, at::MemoryFormat::Contiguous);
+    const at::Tensor du = in_place ? up.detach() : at::empty_like(up, at::MemoryFormat::Contiguous);
     if (!gate.is_meta())
       AT_DISPATCH_FLOATING_TYPES(gate.scalar_type(), "swiglu_backward", [&] {
         const scalar_t *g = gate.const_data_ptr<scalar_t>(), *u = up.const_data_ptr<scalar_t>();
         const scalar_t* d = dy.const_data_ptr<scalar_t>();
         scalar_t *dgp = dg.mutable_data_ptr<scalar_t>(), *dup = du.mutable_data_ptr<scalar_t>();
         for_sigmoid_blocks<scalar_t>(gate, [&](int64_t begin, int64_t end, const scalar_t* s) {
-          swiglu_backward_block(d + begin, g + begin, s, u + begin, dgp + begin, dup + begin, end - begin);
+          if (in_place)
+            swiglu_backward_in_place_block(d + begin, dgp + begin, s, dup + begin, end - begin);
+          else
+            swiglu_backward_block(d + begin, g + begin, s, u + begin, dgp + begin, dup + begin, end - begin);
         });
       });
     return {dg, du};
