@@ -12,7 +12,10 @@
 #include <stdlib.h>
 
 #include <atomic>
+#include <set>
+#include <string>
 
+#include "hp/tensor/fused_cpu.h"
 #include "hp/tensor/memory_stats.h"
 #include "memory/llama_checkpoint.h"
 
@@ -70,6 +73,23 @@ CheckpointOptions swap_matmuls() {
 
 TEST(SelectiveCheckpoint, SwapMatmulsSingleProcess) { expect_same_as_without(Layout::Single, kBlocks, swap_matmuls()); }
 TEST(SelectiveCheckpoint, SwapMatmulsTp2) { expect_same_as_without(Layout::Tp2, kBlocks, swap_matmuls()); }
+
+// A policy sees each op by the function the model called: the fused kernels borrow
+// another op's sharding rule (rms_norm and swiglu mul's, rotary softmax's), not its name.
+TEST(SelectiveCheckpoint, PolicySeesTheFunctionsTheModelCalled) {
+  std::set<std::string> names;
+  CheckpointOptions o;
+  o.policy = [&names](const CheckpointOp& op) {
+    names.insert(op.name);
+    return save_matmuls_and_collectives(op);
+  };
+  kept_after_forward(kBlocks, o);
+  for (const char* name : {"linear", "attention", "rotary", "add"}) EXPECT_TRUE(names.count(name)) << name;
+  if (fused::enabled())
+    for (const char* name : {"rms_norm", "swiglu"}) EXPECT_TRUE(names.count(name)) << name;
+  for (const std::string& name : names)
+    EXPECT_TRUE(name.rfind("softmax", 0) != 0 && name != "mul") << "a block has no " << name << " of its own";
+}
 
 TEST(SelectiveCheckpoint, KeepsBetweenFullAndNone) {
   const int64_t none = kept_after_forward({});

@@ -140,6 +140,7 @@ size_t Op::hash() const {
 }
 
 std::string Op::to_string() const {
+  if (label) return label;
   std::ostringstream os;
   os << kind_name(kind);
   if (!dims.empty()) os << to_string_list(dims, "(", ")");

@@ -45,6 +45,9 @@ struct Op {
   std::vector<int64_t> dims;  // op arguments as described above
   bool flag = false;
   int num_inputs = 1;         // Elementwise, Add, Mul, Cat
+  // A function that runs under another op's rule (rms_norm under mul's) goes by its own
+  // name in errors and to activation checkpointing's policies; not part of the rule.
+  const char* label = nullptr;
 
   static Op elementwise(int num_inputs = 1) { return {OpKind::Elementwise, {}, false, num_inputs}; }
   static Op add() { return {OpKind::Add, {}, false, 2}; }
@@ -62,6 +65,11 @@ struct Op {
   static Op cat(int64_t dim, int num_inputs) { return {OpKind::Cat, {dim}, false, num_inputs}; }
   static Op narrow(int64_t dim, int64_t start, int64_t length) { return {OpKind::Narrow, {dim, start, length}, false, 1}; }
   static Op attention() { return {OpKind::Attention, {}, false, 3}; }
+  Op named(const char* name) const {
+    Op o = *this;
+    o.label = name;
+    return o;
+  }
 
   int arity() const;
   bool operator==(const Op& o) const {

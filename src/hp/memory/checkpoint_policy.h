@@ -21,8 +21,10 @@ enum class CheckpointPolicy {
 
 // What a policy sees of one op of the region, after the forward ran it.
 struct CheckpointOp {
-  std::string name;              // "Linear", "Attention", "Elementwise", "redistribute P(sum) -> R"
-  std::optional<OpKind> kind;    // a DTensor op's kind; unset for a redistribution
+  std::string name;              // "linear", "attention", "rms_norm", "swiglu", "rotary", "add",
+                                 // "view(2, 256, 256)", "redistribute P(sum) -> R"
+  std::optional<OpKind> kind;    // the sharding rule it runs under (rms_norm and swiglu: Mul,
+                                 // rotary: Softmax); unset for a redistribution
   bool collective = false;       // a redistribution that moves data between ranks
   int64_t bytes = 0;             // of its output
   bool is_matmul() const {

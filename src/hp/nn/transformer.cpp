@@ -11,8 +11,8 @@ namespace {
 
 // A function of whole rows along the last dim (any other dim may stay sharded): the
 // softmax rule says exactly that, so it lends its signatures.
-DTensor along_last_dim(const DTensor& x, const LocalKernel& kernel) {
-  return dispatch(Op::softmax(x.dim() - 1), {x}, kernel);
+DTensor along_last_dim(const char* name, const DTensor& x, const LocalKernel& kernel) {
+  return dispatch(Op::softmax(x.dim() - 1).named(name), {x}, kernel);
 }
 
 // Each head's halves (x1, x2) rotated by the tables' angles; in one pass where hp::fused
@@ -44,7 +44,7 @@ std::pair<at::Tensor, at::Tensor> Rotary::tables(int64_t first, int64_t end, int
 }
 
 DTensor Rotary::operator()(const DTensor& x) {
-  return along_last_dim(x, [this](const std::vector<at::Tensor>& t, const LocalContext& ctx) {
+  return along_last_dim("rotary", x, [this](const std::vector<at::Tensor>& t, const LocalContext& ctx) {
     const at::Tensor& v = t[0];
     const int64_t first = ctx.output.global_offset(ctx.coord)[2];  // positions may be sharded
     auto [cos, sin] = tables(first, first + v.size(2), v.size(-1), v);

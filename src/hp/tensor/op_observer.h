@@ -22,7 +22,7 @@ struct ObservedOp {
   const ShardSpec* to = nullptr;
   const std::vector<at::Tensor>* inputs = nullptr;  // the local tensors it reads
   bool communicates() const;            // a redistribution that moves data between ranks
-  std::string name() const;             // "Linear", "redistribute P(sum) -> R"
+  std::string name() const;             // "linear", "rms_norm", "redistribute P(sum) -> R"
 };
 
 class OpObserver {

@@ -142,7 +142,8 @@ DTensor softmax(const DTensor& x, int64_t dim) {
 }
 
 DTensor log_softmax(const DTensor& x, int64_t dim) {
-  return dispatch(Op::softmax(dim), {x}, [dim](const auto& t, const auto&) { return t[0].log_softmax(dim); });
+  return dispatch(Op::softmax(dim).named("log_softmax"), {x},
+                  [dim](const auto& t, const auto&) { return t[0].log_softmax(dim); });
 }
 
 DTensor scaled_dot_product_attention(const DTensor& q, const DTensor& k, const DTensor& v, bool causal,
@@ -280,7 +281,7 @@ DTensor rms_norm(const DTensor& x, const DTensor& weight, double eps) {
   for (const Placement& p : x.placements()) whole = whole && !p.is_shard(static_cast<int>(x.dim()) - 1) && !p.is_partial();
   for (const Placement& p : weight.placements()) whole = whole && p.is_replicate();
   if (whole && fused::rms_norm_fusable(x.to_local(), weight.to_local()))
-    return dispatch(Op::mul(), {x, weight},
+    return dispatch(Op::mul().named("rms_norm"), {x, weight},
                     [eps](const auto& t, const auto&) { return fused::rms_norm(t[0], t[1], eps); });
   DTensor mean_square = mean(mul(x, x), {-1}, /*keepdim=*/true);
   DTensor inv = map(mean_square, [eps](const at::Tensor& t) { return at::rsqrt(t + eps); });
@@ -293,7 +294,8 @@ DTensor swiglu(const DTensor& gate, const DTensor& up) {
   bool whole = gate.placements() == up.placements();
   for (const Placement& p : gate.placements()) whole = whole && !p.is_partial();
   if (whole && fused::swiglu_fusable(gate.to_local(), up.to_local()))
-    return dispatch(Op::mul(), {gate, up}, [](const auto& t, const auto&) { return swiglu_local(t[0], t[1]); });
+    return dispatch(Op::mul().named("swiglu"), {gate, up},
+                    [](const auto& t, const auto&) { return swiglu_local(t[0], t[1]); });
   return mul(map(gate, [](const at::Tensor& t) { return at::silu(t); }), up);
 }
 

@@ -145,7 +145,7 @@ DTensor dropout(const DTensor& x, double p) {
   HP_CHECK(p >= 0 && p < 1) << "dropout probability must be in [0, 1), got " << p;
   RngState s = take(Dist::Uniform, numel_of(x.sizes()));
   const std::vector<int64_t> global = x.sizes();
-  return dispatch(Op::elementwise(1), {x}, [&](const auto& t, const LocalContext& ctx) {
+  return dispatch(Op::elementwise(1).named("dropout"), {x}, [&](const auto& t, const LocalContext& ctx) {
     return t[0] * dropout_mask(global, ctx.output.global_offset(ctx.coord), ctx.output.local_shape(ctx.coord), s, p,
                                t[0].scalar_type());
   });
