@@ -4,17 +4,18 @@
 // The 3.03M Llama of configs/bench_3m.toml (vocab 256, dim 256, 8 heads / 4 kv heads, SwiGLU
 // 688, sequence 256) with LAYERS blocks, BATCH sequences, float32. Modes: none (AdamW in
 // memory), full (every block recomputed), selective (save_matmuls_and_collectives), budget
-// 0.5, offload (SwapOptimizer over AdamW, state in files under $TMPDIR or /tmp, 8 batches,
-// prefetch) and offload_noprefetch; muon (Muon on the blocks' matrices, AdamW on the rest, in
-// memory) and muon_offload (that chain per batch in a SwapOptimizer, with prefetch; its
-// ratios against muon). One model: each round runs every mode in turn (first
+// 0.5 and 0.45, offload (SwapOptimizer over AdamW, state in files under $TMPDIR or /tmp, 8
+// batches, prefetch) and offload_noprefetch; muon (Muon on the blocks' matrices, AdamW on
+// the rest, in memory) and muon_offload (that chain per batch in a SwapOptimizer, with
+// prefetch; its ratios against muon). One model: each round runs every mode in turn (first
 // mode rotating), each with a fresh optimizer (one untimed step allocates its state), so
 // all modes see the same machine and model.
 //
-// Per step: wall time; the activation peak, the high-water mark of the counted CPU storage
-// (hp::track_cpu_memory) during forward + backward above what was allocated before the
-// forward; and the step's peak, the high-water mark of all counted storage over forward,
-// backward and the optimizer step (parameters, gradients, optimizer state, activations).
+// Per step: wall time; the time spent recomputing (memory::recompute_seconds); the
+// activation peak, the high-water mark of the counted CPU storage (hp::track_cpu_memory)
+// during forward + backward above what was allocated before the forward; and the step's
+// peak, the high-water mark of all counted storage over forward, backward and the
+// optimizer step (parameters, gradients, optimizer state, activations).
 // Per mode: the process's peak RSS over its steps (VmHWM, reset through
 // /proc/self/clear_refs). Medians over all steps of a mode; ratios against none. The
 // planner's figures for the same model (plan/memory.h, plan/estimator.h) are printed
@@ -81,13 +82,14 @@ struct Mode {
 };
 
 std::vector<Mode> modes() {
-  Mode none{"none"}, full{"full", true}, sel{"selective", true}, half{"budget50", true};
+  Mode none{"none"}, full{"full", true}, sel{"selective", true}, half{"budget50", true}, b45{"budget45", true};
   sel.options.policy = save_matmuls_and_collectives;
   half.options.memory_budget = 0.5;
+  b45.options.memory_budget = 0.45;
   Mode off{"offload"}, off_np{"offload_noprefetch"}, muon{"muon"}, muon_off{"muon_offload"};
   off.offload = 1, off_np.offload = 2;
   muon.muon = muon_off.muon = true, muon_off.offload = 1;
-  return {none, full, sel, half, off, off_np, muon, muon_off};
+  return {none, full, sel, half, b45, off, off_np, muon, muon_off};
 }
 
 std::string temp_dir() {
@@ -236,20 +238,22 @@ int main(int argc, char** argv) {
     DTensor targets = distribute_tensor(tokens.narrow(1, 1, seq).contiguous(), mesh, {Replicate()});
     track_cpu_memory();
     struct Step {
-      double time, act, peak;
+      double time, act, peak, recompute;
     };
     auto step = [&]() {
       reset_cpu_memory_peak();
       const int64_t before = cpu_memory_allocated();
+      const double recomputed_before = memory::recompute_seconds();
       auto t0 = Clock::now();
       model.loss(ids, targets).to_local().backward();
       const double act = double(cpu_memory_peak() - before);
+      const double recompute = memory::recompute_seconds() - recomputed_before;
       opt->step();
       for (DTensor* p : model.parameters()) p->to_local().mutable_grad().zero_();  // stay allocated
-      return Step{std::chrono::duration<double>(Clock::now() - t0).count(), act, double(cpu_memory_peak())};
+      return Step{std::chrono::duration<double>(Clock::now() - t0).count(), act, double(cpu_memory_peak()), recompute};
     };
     const std::vector<Mode> ms = modes();
-    std::map<std::string, std::vector<double>> time, act, peak, rss;
+    std::map<std::string, std::vector<double>> time, act, peak, rss, recompute;
     double muon_state = 0;
     for (int r = 0; r < rounds; ++r)
       for (size_t i = 0; i < ms.size(); ++i) {
@@ -265,6 +269,7 @@ int main(int argc, char** argv) {
           time[m.name].push_back(st.time);
           act[m.name].push_back(st.act);
           peak[m.name].push_back(st.peak);
+          recompute[m.name].push_back(st.recompute);
         }
         rss[m.name].push_back(peak_rss());
       }
@@ -291,13 +296,13 @@ int main(int argc, char** argv) {
 
     std::printf("Llama %lld layers, dim 256, batch %lld x seq %lld, %d rounds x %d steps per mode\n",
                 (long long)layers, (long long)batch, (long long)seq, rounds, steps);
-    std::printf("%-19s %9s %7s %13s %7s %14s %13s\n", "mode", "step ms", "ratio", "act peak MiB", "ratio",
-                "step peak MiB", "peak RSS MiB");
+    std::printf("%-19s %9s %7s %13s %7s %14s %13s %13s\n", "mode", "step ms", "ratio", "act peak MiB", "ratio",
+                "step peak MiB", "peak RSS MiB", "recompute ms");
     const double t0 = median(time["none"]), a0 = median(act["none"]), p0 = median(peak["none"]);
     for (const Mode& m : ms)
-      std::printf("%-19s %9.1f %7.3f %13.1f %7.3f %14.1f %13.1f\n", m.name.c_str(), 1e3 * median(time[m.name]),
+      std::printf("%-19s %9.1f %7.3f %13.1f %7.3f %14.1f %13.1f %13.1f\n", m.name.c_str(), 1e3 * median(time[m.name]),
                   median(time[m.name]) / t0, median(act[m.name]) / (1 << 20), median(act[m.name]) / a0,
-                  median(peak[m.name]) / (1 << 20), median(rss[m.name]) / (1 << 20));
+                  median(peak[m.name]) / (1 << 20), median(rss[m.name]) / (1 << 20), 1e3 * median(recompute[m.name]));
     const double state = 2.0 * double(param_bytes);  // AdamW's exp_avg and exp_avg_sq
     std::printf("AdamW state %.1f MiB; offload lowers the step peak by %.1f MiB (%.2f of it)\n", state / (1 << 20),
                 (p0 - median(peak["offload"])) / (1 << 20), (p0 - median(peak["offload"])) / state);
@@ -319,6 +324,10 @@ int main(int argc, char** argv) {
       std::printf("RESULT memory_%s_act_peak_ratio_%s %.3f\n", m.name.c_str(), tag.c_str(), median(act[m.name]) / a0);
       std::printf("RESULT memory_%s_step_time_ratio_%s %.3f\n", m.name.c_str(), tag.c_str(),
                   median(time[m.name]) / t0);
+      // What the recompute alone adds, as a share of none's step: the time ratio's floor.
+      if (m.checkpointed)
+        std::printf("RESULT memory_%s_recompute_share_%s %.3f\n", m.name.c_str(), tag.c_str(),
+                    median(recompute[m.name]) / t0);
     }
     std::printf("RESULT memory_offload_peak_drop_of_state_%s %.3f\n", tag.c_str(), (p0 - median(peak["offload"])) / state);
     std::printf("RESULT memory_offload_step_time_ratio_%s %.3f\n", tag.c_str(), median(time["offload"]) / t0);

@@ -84,6 +84,20 @@ TEST(Checkpoint, KeepsOnlyTheBlockInputs) {
   EXPECT_LT(ckpt * 4, full) << "kept " << ckpt << " bytes with checkpointing, " << full << " without";
 }
 
+// recompute_seconds() counts the recomputes, full and selective, and nothing else.
+TEST(Checkpoint, CountsTheTimeSpentRecomputing) {
+  double before = memory::recompute_seconds();
+  hp::testing::kept_after_forward({});
+  EXPECT_EQ(memory::recompute_seconds(), before) << "a run without checkpointing recomputed";
+  hp::testing::kept_after_forward(kBlocks);
+  EXPECT_GT(memory::recompute_seconds(), before) << "full checkpointing's recompute went uncounted";
+  before = memory::recompute_seconds();
+  CheckpointOptions selective;
+  selective.policy = save_matmuls_and_collectives;
+  hp::testing::kept_after_forward(kBlocks, selective);
+  EXPECT_GT(memory::recompute_seconds(), before) << "selective checkpointing's replay went uncounted";
+}
+
 // The recompute's graph runs once and nothing outside holds its tensors, so a recomputed
 // SwiGLU writes its input gradients over its inputs (fused::ReuseSavedInputs): the
 // region's backward then needs less than where something else holds a recomputed input.

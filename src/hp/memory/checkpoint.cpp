@@ -91,6 +91,7 @@ variable_list Region::backward(const at::Tensor& grad_output) {
   at::Tensor out;
   {
     RngReplay replay(replay_rng, rng);
+    memory::RecomputeTimer timer;
     out = run(in, leaves);
   }
   std::vector<at::Tensor> wrt;

@@ -70,6 +70,10 @@ at::Tensor checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, co
 // outside it; the hooks of the modules inside run again in the recompute.
 DTensor checkpoint(nn::Module& module, const DTensor& input, const CheckpointOptions& options = {});
 
+// Wall seconds this process has spent recomputing checkpointed regions (full and
+// selective) since it started: the part of a step that checkpointing adds.
+double recompute_seconds();
+
 }  // namespace memory
 
 // Makes every call of `module` checkpointed (from outside the model, as parallelism is).

@@ -25,6 +25,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <chrono>
 #include <functional>
 #include <future>
 #include <memory>
@@ -41,6 +42,18 @@ namespace hp::memory {
 
 // Once per process; an error where another engine (Python's) is installed already.
 void install_saved_tensor_hooks_engine();
+
+// Adds its lifetime to recompute_seconds().
+class RecomputeTimer {
+ public:
+  RecomputeTimer() : start_(std::chrono::steady_clock::now()) {}
+  ~RecomputeTimer();
+  RecomputeTimer(const RecomputeTimer&) = delete;
+  RecomputeTimer& operator=(const RecomputeTimer&) = delete;
+
+ private:
+  std::chrono::steady_clock::time_point start_;
+};
 
 class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<SelectiveRegion> {
  public:
