@@ -33,12 +33,13 @@ struct Layout {
   std::string data_parallel = "ddp";
   bool sequence_parallel = false;
   int64_t num_chunks = 1;
+  bool async_tp = false;
 };
 
 std::string describe(const Layout& l) {
   std::string s;
   for (size_t i = 0; i < l.shape.size(); ++i) s += (i ? " x " : "") + l.names[i] + "=" + std::to_string(l.shape[i]);
-  return s + " " + l.data_parallel + (l.sequence_parallel ? " sp" : "") +
+  return s + " " + l.data_parallel + (l.sequence_parallel ? " sp" : "") + (l.async_tp ? " async_tp" : "") +
          (l.num_chunks > 1 ? " chunks=" + std::to_string(l.num_chunks) : "");
 }
 
@@ -47,7 +48,7 @@ void PrintTo(const Layout& l, std::ostream* os) { *os << describe(l); }
 train::TrainConfig config(const Layout& l, const std::string& dir) {
   train::TrainConfig c;
   c.mesh.shape = l.shape, c.mesh.names = l.names, c.mesh.data_parallel = l.data_parallel;
-  c.mesh.sequence_parallel = l.sequence_parallel;
+  c.mesh.sequence_parallel = l.sequence_parallel, c.mesh.async_tp = l.async_tp;
   c.model.dim = 32, c.model.layers = 2, c.model.heads = 4, c.model.kv_heads = 2, c.model.ffn_dim = 64;
   c.model.max_seq = 16;
   c.moe.num_experts = 4, c.moe.top_k = 2, c.moe.hidden_dim = 16, c.moe.dense_layers = 1;
@@ -93,9 +94,9 @@ TEST_P(MoETraining, MatchesSingleProcess) {
   // embedding, head, final norm; dense block 9; MoE block: 2 norms, 4 attention, gate,
   // w1-w3, expert bias
   EXPECT_EQ(compared, 3 + 9 + 11) << where;
-  // fully_shard splits the parameters outside the experts over every rank reading its own
-  // rows (dp x ep): one checkpoint chunk each (times tp's pieces).
-  if (l.data_parallel == "fsdp") {
+  // fully_shard (at every ZeRO stage) splits the parameters outside the experts over every
+  // rank reading its own rows (dp x ep): one checkpoint chunk each (times tp's pieces).
+  if (l.data_parallel != "ddp" && l.data_parallel != "replicate") {
     int64_t data_ranks = 1;
     for (size_t i = 0; i < l.names.size(); ++i)
       if (l.names[i] == "dp" || l.names[i] == "ep") data_ranks *= l.shape[i];
@@ -149,7 +150,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MoETraining,
                                            Layout{{2, 2}, {"dp", "ep"}, "fsdp", false, 3},
                                            Layout{{4}, {"ep"}, "fsdp"}, Layout{{2, 2}, {"ep", "dp"}, "fsdp"},
                                            Layout{{2, 2}, {"ep", "tp"}, "ddp", true},
-                                           Layout{{2, 2}, {"ep", "tp"}, "fsdp", true}));
+                                           Layout{{2, 2}, {"ep", "tp"}, "fsdp", true}, Layout{{2, 2}, {"dp", "ep"}, "zero1"},
+                                           Layout{{2, 2}, {"dp", "ep"}, "zero2"}, Layout{{4}, {"ep"}, "zero2"},
+                                           Layout{{2, 2}, {"ep", "tp"}, "fsdp", true, 1, true}));
 
 struct StagedLayout {
   std::vector<int64_t> shape;

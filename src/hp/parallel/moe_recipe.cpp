@@ -1,5 +1,6 @@
 #include "hp/parallel/moe_recipe.h"
 
+#include "hp/base/error.h"
 #include "hp/parallel/expert_parallel.h"
 #include "hp/parallel/tensor_parallel.h"
 
@@ -24,17 +25,19 @@ ParallelPlan present(nn::Module& model, const ParallelPlan& plan) {
 }  // namespace
 
 void parallelize_moe_llama(nn::MoELlama& model, const DeviceMesh& tp_mesh, const MoELlamaParallelOptions& options) {
-  const bool sp = options.sequence_parallel;
+  const bool sp = options.sequence_parallel, a = options.async_tp;
+  HP_CHECK(!a || sp) << "parallelize_moe_llama: async_tp decomposes the sequence-parallel collectives; set "
+                     << "sequence_parallel too";
   const Placement between = sp ? Placement(Shard(1)) : Placement(Replicate());
   const Placement shared_out = sp ? Placement(Shard(0)) : Placement(Replicate());  // the MoE's token rows
   ParallelPlan plan = {
-      {"layers.*.attn.q_proj", ColwiseParallel()},
-      {"layers.*.attn.k_proj", ColwiseParallel()},
-      {"layers.*.attn.v_proj", ColwiseParallel()},
-      {"layers.*.attn.o_proj", RowwiseParallel(std::nullopt, between)},
-      {"layers.*.mlp.gate_proj", ColwiseParallel()},
-      {"layers.*.mlp.up_proj", ColwiseParallel()},
-      {"layers.*.mlp.down_proj", RowwiseParallel(std::nullopt, between)},
+      {"layers.*.attn.q_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
+      {"layers.*.attn.k_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
+      {"layers.*.attn.v_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
+      {"layers.*.attn.o_proj", RowwiseParallel(std::nullopt, between, a)},
+      {"layers.*.mlp.gate_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
+      {"layers.*.mlp.up_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
+      {"layers.*.mlp.down_proj", RowwiseParallel(std::nullopt, between, a)},
       {"layers.*.moe.shared_experts.gate_proj", ColwiseParallel()},
       {"layers.*.moe.shared_experts.up_proj", ColwiseParallel()},
       {"layers.*.moe.shared_experts.down_proj", RowwiseParallel(std::nullopt, shared_out)},
@@ -42,11 +45,12 @@ void parallelize_moe_llama(nn::MoELlama& model, const DeviceMesh& tp_mesh, const
       {"output", ColwiseParallel(Replicate(), options.loss_parallel ? Placement(Shard(-1)) : Placement(Replicate()))},
   };
   // As the Llama's (llama_recipe.cpp): the embedding hands out sequence shards, norms run
-  // on them, and the blocks' parallel products gather their input first.
+  // on them, and the blocks' parallel products gather their input first (with async_tp,
+  // attention's and the dense MLPs' column-parallel products gather it themselves).
+  if (sp && !a) plan.insert(plan.end(), {{"layers.*.attn", PrepareModuleInput(Replicate())},
+                                          {"layers.*.mlp", PrepareModuleInput(Replicate())}});
   if (sp)
     plan.insert(plan.end(), {{"tok_embeddings", RowwiseParallel(Replicate(), between)},
-                             {"layers.*.attn", PrepareModuleInput(Replicate())},
-                             {"layers.*.mlp", PrepareModuleInput(Replicate())},
                              {"layers.*.moe.shared_experts", PrepareModuleInput(Replicate())},
                              {"layers.*.attn_norm", SequenceParallel()},
                              {"layers.*.mlp_norm", SequenceParallel()},

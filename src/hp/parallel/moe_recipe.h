@@ -13,6 +13,9 @@ struct MoELlamaParallelOptions {
   // Activations between blocks Shard(1) over tp, norms per token; the MoE blocks route
   // their own sequence shard (MoESequenceParallel) instead of ExpertTensorParallel.
   bool sequence_parallel = false;
+  // With sequence_parallel: attention's and the dense MLPs' collectives in pieces behind
+  // their products, as parallelize_llama's async_tp (the MoE blocks route their own shard).
+  bool async_tp = false;
 };
 
 void parallelize_moe_llama(nn::MoELlama& model, const DeviceMesh& tp_mesh, const MoELlamaParallelOptions& options = {});

@@ -367,9 +367,8 @@ void validate(const TrainConfig& c) {
   if (t.mixed_precision()) {
     // Only fully_shard casts parameters for compute while keeping float32 masters.
     const char* keys = "train.mixed_precision_param / mixed_precision_reduce";
-    const bool moe = c.moe.enabled();  // whose trainer runs fully_shard at ZeRO-3 only
-    HP_CHECK(moe ? m.data_parallel == "fsdp" : m.zero_stage() > 0)
-        << src << ": " << keys << " need mesh.data_parallel = \"fsdp\"" << (moe ? " ([moe])" : ", \"zero1\" or \"zero2\"")
+    HP_CHECK(m.zero_stage() > 0)
+        << src << ": " << keys << " need mesh.data_parallel = \"fsdp\", \"zero1\" or \"zero2\""
         << " (it casts through fully_shard, at dp = 1 too), not \"" << m.data_parallel
         << "\"; set it, or both keys to \"float32\"";
     HP_CHECK(dims.pp == 1) << src << ": " << keys << " with pipeline stages (pp = " << dims.pp

@@ -19,8 +19,7 @@ namespace {
 // fully_shard over dp (and ep): at a ZeRO stage with dp x ep > 1, and at 1 too with mixed precision
 // (validate() has refused it with other data_parallel values), where it only casts.
 bool shards_data(const TrainConfig& cfg) {
-  const bool sharded = cfg.moe.enabled() ? cfg.mesh.data_parallel == "fsdp" : cfg.mesh.zero_stage() > 0;
-  return sharded && (cfg.dims().data_parallel_size() > 1 || cfg.train.mixed_precision());
+  return cfg.mesh.zero_stage() > 0 && (cfg.dims().data_parallel_size() > 1 || cfg.train.mixed_precision());
 }
 
 at::ScalarType dtype_named(const std::string& name) { return name == "bfloat16" ? at::kBFloat16 : at::kFloat; }
@@ -29,7 +28,7 @@ FullyShardOptions shard_options(const TrainConfig& cfg) {
   FullyShardOptions o;
   if (cfg.train.mixed_precision())
     o.mp_policy = {dtype_named(cfg.train.mixed_precision_param), dtype_named(cfg.train.mixed_precision_reduce)};
-  return cfg.moe.enabled() ? o : zero_stage_options(cfg.mesh.zero_stage(), o);
+  return zero_stage_options(cfg.mesh.zero_stage(), o);
 }
 
 // The options of the whole model's fully_shard at pp = 1.
@@ -63,8 +62,8 @@ void build_moe_model(Training& t, const TrainConfig& cfg) {
   t.moe_llama = detail::build_moe_llama(cfg, mesh);
   nn::MoELlama& model = *t.moe_llama;
   const std::vector<std::string> reduce_dims = detail::gradient_reduce_dims(cfg);
-  const FullyShardOptions o = whole_model_shard_options(cfg, mesh);
   if (shards_data(cfg)) {
+    const FullyShardOptions o = whole_model_shard_options(cfg, mesh);
     const auto [others, experts] = detail::moe_shard_meshes(mesh);
     detail::shard_and_draw(t, model, o, [&, &others = others, &experts = experts] {  // C++17 captures no bindings
       return fully_shard_moe_llama(model, others, experts, o);
@@ -117,7 +116,8 @@ std::shared_ptr<nn::MoELlama> detail::build_moe_llama(const TrainConfig& cfg, co
     auto deferred = nn::no_init_parameters();  // the caller draws each rank's shards (nn::init_parameters)
     model = std::make_shared<nn::MoELlama>(cfg.moe.model(cfg.model), mesh);
   }
-  if (dims.tp > 1) parallelize_moe_llama(*model, mesh["tp"], {/*loss_parallel=*/true, cfg.mesh.sequence_parallel});
+  if (dims.tp > 1)
+    parallelize_moe_llama(*model, mesh["tp"], {/*loss_parallel=*/true, cfg.mesh.sequence_parallel, cfg.mesh.async_tp});
   if (dims.ep > 1) expert_parallelize_moe_llama(*model, mesh["ep"]);
   apply_precision(*model, cfg);
   return model;
