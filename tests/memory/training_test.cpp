@@ -14,6 +14,7 @@
 
 #include "hp/checkpoint.h"
 #include "hp/comm/local_ranks.h"
+#include "hp/memory/checkpoint.h"
 #include "hp/train/train_step.h"
 #include "hp/train/trainer.h"
 #include "train/trainer_runs.h"
@@ -83,8 +84,12 @@ void expect_same(const std::string& dim, const std::string& dp, const std::strin
     c.memory.optimizer_offload_dir = dir;
     c.memory.optimizer_offload_batch_mib = 1;
   }
+  const double before = memory::recompute_seconds();
   const std::vector<double> want = losses(plain);
+  EXPECT_EQ(memory::recompute_seconds(), before) << "the run without checkpointing recomputed";
   EXPECT_EQ(losses(c), want) << dim << "=2 " << dp << " " << mode << " budget " << budget << " offload " << offload;
+  // The keys reached the model: the same losses with nothing recomputed would prove nothing.
+  EXPECT_GT(memory::recompute_seconds(), before) << mode << " checkpointing recomputed nothing";
   EXPECT_LT(want.back(), want.front());
   if (!dir.empty()) std::filesystem::remove_all(dir);
 }

@@ -45,15 +45,18 @@ train::TrainConfig config(const Layout& l, bool bf16) {
   return c;
 }
 
-struct TrainRun {
+struct TrainRun {  // per rank
   std::vector<double> losses;
-  int64_t gather_bytes = 0;  // rank 0's parameter all-gathers in step kLoggedStep
-  int bf16_blocks = 0;       // block forwards that saw only bfloat16 parameters (rank 0)
-  int float32_masters = 0;   // steps that began with every parameter float32 (rank 0)
+  std::vector<int64_t> gather_bytes;  // parameter all-gathers in step kLoggedStep
+  std::vector<int> bf16_blocks;       // block forwards that saw only bfloat16 parameters
+  std::vector<int> float32_masters;   // steps that began with every parameter float32
 };
 
 TrainRun train_run(const train::TrainConfig& c) {
   TrainRun out;
+  out.gather_bytes.assign(c.world_size(), 0);
+  out.bf16_blocks.assign(c.world_size(), 0);
+  out.float32_masters.assign(c.world_size(), 0);
   std::mutex mu;
   std::vector<std::vector<double>> losses(c.world_size());
   comm::run_local_ranks(static_cast<int>(c.world_size()), [&](int rank) {
@@ -66,7 +69,7 @@ TrainRun train_run(const train::TrainConfig& c) {
             bool bf16 = x.scalar_type() == at::kBFloat16;
             for (auto& [pname, p] : block.named_parameters()) bf16 = bf16 && p->scalar_type() == at::kBFloat16;
             std::lock_guard<std::mutex> lock(mu);
-            if (rank == 0) out.bf16_blocks += bf16;
+            out.bf16_blocks[rank] += bf16;
             return x;
           });
     };
@@ -80,10 +83,10 @@ TrainRun train_run(const train::TrainConfig& c) {
         int64_t bytes = 0;
         for (const auto& r : log.records())
           if (r.op == "all_gather" && r.numel > 16) bytes += r.bytes();  // not the loss's or the norm's
-        if (rank == 0) out.gather_bytes = bytes;
+        out.gather_bytes[rank] = bytes;
       }
       std::lock_guard<std::mutex> lock(mu);
-      if (rank == 0) out.float32_masters += masters;
+      out.float32_masters[rank] += masters;
     };
     losses[rank] = train::run_training(c, hooks).losses;
   });
@@ -101,12 +104,15 @@ TEST_P(MixedPrecision, GathersBfloat16KeepsFloat32MastersAndTracksFloat32Loss) {
   for (size_t k = 0; k < ref.losses.size(); ++k)
     EXPECT_NEAR(half.losses[k], ref.losses[k], 2e-2 * ref.losses[k]) << "step " << k;
   EXPECT_NE(half.losses, ref.losses) << "the bfloat16 run computed in float32";
-  EXPECT_EQ(half.bf16_blocks, kSteps * 2) << "every forward of both blocks on bfloat16 parameters and inputs";
-  EXPECT_EQ(ref.bf16_blocks, 0);
-  EXPECT_EQ(half.float32_masters, kSteps);
-  if (l.shape[0] > 1) {  // dp first: fully_shard gathers
-    ASSERT_GT(ref.gather_bytes, 0);
-    EXPECT_EQ(2 * half.gather_bytes, ref.gather_bytes);
+  for (size_t r = 0; r < half.bf16_blocks.size(); ++r) {
+    EXPECT_EQ(half.bf16_blocks[r], kSteps * 2) << "rank " << r << ": every forward of both blocks on bfloat16 "
+                                               << "parameters and inputs";
+    EXPECT_EQ(ref.bf16_blocks[r], 0) << "rank " << r;
+    EXPECT_EQ(half.float32_masters[r], kSteps) << "rank " << r;
+    if (l.shape[0] > 1) {  // dp first: fully_shard gathers
+      ASSERT_GT(ref.gather_bytes[r], 0) << "rank " << r;
+      EXPECT_EQ(2 * half.gather_bytes[r], ref.gather_bytes[r]) << "rank " << r;
+    }
   }
 }
 

@@ -13,6 +13,7 @@
 #include "hp/checkpoint.h"
 #include "hp/comm/local_ranks.h"
 #include "hp/train/trainer.h"
+#include "train/trainer_runs.h"
 
 using namespace hp;
 namespace fs = std::filesystem;
@@ -96,7 +97,10 @@ TEST(TrainResume, ACheckpointFromDp2xTp2ResumesAtTp4) {
   auto resumed = run(tp4);
   EXPECT_EQ(resumed.first_step, 3);
   ASSERT_EQ(resumed.losses.size(), 3u);
-  for (size_t k = 0; k < 3; ++k) EXPECT_NEAR(resumed.losses[k], ref.losses[3 + k], 1e-4 * ref.losses[3 + k]) << k;
+  for (size_t k = 0; k < 3; ++k) EXPECT_NEAR(resumed.losses[k], ref.losses[3 + k], 1e-5 * ref.losses[3 + k]) << k;
+  // Parameters after the last step: the same rounding (1.2e-5 at most between these layouts).
+  hp::testing::expect_close_params(checkpoint::step_dir(ref_dir, 6), checkpoint::step_dir(dir, 6), 1e-4, 1e-4,
+                                   "dp2 x tp2 resumed at tp4");
 }
 
 TEST(TrainResume, Dp4AndDp2xTp2AgreeToRoundingNotBitwise) {
@@ -116,6 +120,7 @@ TEST(TrainResume, Dp4AndDp2xTp2AgreeToRoundingNotBitwise) {
     max_param = std::max(max_param, (x - y).abs().max().item<double>());
   }
   std::printf("dp=4 vs dp=2 x tp=2 over 6 steps: max |loss diff| %.3g, max |param diff| %.3g\n", max_loss, max_param);
-  EXPECT_LT(max_loss, 1e-4);
+  EXPECT_LT(max_loss, 1e-5);
   EXPECT_LT(max_param, 1e-4);
+  EXPECT_GT(max_param, 0) << "the layouts agreed bitwise: the comment above (and the design notes) no longer hold";
 }
