@@ -17,16 +17,9 @@ void parallelize_llama(nn::Llama& model, const DeviceMesh& tp_mesh, const LlamaP
   // async_tp: q, k, v (gate, up) gather their sequence-sharded input themselves, once.
   ParallelPlan plan;
   if (!a) plan.push_back({"layers.*.attn", PrepareModuleInput(Replicate())});
-  plan.insert(plan.end(), {
-      {"tok_embeddings", RowwiseParallel(Replicate(), between)},
-      {"layers.*.attn.q_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
-      {"layers.*.attn.k_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
-      {"layers.*.attn.v_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
-      {"layers.*.attn.o_proj", RowwiseParallel(std::nullopt, between, a)},
-      {"layers.*.mlp.gate_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
-      {"layers.*.mlp.up_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
-      {"layers.*.mlp.down_proj", RowwiseParallel(std::nullopt, between, a)},
-  });
+  plan.push_back({"tok_embeddings", RowwiseParallel(Replicate(), between)});
+  const ParallelPlan block = llama_block_plan(between, a);
+  plan.insert(plan.end(), block.begin(), block.end());
   if (!a) plan.push_back({"layers.*.mlp", PrepareModuleInput(Replicate())});
   if (o.sequence_parallel) {
     plan.push_back({"layers.*.attn_norm", SequenceParallel()});
@@ -36,6 +29,19 @@ void parallelize_llama(nn::Llama& model, const DeviceMesh& tp_mesh, const LlamaP
   if (!model.config().tied_embeddings)
     plan.push_back({"output", ColwiseParallel(Replicate(), o.loss_parallel ? Shard(-1) : Replicate(), a)});
   parallelize_module(model, tp_mesh, plan);
+}
+
+ParallelPlan llama_block_plan(const Placement& between, bool async_tp) {
+  const bool a = async_tp;
+  return {
+      {"layers.*.attn.q_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
+      {"layers.*.attn.k_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
+      {"layers.*.attn.v_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
+      {"layers.*.attn.o_proj", RowwiseParallel(std::nullopt, between, a)},
+      {"layers.*.mlp.gate_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
+      {"layers.*.mlp.up_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
+      {"layers.*.mlp.down_proj", RowwiseParallel(std::nullopt, between, a)},
+  };
 }
 
 FSDPModule fully_shard_llama(nn::Llama& model, const DeviceMesh& dp_mesh, const FullyShardOptions& options) {

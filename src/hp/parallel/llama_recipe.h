@@ -22,6 +22,11 @@ struct LlamaParallelOptions {
 
 void parallelize_llama(nn::Llama& model, const DeviceMesh& tp_mesh, const LlamaParallelOptions& options = {});
 
+// The rows of a block's attention and SwiGLU MLP (Megatron's split: q, k, v, gate, up
+// column-parallel, o and down row-parallel, their output `between` blocks), shared by the
+// Llama's and the MoE Llama's recipes.
+ParallelPlan llama_block_plan(const Placement& between, bool async_tp);
+
 // fully_shard on every transformer block, then on the root (embedding, final norm, head).
 FSDPModule fully_shard_llama(nn::Llama& model, const DeviceMesh& dp_mesh, const FullyShardOptions& options = {});
 

@@ -2,6 +2,7 @@
 
 #include "hp/base/error.h"
 #include "hp/parallel/expert_parallel.h"
+#include "hp/parallel/llama_recipe.h"
 #include "hp/parallel/tensor_parallel.h"
 
 namespace hp {
@@ -30,20 +31,14 @@ void parallelize_moe_llama(nn::MoELlama& model, const DeviceMesh& tp_mesh, const
                      << "sequence_parallel too";
   const Placement between = sp ? Placement(Shard(1)) : Placement(Replicate());
   const Placement shared_out = sp ? Placement(Shard(0)) : Placement(Replicate());  // the MoE's token rows
-  ParallelPlan plan = {
-      {"layers.*.attn.q_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
-      {"layers.*.attn.k_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
-      {"layers.*.attn.v_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
-      {"layers.*.attn.o_proj", RowwiseParallel(std::nullopt, between, a)},
-      {"layers.*.mlp.gate_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
-      {"layers.*.mlp.up_proj", ColwiseParallel(Replicate(), Shard(-1), a)},
-      {"layers.*.mlp.down_proj", RowwiseParallel(std::nullopt, between, a)},
+  ParallelPlan plan = llama_block_plan(between, a);
+  plan.insert(plan.end(), {
       {"layers.*.moe.shared_experts.gate_proj", ColwiseParallel()},
       {"layers.*.moe.shared_experts.up_proj", ColwiseParallel()},
       {"layers.*.moe.shared_experts.down_proj", RowwiseParallel(std::nullopt, shared_out)},
       {"layers.*.moe", sp ? MoESequenceParallel() : ExpertTensorParallel()},
       {"output", ColwiseParallel(Replicate(), options.loss_parallel ? Placement(Shard(-1)) : Placement(Replicate()))},
-  };
+  });
   // As the Llama's (llama_recipe.cpp): the embedding hands out sequence shards, norms run
   // on them, and the blocks' parallel products gather their input first (with async_tp,
   // attention's and the dense MLPs' column-parallel products gather it themselves).
