@@ -7,6 +7,8 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
+#include <atomic>
+#include <chrono>
 #include <set>
 
 #include "hp/base/error.h"
@@ -21,6 +23,8 @@ namespace hp {
 namespace {
 
 using torch::autograd::variable_list;
+
+std::atomic<int64_t> g_recompute_ns{0};  // recompute_seconds(), in nanoseconds
 
 // Runs the region on (input, params): in forward with the real tensors, in the recompute
 // with fresh leaves standing for them.
@@ -219,6 +223,13 @@ DTensor selective_checkpoint(const std::function<DTensor(const DTensor&)>& fn, c
 }
 
 }  // namespace
+
+memory::RecomputeTimer::~RecomputeTimer() {
+  g_recompute_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_)
+                        .count();
+}
+
+double memory::recompute_seconds() { return 1e-9 * static_cast<double>(g_recompute_ns.load()); }
 
 DTensor memory::checkpoint(const std::function<DTensor(const DTensor&)>& fn, const DTensor& input,
                    const std::vector<DTensor*>& params, const CheckpointOptions& options) {

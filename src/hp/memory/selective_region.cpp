@@ -10,7 +10,6 @@
 #include <mutex>
 
 #include "hp/base/error.h"
-#include "hp/memory/checkpoint.h"
 
 namespace hp {
 
@@ -51,16 +50,7 @@ torch::autograd::Engine& hooks_engine() {
 // Which kept outputs a budget prefers: collectives, then matmuls, then the rest.
 int keep_rank(const CheckpointOp& op) { return op.collective ? 0 : op.is_matmul() ? 1 : 2; }
 
-std::atomic<int64_t> g_recompute_ns{0};
-
 }  // namespace
-
-RecomputeTimer::~RecomputeTimer() {
-  g_recompute_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_)
-                        .count();
-}
-
-double recompute_seconds() { return 1e-9 * static_cast<double>(g_recompute_ns.load()); }
 
 void install_saved_tensor_hooks_engine() {
   static std::once_flag once;
