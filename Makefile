@@ -17,8 +17,10 @@ build: configure
 demo: build
 	./scripts/demo
 
+# On failure, the failed tests' output is printed again at the end, where a cut log keeps it.
 test: build
-	cd $(BUILD) && OMP_NUM_THREADS=1 ctest --output-on-failure -j $(JOBS) --timeout 600
+	cd $(BUILD) && OMP_NUM_THREADS=1 ctest --output-on-failure -j $(JOBS) --timeout 600 || \
+	  { $(CURDIR)/scripts/failed_test_output .; exit 1; }
 
 asan: setup
 	cmake --preset asan > /dev/null && cmake --build build-asan -j $(JOBS) && \
