@@ -199,18 +199,17 @@ TEST_P(MoEPipelineTraining, MatchesThePp1Run) {
   const StagedLayout& l = GetParam();
   const std::string where = describe(l), dir = fresh_dir("staged");
   const Reference& ref = staged_reference(l);
-  // Microbatches change the rows of each expert product, so the rounding: after 5 AdamW
-  // steps (lr 1e-2) one element of layers.1.attn.q_proj ends 7.8e-6 from the pp = 1 run
-  // with sequence parallelism, and on an AVX-512 machine (MKL's kernels differ) one of
-  // layers.1.moe.experts.w3 6.9e-6 without, and 1.3e-5 with one-pass norms (other
-  // roundings again); with one-pass SwiGLU one element of 2048 in layers.1.moe.experts.w1
-  // 7.9e-5 (pp = 2 x tp = 2, sequence parallel: AdamW divides a near-zero gradient's
-  // rounding by its own small second moment). Every other within 4e-6. A wrong gradient
-  // moves a parameter by the order of lr.
+  // Microbatches change the rows of each expert product, so the rounding, and AdamW divides
+  // a near-zero gradient's rounding by that gradient's own small second moment: after 5
+  // steps (lr 1e-2) one element of 2048 in layers.1.moe.experts.w1 ends 7.9e-5 from the
+  // pp = 1 run here (pp = 2 x tp = 2, sequence parallel); a CI machine failed it at 1e-4
+  // (120 runs here passed). Every other element within 2e-5. A wrong gradient moves by the
+  // order of lr: one microbatch's stage-input grad scaled by 1.1 ends 0.03-0.05 away on
+  // every layout below. So parameters compare to lr / 20.
   const train::TrainResult got = run_on_all_ranks(staged_config(l, dir));
   hp::testing::expect_close_losses(got.losses, ref.result.losses, 1e-5, where);
   const int compared = hp::testing::expect_close_params(checkpoint::step_dir(ref.dir, 5), checkpoint::step_dir(dir, 5),
-                                                        1e-5, 1e-4, where);
+                                                        1e-5, 5e-4, where);
   EXPECT_EQ(compared, 3 + 9 + 3 * 11) << where;
   // The bias moved, and moved the same way (compared above).
   const at::Tensor bias = checkpoint::read_tensor(checkpoint::step_dir(dir, 5), "model.layers.1.moe.router.expert_bias");
