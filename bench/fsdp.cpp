@@ -9,6 +9,7 @@
 // nothing overlaps; "ddp adamw no-comm" skips DDP's all-reduce: the compute-only step that
 // exposed communication (step time minus it) is measured against; "fsdp muon no-overlap"
 // exchanges Muon's matrices once each way around all the work (MuonOptions::overlap off);
+// "fsdp muon bf16" runs the Newton-Schulz iteration in bfloat16 (MuonOptions::ns_dtype);
 // "ddp adamw caps-only" buckets by the caps alone, as PyTorch's DDP (min_buckets = 1),
 // where the default makes buckets smaller across hosts.
 // `shape`: sequences per rank x sequence length (default 4x128; 8x256 is the batch of the
@@ -65,7 +66,8 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> modes{"ddp adamw",          "ddp adamw on-caller",  "ddp adamw no-comm",
                                  "ddp adamw caps-only", "fsdp adamw",          "fsdp adamw on-caller",
-                                 "fsdp adamw no-prefetch", "fsdp muon",        "fsdp muon no-overlap"};
+                                 "fsdp adamw no-prefetch", "fsdp muon",        "fsdp muon no-overlap",
+                                 "fsdp muon bf16"};
   if (argc > 4) {
     std::vector<std::string> chosen;
     for (const std::string& m : split(argv[4], ','))
@@ -96,6 +98,7 @@ int main(int argc, char** argv) {
       if (mode.find("muon") != std::string::npos) {
         optim::MuonOptions muon;
         muon.overlap = mode.find("no-overlap") == std::string::npos;
+        if (mode.find("bf16") != std::string::npos) muon.ns_dtype = at::kBFloat16;
         opt = std::make_unique<optim::ChainedOptimizer>(optim::get_hyper_optimizer(model, muon));
       } else {
         opt = std::make_unique<optim::AdamW>(model.parameters());
@@ -214,6 +217,10 @@ int main(int argc, char** argv) {
                 ratio("fsdp muon", "fsdp adamw"), bound, tokens);
     std::printf("RESULT muon_over_adamw %.3f\n", ratio("fsdp muon", "fsdp adamw"));
     std::printf("RESULT muon_flop_bound %.3f\n", bound);
+  }
+  if (ratio("fsdp muon bf16", "fsdp adamw") > 0) {
+    std::printf("muon, Newton-Schulz in bfloat16: %.2fx adamw's step time\n", ratio("fsdp muon bf16", "fsdp adamw"));
+    std::printf("RESULT muon_bf16_over_adamw %.3f\n", ratio("fsdp muon bf16", "fsdp adamw"));
   }
   if (ratio("fsdp muon", "fsdp muon no-overlap") > 0) {
     const double opt = median(results["fsdp muon"].opt_ms), one = median(results["fsdp muon no-overlap"].opt_ms);

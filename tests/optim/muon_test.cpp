@@ -93,20 +93,26 @@ TEST(Muon, NewtonSchulzOnBlocksEqualsTheWholeIteration) {
 // each rank a quarter of its Gram work when split (4.6x less than whole, the 8^3 square
 // being small), two 32 x 32 ones would cost each rank half their whole cost (the square
 // is repeated on every rank): the wide one is split, the square ones stay whole. After two
-// steps every rank's parameters equal the single-process Muon's, for each split choice.
+// steps every rank's parameters equal the single-process Muon's, for each split choice;
+// with the iteration in bfloat16 too, to bfloat16's rounding of the split Gram matrices.
 TEST(Muon, LargeMatricesAreSplitOverTheRanks) {
   const std::vector<std::vector<int64_t>> shapes{{8, 4096}, {32, 32}, {32, 32}};
-  auto train = [&](int ranks, optim::MuonSplit how, std::vector<int>* owners) {
+  std::vector<at::Tensor> initial(shapes.size());
+  auto train = [&](int ranks, optim::MuonSplit how, std::vector<int>* owners, at::ScalarType ns = at::kFloat) {
     std::vector<at::Tensor> out(shapes.size());
     comm::run_local_ranks(ranks, [&](int rank) {
       DeviceMesh mesh = init_device_mesh("cpu", {ranks}, {"dp"});
       manual_seed(11);
       std::vector<DTensor> w;
       for (const auto& s : shapes) w.push_back(randn(s, mesh, {Shard(0)}));
+      for (size_t i = 0; i < w.size(); ++i) {
+        at::Tensor full = w[i].full_tensor();  // every rank takes part
+        if (rank == 0) initial[i] = full;
+      }
       std::vector<DTensor*> params;
       for (DTensor& x : w) params.push_back(&x);
       optim::MuonOptions o;
-      o.split = how;
+      o.split = how, o.ns_dtype = ns;
       optim::Muon muon(params, o);
       for (int step = 0; step < 2; ++step) {
         for (size_t i = 0; i < w.size(); ++i)
@@ -132,6 +138,25 @@ TEST(Muon, LargeMatricesAreSplitOverTheRanks) {
     for (size_t i = 0; i < want.size(); ++i)
       EXPECT_TRUE(at::allclose(got[i], want[i], 1e-5, 1e-6))
           << "matrix " << i << ", split choice " << int(how) << ": max diff " << (got[i] - want[i]).abs().max().item<double>();
+  }
+  // In bfloat16 each update is about 1% (Frobenius) from float32's; split Gram matrices
+  // round differently again, by as much; whole owners compute what one rank does.
+  const std::vector<at::Tensor> want16 = train(1, optim::MuonSplit::None, nullptr, at::kBFloat16);
+  auto update_error = [&](const at::Tensor& got, const at::Tensor& want, size_t i) {
+    return ((got - want).norm() / (want - initial[i]).norm()).item<double>();
+  };
+  for (size_t i = 0; i < want16.size(); ++i) {
+    EXPECT_GT(update_error(want16[i], want[i], i), 1e-3) << "matrix " << i << ": the iteration ran in float32";
+    EXPECT_LT(update_error(want16[i], want[i], i), 0.03) << "matrix " << i;
+  }
+  for (optim::MuonSplit how : {optim::MuonSplit::Balanced, optim::MuonSplit::None, optim::MuonSplit::All}) {
+    const std::vector<at::Tensor> got = train(4, how, nullptr, at::kBFloat16);
+    for (size_t i = 0; i < want16.size(); ++i) {
+      if (how == optim::MuonSplit::None) EXPECT_TRUE(at::equal(got[i], want16[i])) << "matrix " << i;
+      EXPECT_GT(update_error(got[i], want[i], i), 1e-3) << "matrix " << i << ", split choice " << int(how)
+                                                        << ": the iteration ran in float32";
+      EXPECT_LT(update_error(got[i], want16[i], i), 0.03) << "matrix " << i << ", split choice " << int(how);
+    }
   }
 }
 
@@ -255,6 +280,13 @@ TEST(Muon, GroupsAndShapesAreChecked) {
       if (p->dim() == 1) norm = p;
     ASSERT_NE(norm, nullptr);
     EXPECT_THROW(optim::Muon({norm}), hp::Error);
+    // The iteration runs in float32 or bfloat16.
+    std::vector<DTensor*> matrices;
+    for (auto& [name, p] : named)
+      if (p->dim() == 2) matrices.push_back(p);
+    optim::MuonOptions half;
+    half.ns_dtype = at::kHalf;
+    EXPECT_THROW(optim::Muon(matrices, half), hp::Error);
     // Every parameter in exactly one group.
     EXPECT_THROW(optim::get_hyper_optimizer(model, {}, {all.begin(), all.end() - 1}), hp::Error);
     EXPECT_THROW(optim::get_hyper_optimizer(model, {all[0]}, all), hp::Error);

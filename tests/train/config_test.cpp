@@ -295,6 +295,8 @@ TEST(TrainConfig, InconsistentValuesAreErrors) {
   EXPECT_HAS(load_error("[memory]\noptimizer_offload_batch_mib = 0\n"), "memory.optimizer_offload_batch_mib = 0 must be >= 1");
   EXPECT_HAS(load_error("[train]\nmixed_precision_param = \"float16\"\n"),
              "train.mixed_precision_param = \"float16\" must be \"float32\" or \"bfloat16\"");
+  EXPECT_HAS(load_error("[train]\nmuon_ns_dtype = \"float16\"\n"),
+             "train.muon_ns_dtype = \"float16\" must be \"float32\" or \"bfloat16\"");
   EXPECT_HAS(load_error("[train]\nmixed_precision_param = \"bfloat16\"\n"),
              "need mesh.data_parallel = \"fsdp\", \"zero1\" or \"zero2\" (it casts through fully_shard, at dp = 1 too), "
              "not \"ddp\"");
@@ -353,6 +355,7 @@ TrainConfig all_changed() {
   c.train.weight_decay = 1.0 / 3;
   c.train.optimizer = "muon";
   c.train.muon_lr = 0.03;
+  c.train.muon_ns_dtype = "bfloat16";
   c.train.grad_clip = 0.5;
   c.train.seed = 42;
   c.train.log_every = 5;
@@ -446,6 +449,7 @@ TEST(TrainConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(bits(d.train.weight_decay), bits(c.train.weight_decay));
   EXPECT_EQ(d.train.optimizer, c.train.optimizer);
   EXPECT_EQ(bits(d.train.muon_lr), bits(c.train.muon_lr));
+  EXPECT_EQ(d.train.muon_ns_dtype, c.train.muon_ns_dtype);
   EXPECT_EQ(bits(d.train.grad_clip), bits(c.train.grad_clip));
   EXPECT_EQ(d.train.seed, c.train.seed);
   EXPECT_EQ(d.train.log_every, c.train.log_every);
@@ -508,8 +512,8 @@ TEST(TrainConfig, PrinterPrintsTheTable) {
   }
   for (const auto& f : hp::train::config_fields()) table.push_back(f.section + "." + f.key);
   EXPECT_EQ(printed, table);
-  // 8 mesh, 4 pipeline, 10 model, 15 moe, 16 train, 1 data, 5 checkpoint, 4 low_precision, 6 memory, 4 monitor
-  EXPECT_EQ(table.size(), 73u);
+  // 8 mesh, 4 pipeline, 10 model, 15 moe, 17 train, 1 data, 5 checkpoint, 4 low_precision, 6 memory, 4 monitor
+  EXPECT_EQ(table.size(), 74u);
   EXPECT_EQ(hp::train::config_sections(), (std::vector<std::string>{"mesh", "pipeline", "model", "moe", "train", "data",
                                                                     "checkpoint", "low_precision", "memory",
                                                                     "monitor"}));

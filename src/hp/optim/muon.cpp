@@ -256,19 +256,19 @@ struct Muon::Exchange {
   // Round k on this rank: its whole matrices, then the split ones together, in blocks of
   // their wide form.
   void compute(size_t k, const std::vector<at::Tensor>& region, std::vector<at::Tensor>& ortho,
-               at::ScalarType dtype, int ns_steps) const {
+               at::ScalarType dtype, const MuonOptions& o) const {
     const int me = group->rank();
     std::vector<at::Tensor> blocks;
     std::vector<size_t> split;
     auto wide = [&](size_t e, const at::Tensor& t) { return shapes[e][0] > shapes[e][1] ? t.t() : t; };
     for (size_t e : rounds[k]) {
-      if (owner[e] == me) ortho[e] = newton_schulz(region[e], ns_steps);
+      if (owner[e] == me) ortho[e] = newton_schulz(region[e], o.ns_steps, o.ns_dtype);
       if (owner[e] >= 0) continue;
       split.push_back(e);
       blocks.push_back(wide(e, region[e]));
     }
     if (!split.empty()) {
-      std::vector<at::Tensor> done = newton_schulz_blocks(std::move(blocks), ns_steps, *group);
+      std::vector<at::Tensor> done = newton_schulz_blocks(std::move(blocks), o.ns_steps, *group, o.ns_dtype);
       for (size_t i = 0; i < split.size(); ++i) ortho[split[i]] = wide(split[i], done[i]);  // transposing back
     }
     for (size_t e : rounds[k])
@@ -311,13 +311,14 @@ struct Muon::Exchange {
   // arithmetic is the same in any round. What a round is done with is dropped, so the step
   // holds the exchange's buffers and one round's work, not copies of every matrix. One rank
   // exchanges nothing: it takes the matrices one by one.
-  void orthogonalise(const Update& update, const Apply& apply, const at::TensorOptions& options, int ns_steps) const {
+  void orthogonalise(const Update& update, const Apply& apply, const at::TensorOptions& options,
+                     const MuonOptions& o) const {
     const size_t E = params.size();
     std::vector<at::Tensor> region(E), ortho(E);
     if (group->size() == 1) {
       for (size_t k = 0; k < rounds.size(); ++k) {
         for (size_t e : rounds[k]) region[e] = update(e);
-        compute(k, region, ortho, options.dtype().toScalarType(), ns_steps);
+        compute(k, region, ortho, options.dtype().toScalarType(), o);
         for (size_t e : rounds[k]) {
           apply(e, ortho[e]);
           region[e] = ortho[e] = at::Tensor();
@@ -329,7 +330,7 @@ struct Muon::Exchange {
     for (size_t k = 0; k < rounds.size(); ++k) incoming.push_back(send_to_work(k, update, options));
     for (size_t k = 0; k < rounds.size(); ++k) {
       receive_work(k, std::exchange(incoming[k], comm::Pending()).wait(), region);
-      compute(k, region, ortho, options.dtype().toScalarType(), ns_steps);
+      compute(k, region, ortho, options.dtype().toScalarType(), o);
       outgoing.push_back(send_back(k, ortho, options));
       for (size_t e : rounds[k]) region[e] = ortho[e] = at::Tensor();  // packed: done with them
     }
@@ -352,6 +353,8 @@ std::vector<const DTensor*> muon_split_params(const std::vector<DTensor*>& param
 }
 
 Muon::Muon(std::vector<DTensor*> params, MuonOptions options) : params_(std::move(params)), options_(options) {
+  HP_CHECK(options_.ns_dtype == at::kFloat || options_.ns_dtype == at::kBFloat16)
+      << "Muon: ns_dtype is " << options_.ns_dtype << "; the Newton-Schulz iteration runs in float32 or bfloat16";
   for (size_t i = 0; i < params_.size(); ++i) {
     DTensor* p = params_[i];
     HP_CHECK(p->dim() == 2) << "Muon: parameter " << i << " has shape " << to_string_list(p->sizes())
@@ -397,7 +400,7 @@ void Muon::step() {
       at::Tensor p = params_[ex->params[e]]->to_local();
       if (p.grad().defined()) p.mul_(1 - o.lr * o.weight_decay).add_(ortho, -o.lr);
     };
-    ex->orthogonalise(update, apply, momentum_[ex->params[0]].options(), o.ns_steps);
+    ex->orthogonalise(update, apply, momentum_[ex->params[0]].options(), o);
   }
 }
 

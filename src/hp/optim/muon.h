@@ -37,6 +37,9 @@ struct MuonOptions {
   double momentum = 0.95;
   bool nesterov = true;
   int ns_steps = 5;
+  // The Newton-Schulz iteration's precision: bfloat16, as the reference Muon, pays where
+  // the hardware multiplies it fast (AMX, tensor cores); the update is float32 either way.
+  at::ScalarType ns_dtype = at::kFloat;
   double weight_decay = 0;
   MuonSplit split = MuonSplit::Balanced;
   bool overlap = true;  // false: one exchange each way, around all the work

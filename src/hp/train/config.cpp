@@ -364,6 +364,7 @@ void validate(const TrainConfig& c) {
   };
   dtype("train.mixed_precision_param", t.mixed_precision_param);
   dtype("train.mixed_precision_reduce", t.mixed_precision_reduce);
+  dtype("train.muon_ns_dtype", t.muon_ns_dtype);
   if (t.mixed_precision()) {
     // Only fully_shard casts parameters for compute while keeping float32 masters.
     const char* keys = "train.mixed_precision_param / mixed_precision_reduce";

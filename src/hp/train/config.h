@@ -79,6 +79,7 @@ struct LoopConfig {
   double weight_decay = 0.0;
   std::string optimizer = "adamw";  // or "muon": Muon on the blocks' matrices, AdamW (lr) on the rest
   double muon_lr = 0.02;
+  std::string muon_ns_dtype = "float32";  // or "bfloat16": Muon's Newton-Schulz iteration
   double grad_clip = 1.0;     // max global grad norm; 0 = off
   uint64_t seed = 0;
   int64_t log_every = 10;

@@ -87,6 +87,7 @@ std::vector<Field> make_fields() {
       {"train", "weight_decay", "decoupled weight decay", at<&T::train, &Loop::weight_decay>()},
       {"train", "optimizer", "adamw or muon", at<&T::train, &Loop::optimizer>()},
       {"train", "muon_lr", "Muon's learning rate on the blocks' matrices", at<&T::train, &Loop::muon_lr>()},
+      {"train", "muon_ns_dtype", "float32 or bfloat16: Muon's Newton-Schulz iteration", at<&T::train, &Loop::muon_ns_dtype>()},
       {"train", "grad_clip", "max global grad norm; 0 = off", at<&T::train, &Loop::grad_clip>()},
       {"train", "seed", "weights' initialisation and data order", at<&T::train, &Loop::seed>()},
       {"train", "log_every", "steps between log lines", at<&T::train, &Loop::log_every>()},

@@ -236,6 +236,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const Training& t, const TrainC
   adamw.lr = cfg.train.lr, adamw.weight_decay = cfg.train.weight_decay;
   optim::MuonOptions muon;
   muon.lr = cfg.train.muon_lr, muon.weight_decay = cfg.train.weight_decay;
+  muon.ns_dtype = dtype_named(cfg.train.muon_ns_dtype);
   const bool with_muon = cfg.train.optimizer == "muon";
   const std::string& dir = cfg.memory.optimizer_offload_dir;
   if (dir.empty() && !t.offloaded_parameters) {
