@@ -4,7 +4,7 @@
 // The 3.03M Llama of configs/bench_3m.toml (vocab 256, dim 256, 8 heads / 4 kv heads, SwiGLU
 // 688, sequence 256) with LAYERS blocks, BATCH sequences, float32. Modes: none (AdamW in
 // memory), full (every block recomputed), selective (save_matmuls_and_collectives), budget
-// 0.5 and 0.45, offload (SwapOptimizer over AdamW, state in files under $TMPDIR or /tmp, 8
+// 0.5 and 0.4, offload (SwapOptimizer over AdamW, state in files under $TMPDIR or /tmp, 8
 // batches, prefetch) and offload_noprefetch; muon (Muon on the blocks' matrices, AdamW on
 // the rest, in memory) and muon_offload (that chain per batch in a SwapOptimizer, with
 // prefetch; its ratios against muon). One model: each round runs every mode in turn (first
@@ -82,14 +82,14 @@ struct Mode {
 };
 
 std::vector<Mode> modes() {
-  Mode none{"none"}, full{"full", true}, sel{"selective", true}, half{"budget50", true}, b45{"budget45", true};
+  Mode none{"none"}, full{"full", true}, sel{"selective", true}, half{"budget50", true}, b40{"budget40", true};
   sel.options.policy = save_matmuls_and_collectives;
   half.options.memory_budget = 0.5;
-  b45.options.memory_budget = 0.45;
+  b40.options.memory_budget = 0.4;
   Mode off{"offload"}, off_np{"offload_noprefetch"}, muon{"muon"}, muon_off{"muon_offload"};
   off.offload = 1, off_np.offload = 2;
   muon.muon = muon_off.muon = true, muon_off.offload = 1;
-  return {none, full, sel, half, b45, off, off_np, muon, muon_off};
+  return {none, full, sel, half, b40, off, off_np, muon, muon_off};
 }
 
 std::string temp_dir() {

@@ -134,6 +134,35 @@ TEST(SelectiveCheckpoint, ABudgetSpendsNothingOnOutputsNothingReads) {
   });
 }
 
+// A share is spent on what the backward needs: an output kept only for recomputing outputs
+// that end up kept gives its share back. Here x w1 (read by nothing, needed to recompute
+// the add), the add (read by the second product's backward), x' w2 (read by the mul's)
+// and the mul (read by the last product's) are 8 KiB each; budget 1 allows the three that
+// autograd reads. The greedy order takes x w1, x' w2 and the add first; then x w1 is read
+// by nothing recomputed, and its share keeps the mul: nothing is recomputed.
+TEST(SelectiveCheckpoint, ABudgetSpendsNothingOnOutputsOnlyKeptOutputsRead) {
+  comm::run_local_ranks(1, [](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    manual_seed(3);
+    DTensor w1 = hp::randn({32, 32}, mesh, {Replicate()}), w2 = hp::randn({32, 32}, mesh, {Replicate()});
+    DTensor w3 = hp::randn({8, 32}, mesh, {Replicate()});
+    DTensor s = hp::randn({64, 32}, mesh, {Replicate()}), t = hp::randn({64, 32}, mesh, {Replicate()});
+    DTensor x = hp::randn({64, 32}, mesh, {Replicate()});
+    for (DTensor* p : {&w1, &w2, &w3, &s, &t, &x}) p->requires_grad_();
+    track_cpu_memory();
+    const int64_t before = cpu_memory_allocated();
+    DTensor out = memory::checkpoint(
+        [&](const DTensor& in) { return linear(mul(linear(add(linear(in, w1), s), w2), t), w3); }, x,
+        {&w1, &w2, &w3, &s, &t}, budget(1.0));
+    const int64_t kept = cpu_memory_allocated() - before - 64 * 8 * 4;  // less the result
+    EXPECT_EQ(kept, 3 * 64 * 32 * 4) << "the add, x' w2 and the mul";
+    const double recomputed = memory::recompute_seconds();
+    out.to_local().sum().backward();
+    EXPECT_EQ(memory::recompute_seconds(), recomputed) << "something was recomputed";
+    EXPECT_TRUE(w1.to_local().grad().defined());
+  });
+}
+
 // swap_wrapper: every activation a block's backward reads goes to the tier and comes back;
 // bitwise equal to the run without, on files and in host memory, alone, under tp and under
 // fully_shard over 3 uneven ranks.

@@ -201,13 +201,25 @@ void SelectiveRegion::decide() {
       return x.op.bytes < y.op.bytes;
     });
     // An output nothing reads however the rest is chosen is never kept: it takes no share.
-    const std::vector<bool> readable = read(/*through_kept=*/true);
+    // Nor is one that only kept outputs read once the others are chosen (nothing recomputes
+    // its readers): its share goes back to those after it, until no choice frees more.
+    std::vector<bool> open = read(/*through_kept=*/true);
     double used = static_cast<double>(must);
-    for (size_t k : prefer)
-      if (readable[k] && used + static_cast<double>(entries_[k].op.bytes) <= allowed) {
-        entries_[k].keep = true;
-        used += static_cast<double>(entries_[k].op.bytes);
-      }
+    for (bool freed = true; freed;) {
+      for (size_t k : prefer)
+        if (open[k] && !entries_[k].keep && used + static_cast<double>(entries_[k].op.bytes) <= allowed) {
+          entries_[k].keep = true;
+          used += static_cast<double>(entries_[k].op.bytes);
+        }
+      const std::vector<bool> demanded = read(/*through_kept=*/false);
+      freed = false;
+      for (size_t k : prefer)
+        if (entries_[k].keep && !demanded[k]) {
+          entries_[k].keep = open[k] = false;
+          used -= static_cast<double>(entries_[k].op.bytes);
+          freed = true;
+        }
+    }
   }
   mark_demanded();
   for (size_t k = 0; k < entries_.size(); ++k) {
