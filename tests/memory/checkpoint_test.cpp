@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include "hp/tensor/fused_cpu.h"
+#include "hp/nn/moe.h"
 #include "hp/tensor/memory_stats.h"
 #include "memory/llama_checkpoint.h"
 
@@ -96,6 +97,53 @@ TEST(Checkpoint, CountsTheTimeSpentRecomputing) {
   selective.policy = save_matmuls_and_collectives;
   hp::testing::kept_after_forward(kBlocks, selective);
   EXPECT_GT(memory::recompute_seconds(), before) << "selective checkpointing's replay went uncounted";
+}
+
+// A checkpointed MoE layer (full and selective): its recompute routes the same tokens
+// without counting their expert loads again, and with the auxiliary loss carried on the
+// layer's output (MoE::set_aux_loss_carry), the router's gradient is that of the layer run
+// without checkpointing with the auxiliary loss added to the loss.
+TEST(Checkpoint, MoERecomputeCountsLoadsOnceAndCarriesTheAuxiliaryLoss) {
+  const int64_t tokens = 12;
+  nn::MoEOptions o;
+  o.num_experts = 4, o.top_k = 2, o.aux_loss_coef = 0.1;
+  auto run = [&](std::optional<CheckpointOptions> checkpointed, at::Tensor* gate_grad, int64_t* kept = nullptr) {
+    int64_t counted = 0;
+    comm::run_local_ranks(1, [&](int) {
+      DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+      manual_seed(5);
+      nn::MoE moe(16, 8, o, mesh);
+      if (checkpointed) moe.set_aux_loss_carry(1.0), checkpoint_wrapper(moe, *checkpointed);
+      DTensor x = randn({tokens, 16}, mesh, {Replicate()});
+      x.requires_grad_();
+      track_cpu_memory();
+      const int64_t before = cpu_memory_allocated();
+      DTensor y = moe(x);
+      if (kept) *kept = cpu_memory_allocated() - before;
+      at::Tensor loss = y.to_local().pow(2).sum();
+      if (!checkpointed) loss = loss + moe.aux_loss()->to_local();
+      loss.backward();
+      *gate_grad = moe.router().parameters()[0]->to_local().grad().clone();
+      counted = moe.router().take_tokens_per_expert().sum().item<int64_t>();
+    });
+    return counted;
+  };
+  at::Tensor want, got;
+  int64_t kept_none = 0, kept = 0;
+  EXPECT_EQ(run(std::nullopt, &want, &kept_none), tokens * o.top_k);
+  CheckpointOptions selective;
+  selective.policy = save_matmuls_and_collectives;
+  for (const CheckpointOptions& c : {CheckpointOptions(), selective}) {
+    const std::string mode = c.policy ? "selective" : "full";
+    const double before = memory::recompute_seconds();
+    EXPECT_EQ(run(c, &got, &kept), tokens * o.top_k) << mode << ": the recompute counted its tokens again";
+    // Full keeps the input and the output (964 of 8,612 bytes here); selective keeps what
+    // the routing, the dispatch and the experts' kernels save, which are not observed ops.
+    if (!c.policy) EXPECT_LT(kept * 4, kept_none) << "full kept " << kept << " bytes, none " << kept_none;
+    EXPECT_GT(memory::recompute_seconds(), before) << mode;
+    EXPECT_TRUE(at::allclose(got, want, 1e-5, 1e-7))
+        << mode << ": the router's gradient differs by " << (got - want).abs().max().item<double>();
+  }
 }
 
 // The recompute's graph runs once and nothing outside holds its tensors, so a recomputed

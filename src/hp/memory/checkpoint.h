@@ -47,9 +47,10 @@ struct CheckpointOptions {
   CheckpointPolicyFn policy;
   // Memory-budget mode: keep at most this fraction (0 to 1) of the region's activation bytes
   // (the op outputs its backward reads), choosing what to keep among the PREFER_ ops:
-  // collectives first, then matmuls, then the rest, smallest first within each; an output
-  // that only kept outputs read takes no share. MUST_SAVE ops that alone exceed the budget
-  // are an error. Without a policy, the default one's.
+  // matmuls, then the rest, smallest first within each, after the collectives, which go as
+  // the policy prefers (every rank must choose alike, and sizes may differ between ranks);
+  // an output that only kept outputs read takes no share. MUST_SAVE ops that alone exceed
+  // the budget are an error. Without a policy, the default one's.
   std::optional<double> memory_budget;
   // Where MUST_SWAP outputs go between forward and backward (e.g. a memory::FileTier).
   std::shared_ptr<memory::StorageTier> swap_tier;

@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "hp/base/error.h"
+#include "hp/base/strings.h"
 
 namespace hp {
 
@@ -47,8 +48,8 @@ torch::autograd::Engine& hooks_engine() {
   return engine;
 }
 
-// Which kept outputs a budget prefers: collectives, then matmuls, then the rest.
-int keep_rank(const CheckpointOp& op) { return op.collective ? 0 : op.is_matmul() ? 1 : 2; }
+// Which kept outputs a budget prefers: matmuls, then the rest.
+int keep_rank(const CheckpointOp& op) { return op.is_matmul() ? 0 : 1; }
 
 }  // namespace
 
@@ -168,12 +169,26 @@ at::Tensor SelectiveRegion::run(const ObservedOp& op, const std::function<at::Te
   // (inputs are traced by storage): it always runs.
   if (!e.demanded && e.owns_storage) return at::empty_strided(e.sizes, e.strides, e.options).zero_();
   at::Tensor out = compute();
-  if (e.owns_storage) e.replayed = out;
+  if (e.owns_storage) e.replayed = out = in_forward_layout(e, out);
   return out;
 }
 
+// The saved views index into the forward's storage of an output: a recompute that lays it
+// out otherwise (another path of the same op, such as a redistribution that gives a view
+// of a larger buffer with gradients on and a compact tensor without) is copied into that
+// layout.
+at::Tensor SelectiveRegion::in_forward_layout(const Entry& e, const at::Tensor& out) {
+  HP_CHECK(out.sizes().vec() == e.sizes) << "checkpoint: the recompute of " << e.op.name << " gave shape "
+                                         << out.sizes() << " where the forward's was " << to_string_list(e.sizes);
+  if (static_cast<int64_t>(out.storage().nbytes()) == e.op.bytes && out.strides().vec() == e.strides &&
+      out.storage_offset() == e.offset)
+    return out;
+  const int64_t n = e.op.bytes / static_cast<int64_t>(e.options.dtype().itemsize());
+  return at::empty({n}, e.options).as_strided(e.sizes, e.strides, e.offset).copy_(out);
+}
+
 void SelectiveRegion::decide() {
-  int64_t referenced = 0, must = 0;
+  int64_t referenced = 0, must = 0, collectives = 0;
   std::vector<size_t> prefer;
   for (size_t k = 0; k < entries_.size(); ++k) {
     Entry& e = entries_[k];
@@ -185,8 +200,15 @@ void SelectiveRegion::decide() {
     if (e.policy == CheckpointPolicy::MUST_SWAP) e.keep = e.swapped = true;  // kept, but not in memory
     if (e.policy == CheckpointPolicy::MUST_SAVE) e.keep = true, must += e.op.bytes;
     if (e.policy == CheckpointPolicy::PREFER_SAVE || e.policy == CheckpointPolicy::PREFER_RECOMPUTE) {
-      if (!options_.memory_budget) e.keep = e.policy == CheckpointPolicy::PREFER_SAVE;
-      prefer.push_back(k);
+      // A budget chooses by this rank's sizes, and every rank of a collective must choose
+      // alike (a MoE token exchange receives other row counts on each): collectives go as
+      // the policy prefers, and what they keep counts against the budget first.
+      if (!options_.memory_budget || e.op.collective) {
+        e.keep = e.policy == CheckpointPolicy::PREFER_SAVE;
+        if (e.keep && e.op.collective) collectives += e.op.bytes;
+      } else {
+        prefer.push_back(k);
+      }
     }
   }
   if (options_.memory_budget) {
@@ -204,7 +226,7 @@ void SelectiveRegion::decide() {
     // Nor is one that only kept outputs read once the others are chosen (nothing recomputes
     // its readers): its share goes back to those after it, until no choice frees more.
     std::vector<bool> open = read(/*through_kept=*/true);
-    double used = static_cast<double>(must);
+    double used = static_cast<double>(must + collectives);
     for (bool freed = true; freed;) {
       for (size_t k : prefer)
         if (open[k] && !entries_[k].keep && used + static_cast<double>(entries_[k].op.bytes) <= allowed) {

@@ -37,13 +37,14 @@
 #include "hp/memory/storage_tier.h"
 #include "hp/tensor/op_observer.h"
 #include "hp/tensor/random.h"
+#include "hp/tensor/recompute_scope.h"
 
 namespace hp::memory {
 
 // Once per process; an error where another engine (Python's) is installed already.
 void install_saved_tensor_hooks_engine();
 
-// Adds its lifetime to recompute_seconds().
+// Adds its lifetime to recompute_seconds(); recomputing() holds meanwhile.
 class RecomputeTimer {
  public:
   RecomputeTimer() : start_(std::chrono::steady_clock::now()) {}
@@ -53,6 +54,7 @@ class RecomputeTimer {
 
  private:
   std::chrono::steady_clock::time_point start_;
+  RecomputeScope scope_;
 };
 
 class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<SelectiveRegion> {
@@ -111,6 +113,8 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
     at::Tensor value;           // forward output (kept ones: until the region goes)
     at::Tensor replayed;
   };
+  // `out`, a recompute of e, in the layout of e's output in the forward (a copy if it differs).
+  static at::Tensor in_forward_layout(const Entry& e, const at::Tensor& out);
   class Recording {
    public:
     explicit Recording(SelectiveRegion* r);

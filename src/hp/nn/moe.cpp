@@ -12,6 +12,7 @@
 #include "hp/comm/autograd.h"
 #include "hp/comm/collectives.h"
 #include "hp/tensor/ops.h"
+#include "hp/tensor/recompute_scope.h"
 
 namespace hp::nn {
 namespace {
@@ -143,7 +144,7 @@ Routing TokenChoiceTopKRouter::route(const DTensor& x) {
   if (o_.route_scale != 1.0) r.weights = r.weights * o_.route_scale;
 
   at::Tensor chosen = at::zeros({n, e}, probs.options().dtype(at::kFloat)).scatter(1, r.indices, 1.0);
-  pending_counts_ += chosen.sum(0);
+  if (!recomputing()) pending_counts_ += chosen.sum(0);  // a checkpoint's recompute routes the same tokens again
   mesh_ = x.device_mesh();
   split_dims_ = row_split_dims(x);
 
@@ -272,7 +273,6 @@ DTensor MoE::forward(const DTensor& x) {
   const int64_t d = x.size(x.dim() - 1);
   DTensor flat = view(x, {-1, d});
   Routing r = router_->route(flat);
-  aux_loss_ = r.aux_loss;
   at::Tensor per_choice;  // [T, top_k, D]
   std::optional<DTensor> shared;
   if (dispatcher_->pipelines()) {
@@ -289,7 +289,13 @@ DTensor MoE::forward(const DTensor& x) {
   at::Tensor routed = (per_choice * r.weights.unsqueeze(-1).to(per_choice.scalar_type())).sum(1);
   DTensor y(routed, flat.device_mesh(), flat.spec());
   if (shared_experts_) y = add(y, shared ? *shared : (*shared_experts_)(flat));
-  return view(y, x.sizes());
+  y = view(y, x.sizes());
+  const bool carry = aux_loss_carry_ > 0 && r.aux_loss;
+  if (carry) y = DTensor(carry_aux_loss(y.to_local(), r.aux_loss->to_local(), aux_loss_carry_), y.device_mesh(), y.spec());
+  if (!recomputing())  // the forward's, whose value the loss has already read
+    aux_loss_ = carry ? DTensor(r.aux_loss->to_local().detach(), r.aux_loss->device_mesh(), r.aux_loss->spec())
+                      : r.aux_loss;
+  return y;
 }
 
 std::vector<MoE*> moe_layers(Module& model) {

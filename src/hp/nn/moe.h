@@ -97,6 +97,11 @@ class MoE : public Module {
   TokenDispatcher& token_dispatcher() { return *dispatcher_; }
   // The load-balancing loss of the last forward (already times aux_loss_coef).
   const std::optional<DTensor>& aux_loss() const { return aux_loss_; }
+  // scale > 0: the auxiliary loss's gradient enters at this layer's output instead
+  // (carry_aux_loss, as if scale * aux had been added to the loss) and aux_loss() is its
+  // detached value: the gradient then reaches the router wherever the loss is (another
+  // pipeline stage) and whenever the layer's graph is built (in a checkpoint's recompute).
+  void set_aux_loss_carry(double scale) { aux_loss_carry_ = scale; }
   const MoEOptions& options() const { return o_; }
   TokenChoiceTopKRouter& router() { return *router_; }
   GroupedExperts& experts() { return *experts_; }
@@ -108,6 +113,7 @@ class MoE : public Module {
   std::shared_ptr<MLP> shared_experts_;
   std::shared_ptr<TokenDispatcher> dispatcher_;
   std::optional<DTensor> aux_loss_;
+  double aux_loss_carry_ = 0;
 };
 
 // Every MoE layer under `model`.

@@ -9,6 +9,7 @@ thread_local int t_depth = 0;
 }  // namespace
 
 bool ObservedOp::communicates() const {
+  if (collective) return true;
   if (op || !from || !to) return false;
   for (int k = 0; k < static_cast<int>(from->placements().size()); ++k) {
     const Placement& a = from->placement(k);
@@ -19,6 +20,7 @@ bool ObservedOp::communicates() const {
 }
 
 std::string ObservedOp::name() const {
+  if (collective) return collective;
   if (op) return op->to_string();
   return "redistribute " + (from ? from->to_string() : "?") + " -> " + (to ? to->to_string() : "?");
 }

@@ -21,8 +21,10 @@ struct ObservedOp {
   const ShardSpec* from = nullptr;      // a redistribution's layouts
   const ShardSpec* to = nullptr;
   const std::vector<at::Tensor>* inputs = nullptr;  // the local tensors it reads
-  bool communicates() const;            // a redistribution that moves data between ranks
-  std::string name() const;             // "linear", "rms_norm", "redistribute P(sum) -> R"
+  // A collective outside DTensor's layouts (a MoE token exchange): its name.
+  const char* collective = nullptr;
+  bool communicates() const;            // a redistribution that moves data between ranks, or a collective
+  std::string name() const;             // "linear", "rms_norm", "redistribute P(sum) -> R", the collective's
 };
 
 class OpObserver {

@@ -4,7 +4,7 @@
 // configured schedule. Stages hand each other whole activations: with cp, a stage gathers
 // its output's sequence and the next takes its share (the batch arrives whole, in the cp
 // layout's order).
-// A MoE block's auxiliary loss rides on its stage's output (nn::carry_aux_loss): each
+// A MoE layer's auxiliary loss rides on its output (nn::MoE::set_aux_loss_carry): each
 // stage's backward seeds it, times 1 / microbatches as the loss is, so the loss is the
 // mean over microbatches of their cross-entropy plus auxiliary loss (with one microbatch,
 // the pp = 1 loss). Expert all-to-alls stay on the stage's ep ranks, which run the same
@@ -116,12 +116,12 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
         o.sync_in_weight_backward = true;  // its hooks fire as W accumulates
       }
     }
+    for (nn::MoE* moe : nn::moe_layers(*stage)) moe->set_aux_loss_carry(loss_scale);
     o.forward = [stage, aux_sum = t.stage_aux_loss, loss_scale](const DTensor& x) {
       DTensor y = (*stage)(x);
       std::optional<DTensor> aux = aux_sum ? nn::moe_aux_loss(*stage) : std::nullopt;
-      if (!aux) return y;
-      *aux_sum += aux->to_local().detach() * loss_scale;
-      return DTensor(nn::carry_aux_loss(y.to_local(), aux->to_local(), loss_scale), y.device_mesh(), y.spec());
+      if (aux) *aux_sum += aux->to_local().detach() * loss_scale;  // the value: its gradient rides on the layers' outputs
+      return y;
     };
     o.parameters = stage->parameters();
     if (c == chunks - 1) {

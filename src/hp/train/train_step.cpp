@@ -108,9 +108,6 @@ void build_whole_model(Training& t, const TrainConfig& cfg) {
 
 std::shared_ptr<nn::MoELlama> detail::build_moe_llama(const TrainConfig& cfg, const DeviceMesh& mesh) {
   const ParallelDims dims = cfg.dims();
-  // A recomputed router would count its tokens' expert loads twice.
-  HP_CHECK(cfg.memory.activation_checkpoint.empty())
-      << cfg.source << ": memory.activation_checkpoint is not run for [moe] models yet; set it to \"\"";
   std::shared_ptr<nn::MoELlama> model;
   {
     auto deferred = nn::no_init_parameters();  // the caller draws each rank's shards (nn::init_parameters)
@@ -120,6 +117,11 @@ std::shared_ptr<nn::MoELlama> detail::build_moe_llama(const TrainConfig& cfg, co
     parallelize_moe_llama(*model, mesh["tp"], {/*loss_parallel=*/true, cfg.mesh.sequence_parallel, cfg.mesh.async_tp});
   if (dims.ep > 1) expert_parallelize_moe_llama(*model, mesh["ep"]);
   apply_precision(*model, cfg);
+  // The auxiliary losses' gradients enter at their layers' outputs, so that a checkpointed
+  // block's recompute builds them too; the loss adds their values (a pipeline stage, each
+  // microbatch's share: build_pipeline sets it).
+  for (nn::MoE* moe : nn::moe_layers(*model)) moe->set_aux_loss_carry(1.0);
+  apply_activation_checkpointing(*model, cfg);
   return model;
 }
 
@@ -203,6 +205,11 @@ void detail::apply_activation_checkpointing(nn::Module& model, const TrainConfig
   CheckpointOptions o;
   if (m.activation_checkpoint == "selective") o.policy = save_matmuls_and_collectives;
   if (m.memory_budget > 0) o.memory_budget = m.memory_budget;
+  // Under fully_shard a MoE block holds its experts' own unit, which the reentrant full
+  // recompute cannot contain: the non-reentrant form recomputes every op instead (what the
+  // ops it does not observe save, such as the experts' grouped products, stays).
+  if (m.activation_checkpoint == "full" && cfg.moe.enabled() && cfg.mesh.zero_stage() > 0)
+    o.policy = [](const CheckpointOp&) { return CheckpointPolicy::MUST_RECOMPUTE; };
   checkpoint_wrapper(model, m.checkpoint_modules, o);
 }
 
