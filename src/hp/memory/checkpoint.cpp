@@ -55,12 +55,15 @@ struct Region {
   variable_list backward(const at::Tensor& grad_output);
 };
 
-// Every node the recomputed graph reaches must be its own: an op it ran, or the
-// AccumulateGrad of one of its leaves. Anything else is a tensor from outside the region
-// whose gradient the recompute cannot deliver.
-void check_closed(const at::Tensor& output, const std::vector<at::Tensor>& leaves, uint64_t first_seq) {
+// Every node the recomputed graph reaches must be its own: an op it ran, the AccumulateGrad
+// of one of its leaves, or a sink it made (a node with no outputs: the gradient node of a
+// fully_shard unit inside the region, which reduce-scatters what it receives). Anything
+// else is a tensor from outside the region whose gradient the recompute cannot deliver.
+// Returns whether there are sinks, which only a backward over the whole graph runs.
+bool check_closed(const at::Tensor& output, const std::vector<at::Tensor>& leaves, uint64_t first_seq) {
   std::set<torch::autograd::Node*> seen;
   std::vector<torch::autograd::Node*> todo;
+  bool sinks = false;
   if (output.grad_fn()) todo.push_back(output.grad_fn().get());
   while (!todo.empty()) {
     torch::autograd::Node* n = todo.back();
@@ -75,13 +78,14 @@ void check_closed(const at::Tensor& output, const std::vector<at::Tensor>& leave
                      << "among the parameters";
       continue;
     }
-    HP_CHECK(n->sequence_nr() >= first_seq && n->num_outputs() > 0)
+    HP_CHECK(n->sequence_nr() >= first_seq)
         << "checkpoint: the recomputed region reaches " << n->name() << ", which it did not create (a tensor "
-        << "from outside the region, or a fully_shard unit inside it: wrap the modules inside fully_shard's "
-        << "units, not around them)";
+        << "from outside the region: pass it as the input or among the parameters)";
+    sinks = sinks || n->num_outputs() == 0;
     for (const auto& e : n->next_edges())
       if (e.function) todo.push_back(e.function.get());
   }
+  return sinks;
 }
 
 variable_list Region::backward(const at::Tensor& grad_output) {
@@ -106,8 +110,14 @@ variable_list Region::backward(const at::Tensor& grad_output) {
   if (wrt.empty() || !out.requires_grad()) return grads;
   std::vector<at::Tensor> own = leaves;
   own.push_back(in);
-  check_closed(out, own, first_seq);
+  const bool sinks = check_closed(out, own, first_seq);
   fused::ReuseSavedInputs reuse;  // the recompute's graph runs once, and only here
+  if (sinks) {
+    // The whole graph, so that the sinks run too: the gradients land on the fresh leaves.
+    torch::autograd::backward({out}, {grad_output}, /*retain_graph=*/false, /*create_graph=*/false);
+    for (size_t k = 0; k < wrt.size(); ++k) grads[slot[k]] = wrt[k].grad();
+    return grads;
+  }
   variable_list got = torch::autograd::grad({out}, wrt, {grad_output}, /*retain_graph=*/false,
                                             /*create_graph=*/false, /*allow_unused=*/true);
   for (size_t k = 0; k < got.size(); ++k) grads[slot[k]] = got[k];

@@ -205,11 +205,6 @@ void detail::apply_activation_checkpointing(nn::Module& model, const TrainConfig
   CheckpointOptions o;
   if (m.activation_checkpoint == "selective") o.policy = save_matmuls_and_collectives;
   if (m.memory_budget > 0) o.memory_budget = m.memory_budget;
-  // Under fully_shard a MoE block holds its experts' own unit, which the reentrant full
-  // recompute cannot contain: the non-reentrant form recomputes every op instead (what the
-  // ops it does not observe save, such as the experts' grouped products, stays).
-  if (m.activation_checkpoint == "full" && cfg.moe.enabled() && cfg.mesh.zero_stage() > 0)
-    o.policy = [](const CheckpointOp&) { return CheckpointPolicy::MUST_RECOMPUTE; };
   checkpoint_wrapper(model, m.checkpoint_modules, o);
 }
 
