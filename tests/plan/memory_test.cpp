@@ -133,6 +133,12 @@ TEST(Memory, EagerSelectiveActivationsByHand) {
   ModelDesc m = bench_3m();
   EXPECT_DOUBLE_EQ(eager_selective_layer_activation_elements(m, 1), 256 + 256 + 256 + 256 + 256 + 8 + 2 * 688);
   EXPECT_DOUBLE_EQ(eager_selective_layer_activation_elements(m, 2), 128 + 128 + 512 + 128 + 128 + 128 + 4 + 688);
+  // A MoE layer drops what the attention half drops, the norms' outputs (2 x 256) and
+  // 1/rms (2), and keeps all its MoE half keeps.
+  ModelDesc moe = m;
+  moe.experts = 8, moe.top_k = 2, moe.moe_ffn = 64;
+  EXPECT_DOUBLE_EQ(eager_selective_layer_activation_elements(moe, 1, true),
+                   eager_layer_activation_elements(moe, 1, true) - 2 * 256 - 2);
   Strategy s;
   s.dp = 1, s.global_batch = 1, s.micro_batch = 1, s.microbatches = 1;
   StageContents all;

@@ -71,14 +71,19 @@ double eager_layer_activation_elements(const ModelDesc& m, int64_t tp, bool moe_
   return 2 * norm + attn + mlp;
 }
 
-double eager_selective_layer_activation_elements(const ModelDesc& m, int64_t tp) {
+double eager_selective_layer_activation_elements(const ModelDesc& m, int64_t tp, bool moe_layer) {
   const double t = double(tp), h = m.hidden, q = m.q_dim() / t, kv = m.kv_dim() / t, f = m.ffn / t;
   // The layer's input and the attention output's reduce-scatter (h/t each: the residual
   // sum the second norm recomputes from); q and k (rotary recomputes from them), v and
   // the attention output with one log-sum-exp per head; gate and up. Under sequence
   // parallelism each norm's all-gathered output (h) is a collective's and stays too.
   const double gathered = tp > 1 ? 2 * h : 0;
-  return 2 * h / t + gathered + 2 * q + 2 * kv + m.heads / t + 2 * f;
+  const double dense = 2 * h / t + gathered + 2 * q + 2 * kv + m.heads / t + 2 * f;
+  if (!moe_layer) return dense;
+  // The dense layer's count less its SwiGLU's, with and without the checkpointing, gives
+  // the attention half's; the MoE half keeps all it keeps uncheckpointed.
+  const double attention_all = eager_layer_activation_elements(m, tp) - 3 * f;
+  return eager_layer_activation_elements(m, tp, true) - attention_all + (dense - 2 * f);
 }
 
 StageParams stage_params(const ModelDesc& m, const Strategy& s, const StageContents& st) {
@@ -142,12 +147,12 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
   double per_mb = 0;
   if (n.eager) {
     // Eager ops keep everything unless the layer is recomputed: all of it (its input
-    // kept), or its cheap ops (dense layers; MoE layers are not checkpointed).
+    // kept), or its cheap ops.
     if (s.recompute == Recompute::Full) {
       per_mb = st.layers() * m.hidden / t;
     } else if (s.recompute == Recompute::Selective) {
       if (st.dense_layers) per_mb += st.dense_layers * eager_selective_layer_activation_elements(m, s.tp);
-      if (st.moe_layers) per_mb += st.moe_layers * eager_layer_activation_elements(m, s.tp, true);
+      if (st.moe_layers) per_mb += st.moe_layers * eager_selective_layer_activation_elements(m, s.tp, true);
     } else {
       if (st.dense_layers) per_mb += st.dense_layers * eager_layer_activation_elements(m, s.tp);
       if (st.moe_layers) per_mb += st.moe_layers * eager_layer_activation_elements(m, s.tp, true);
@@ -173,10 +178,12 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     const double layer = tokens * eager_layer_activation_elements(m, s.tp, st.moe_layers > 0) * n.activation_bytes;
     const double product_grad = st.dense_layers ? tokens * m.ffn / t * n.activation_bytes : 0.0;
     mem.activations += std::max(0.0, layer + product_grad - mem.logits);
-  } else if (s.recompute == Recompute::Selective && st.dense_layers > 0 && n.eager) {
-    // The backward of one layer rematerializes what it dropped.
+  } else if (s.recompute == Recompute::Selective && st.layers() > 0 && n.eager) {
+    // The backward of one layer rematerializes what it dropped (a dense layer drops more).
+    const bool moe = st.dense_layers == 0;
     mem.activations += tokens * n.activation_bytes *
-                       (eager_layer_activation_elements(m, s.tp) - eager_selective_layer_activation_elements(m, s.tp));
+                       (eager_layer_activation_elements(m, s.tp, moe) -
+                        eager_selective_layer_activation_elements(m, s.tp, moe));
   } else if (s.recompute == Recompute::Full && st.layers() > 0) {
     // The backward of one layer rematerializes all of it.
     const bool moe = st.moe_layers > 0;

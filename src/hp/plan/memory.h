@@ -48,10 +48,12 @@ double layer_activation_bytes_per_token(const ModelDesc& m, bool moe_layer, Reco
 // per token of a rank's microbatch, with tp = `tp` (sequence parallel when tp > 1 for the
 // dense layer); see memory.cpp for the count.
 double eager_layer_activation_elements(const ModelDesc& m, int64_t tp, bool moe_layer = false);
-// The same for a dense layer under hp::memory's selective checkpointing with its default
-// policy (save_matmuls_and_collectives): only the outputs of matmuls and collectives that
-// backward or the recompute reads stay, with the layer's input.
-double eager_selective_layer_activation_elements(const ModelDesc& m, int64_t tp);
+// The same under hp::memory's selective checkpointing with its default policy
+// (save_matmuls_and_collectives): only the outputs of matmuls and collectives that backward
+// or the recompute reads stay, with the layer's input. In a MoE layer the attention half
+// goes as a dense layer's; the routing, dispatch and experts are not observed ops, so what
+// they save stays.
+double eager_selective_layer_activation_elements(const ModelDesc& m, int64_t tp, bool moe_layer = false);
 
 // Parameters (elements) that one rank of a pipeline stage holds before any FSDP sharding.
 struct StageParams {
