@@ -12,6 +12,8 @@
 #include <map>
 
 #include "hp/checkpoint.h"
+#include "hp/comm/local_ranks.h"
+#include "hp/comm/world.h"
 #include "hp/train/trainer.h"
 #include "train/trainer_runs.h"
 
@@ -152,6 +154,38 @@ TEST(PipelineTrainingResume, DeterministicPp2x2RunsAgreeAndResumeBitwise) {
                           checkpoint::read_tensor(checkpoint::step_dir(b_dir, 6), name)))
         << name;
   fs::remove_all(a_dir), fs::remove_all(b_dir);
+}
+
+// Between stages each rank hands on its own piece of an activation, to the rank at its
+// place in the next stage's mesh: a step's activation messages carry each rank's piece
+// only, and under dp no stage gathers its output or its input gradient (sequence-parallel
+// tp gathers inside the blocks). pp 2 x dp 2 and pp 2 x tp 2: rank 0's log of step 3.
+TEST(PipelineTrainingPieces, StagesGatherNothingAndSendTheirOwnRows) {
+  for (const Layout& l : {Layout{{2, 2}, {"pp", "dp"}, "1f1b", "ddp", 4},
+                          Layout{{2, 2}, {"pp", "tp"}, "1f1b", "ddp", 4, true}}) {
+    train::TrainConfig c = config(l, fresh_dir("pieces"));
+    int64_t gathers = 0, sent = 0;
+    comm::run_local_ranks(4, [&](int rank) {
+      train::TrainHooks hooks;
+      hooks.before_step = [&, rank](train::Training&, int64_t step) {
+        if (rank != 0) return;
+        auto& log = comm::current_world()->collective_log();
+        if (step == 3) log.clear(), log.enable();
+        if (step != 4) return;
+        log.enable(false);
+        for (const auto& r : log.records()) {
+          gathers += r.op == "all_gather";
+          if (r.op == "send") sent += r.bytes();
+        }
+      };
+      train::run_training(c, hooks);
+    });
+    // Rank 0 (stage 0) sends 4 microbatches' activations: its piece of [2, 16, 32] floats
+    // (1 of 2 rows under dp; 8 of 16 positions under sequence-parallel tp).
+    if (l.names[1] == "dp") EXPECT_EQ(gathers, 0) << describe(l);
+    EXPECT_EQ(sent, 4 * 2 * 16 * 32 * 4 / 2) << describe(l);
+    fs::remove_all(c.checkpoint.dir);
+  }
 }
 
 TEST(PipelineTrainingConfig, BadSettingsGetClearErrors) {

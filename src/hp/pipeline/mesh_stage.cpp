@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "hp/base/error.h"
+#include "hp/base/strings.h"
 
 namespace hp::pipeline {
 
@@ -36,18 +37,36 @@ PipelineStage mesh_stage(const DeviceMesh& mesh, MeshStageOptions o) {
   for (DTensor* p : o.parameters) st.parameters.push_back(p->to_local());
   st.set_requires_gradient_sync = std::move(o.set_requires_gradient_sync);
   st.sync_in_weight_backward = o.sync_in_weight_backward;
-  const bool last = s == o.num_stages - 1;
-  auto in_spec = [mesh, placements = o.input_placements](const at::Tensor& whole) {
-    return make_spec(whole.sizes().vec(), whole.scalar_type(), mesh, placements);
+  const bool first = s == 0, last = s == o.num_stages - 1;
+  st.pieces = !o.output_placements.empty();
+  if (st.pieces) {
+    HP_CHECK(static_cast<int>(o.output_placements.size()) == mesh.ndim() && !o.activation_shape.empty())
+        << "pipeline stage " << s << ": pieces between stages need one output placement per dim of "
+        << mesh.to_string() << " and the activation's whole shape";
+  }
+  auto in_spec = [mesh, placements = o.input_placements](const std::vector<int64_t>& whole, at::ScalarType dtype) {
+    return make_spec(whole, dtype, mesh, placements);
   };
 
   // F and the loss run back to back (run_forward), so the last stage keeps its DTensor
   // output here between them.
   auto last_output = std::make_shared<std::optional<DTensor>>();
-  st.forward = [mesh, in_spec, fwd = std::move(o.forward), last, last_output](const at::Tensor& whole) {
-    ShardSpec spec = in_spec(whole);
-    DTensor out = fwd(DTensor(local_piece(whole, spec, mesh.coordinate()), mesh, spec));
-    if (!last) return out.full_tensor();
+  st.forward = [mesh, in_spec, fwd = std::move(o.forward), first, last, last_output, pieces = st.pieces,
+                out_placements = o.output_placements, shape = o.activation_shape](const at::Tensor& in) {
+    auto input = [&]() -> DTensor {
+      if (!pieces || first) {
+        ShardSpec spec = in_spec(in.sizes().vec(), in.scalar_type());
+        return DTensor(local_piece(in, spec, mesh.coordinate()), mesh, spec);
+      }
+      // This rank's piece, from the rank at its place in the previous stage's mesh.
+      ShardSpec spec = in_spec(shape, in.scalar_type());
+      HP_CHECK(in.sizes().vec() == spec.local_shape(mesh.coordinate()))
+          << "pipeline stage: received a piece of shape " << in.sizes() << " where its place takes "
+          << to_string_list(spec.local_shape(mesh.coordinate())) << " of " << to_string_list(shape);
+      return DTensor(in, mesh, spec);
+    };
+    DTensor out = fwd(input());
+    if (!last) return pieces ? out.redistribute(out_placements).to_local() : out.full_tensor();
     *last_output = out;
     return out.to_local();
   };
@@ -63,11 +82,12 @@ PipelineStage mesh_stage(const DeviceMesh& mesh, MeshStageOptions o) {
       return l.to_local();
     };
   }
-  st.gather_input_grad = [mesh, in_spec](const at::Tensor& grad) {
-    at::NoGradGuard no_grad;
-    ShardSpec spec = in_spec(grad);
-    return DTensor(local_piece(grad, spec, mesh.coordinate()).contiguous(), mesh, spec).full_tensor();
-  };
+  if (!st.pieces)  // with pieces the input's grad is this rank's piece's, which goes back as it is
+    st.gather_input_grad = [mesh, in_spec](const at::Tensor& grad) {
+      at::NoGradGuard no_grad;
+      ShardSpec spec = in_spec(grad.sizes().vec(), grad.scalar_type());
+      return DTensor(local_piece(grad, spec, mesh.coordinate()).contiguous(), mesh, spec).full_tensor();
+    };
   return st;
 }
 

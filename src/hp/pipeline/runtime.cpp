@@ -53,7 +53,11 @@ class StepRun {
           const ActivationBufferFn& activation_buffer)
       : stages_(stages), s_(s), g_(g), members_(members), rank_(rank),
         leader_(members.at(rank).front() == g.rank()), inputs_(inputs), targets_(targets),
-        activation_buffer_(activation_buffer) {}
+        activation_buffer_(activation_buffer) {
+    pieces_ = !stages.empty() && stages.begin()->second->pieces;
+    const auto& mine = members.at(rank);
+    place_ = static_cast<int>(std::find(mine.begin(), mine.end(), g.rank()) - mine.begin());
+  }
 
   // Returns the sum of this rank's scaled microbatch losses (0 without the last stage).
   double run(StepStats& stats) {
@@ -69,9 +73,9 @@ class StepRun {
       const int data_tag = tag(Message::kAct, a.stage - 1, a.microbatch);
       act_recv_.emplace(Key{a.stage, a.microbatch},
                         activation_buffer_
-                            ? detail::ActivationRecv(g_, leader(a.peer), data_tag,
+                            ? detail::ActivationRecv(g_, sender(a.peer), data_tag,
                                                      activation_buffer_(a.stage - 1, a.microbatch))
-                            : detail::ActivationRecv(g_, leader(a.peer),
+                            : detail::ActivationRecv(g_, sender(a.peer),
                                                      tag(Message::kActHeader, a.stage - 1, a.microbatch), data_tag));
     }
     for (size_t i = 0; i < list.size(); ++i) {
@@ -108,6 +112,14 @@ class StepRun {
   int tag(Message kind, int stage, int mb) const { return detail::message_tag(kind, stage, mb, s_.num_microbatches); }
   bool local(int stage) const { return s_.rank_of(stage) == rank_; }
   int leader(int schedule_rank) const { return members_.at(schedule_rank).front(); }
+  // Who sends this rank what schedule rank `r` hands on: its mesh's first rank (whole
+  // tensors), or the rank at this rank's place (pieces).
+  int sender(int r) const { return pieces_ ? members_.at(r).at(place_) : leader(r); }
+  // Whom this rank sends what it hands on to schedule rank `r`.
+  std::vector<int> receivers(int r) const {
+    if (pieces_) return {members_.at(r).at(place_)};
+    return leader_ ? members_.at(r) : std::vector<int>{};  // the other ranks hold the same whole tensor
+  }
 
   void execute(const Action& a, StepStats& stats) {
     Key k{a.stage, a.microbatch};
@@ -126,8 +138,7 @@ class StepRun {
       }
       case ActionType::SEND_F: {
         HP_CHECK(work_.count(k)) << "SEND_F before its F";
-        if (!leader_) return;  // the other ranks of this mesh hold the same whole tensor
-        for (int peer : members_.at(a.peer))
+        for (int peer : receivers(a.peer))
           for (auto& p : detail::send_activation(work_.at(k).output, g_, peer, tag(Message::kActHeader, a.stage, a.microbatch),
                                                  tag(Message::kAct, a.stage, a.microbatch), !activation_buffer_))
             activation_sends_[k].push_back(std::move(p));
@@ -136,8 +147,7 @@ class StepRun {
       case ActionType::SEND_B: {
         HP_CHECK(grad_to_send_.count(k)) << "SEND_B before its B or I";
         at::Tensor g = take(grad_to_send_, k);
-        if (!leader_) return;
-        for (int peer : members_.at(a.peer))
+        for (int peer : receivers(a.peer))
           sends_.push_back(comm::send_async(g, g_, peer, tag(Message::kGrad, a.stage - 1, a.microbatch)));
         return;
       }
@@ -182,7 +192,7 @@ class StepRun {
         local_act_[{s + 1, mb}] = w.output.detach();
       } else {  // the grad of this output will come back with the output's shape
         at::Tensor buf = at::empty(w.output.sizes(), w.output.options().requires_grad(false));
-        grad_recv_.emplace(k, comm::recv_async(buf, g_, leader(s_.rank_of(s + 1)), tag(Message::kGrad, s, mb)));
+        grad_recv_.emplace(k, comm::recv_async(buf, g_, sender(s_.rank_of(s + 1)), tag(Message::kGrad, s, mb)));
       }
     }
     work_[k] = std::move(w);
@@ -227,7 +237,9 @@ class StepRun {
   const comm::Group& g_;
   const std::vector<std::vector<int>>& members_;
   int rank_;     // schedule rank
-  bool leader_;  // the first rank of this schedule rank's mesh: it sends for all of them
+  bool leader_;  // the first rank of this schedule rank's mesh: it sends whole tensors for all of them
+  bool pieces_ = false;  // PipelineStage::pieces
+  int place_ = 0;        // this rank's place in its mesh's list of ranks
   const std::vector<at::Tensor>& inputs_;
   const std::vector<at::Tensor>& targets_;
   const ActivationBufferFn& activation_buffer_;
@@ -302,6 +314,15 @@ PipelineRuntime::PipelineRuntime(std::vector<PipelineStage> stages, schedule::Sc
         << rank_ << " is given "
         << (rank_meshes.empty() ? std::string("no stage mesh") : rank_meshes[rank_].to_string());
   }
+  for (const auto& st : stages_)
+    HP_CHECK(st.pieces == stages_[0].pieces)
+        << "pipeline stages " << stages_[0].stage_index << " and " << st.stage_index
+        << " disagree on whether activations travel as pieces";
+  if (stages_[0].pieces)
+    for (const auto& m : members_)
+      HP_CHECK(m.size() == members_[0].size())
+          << "pipeline: activations travel as pieces between ranks at the same place of meshes of one shape, "
+          << "but schedule ranks' meshes hold " << members_[0].size() << " and " << m.size() << " ranks";
   if (!schedule_.has_comm()) schedule_ = schedule::lower_communication(schedule_);
   schedule::validate(schedule_);
 

@@ -14,10 +14,10 @@
 // which execute that schedule rank's actions. Activations and their grads cross from one
 // mesh to the next whole: the first rank of the sending mesh (its leader) sends the whole
 // tensor to every rank of the receiving mesh, which takes its piece locally (mesh_stage.h).
-// Whole tensors rather than per-receiver pieces because it is correct for any pair of
-// layouts, uneven shards included, with one message per receiver and no planning; the
-// price is bytes (a receiving rank gets the whole activation, not its piece), small next
-// to the stage's compute for the activation sizes between pipeline stages.
+// Whole tensors because that is correct for any pair of meshes and layouts, uneven shards
+// included, with no planning; the price is a gather on the sending mesh and the whole
+// activation per receiver. Between meshes of one shape whose stages say `pieces`, each
+// rank sends its own piece to the rank at its place instead (hp train's stages).
 #pragma once
 
 #include <ATen/core/Tensor.h>

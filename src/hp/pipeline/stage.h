@@ -32,6 +32,10 @@ struct PipelineStage {
   // This rank's part of the input gradient (input-shaped) to the whole input gradient: a
   // collective on the stage mesh. Unset: the identity (one rank per stage).
   std::function<at::Tensor(const at::Tensor& input_grad)> gather_input_grad;
+  // With meshes: activations and their gradients travel as each rank's piece, to and from
+  // the rank at the same place of the neighbouring stage's mesh (of the same shape), not
+  // whole from each mesh's first rank. Every stage of a runtime says the same.
+  bool pieces = false;
   // Called before each backward that accumulates parameter gradients (B, or W of a split
   // one) with whether it is this stage's last in the step: a data-parallel wrapper inside
   // the stage then reduces gradients once.

@@ -1,9 +1,10 @@
 // The trainer's pipeline stages: the Llama (or MoE Llama) cut into chunks from outside the
 // model, each a mesh stage on the ranks of one pp coordinate, with tensor, context and
 // expert parallelism and data parallelism (ddp or fully_shard) inside it, driven by the
-// configured schedule. Stages hand each other whole activations: with cp, a stage gathers
-// its output's sequence and the next takes its share (the batch arrives whole, in the cp
-// layout's order).
+// configured schedule. Every stage mesh has one shape, so each rank hands its piece of
+// an activation, in the layout the next chunk takes it in, to the rank at its place in
+// the next mesh (MeshStageOptions::output_placements); the batch arrives whole, in the cp
+// layout's order, and the first stage takes its share.
 // A MoE layer's auxiliary loss rides on its output (nn::MoE::set_aux_loss_carry): each
 // stage's backward seeds it, times 1 / microbatches as the loss is, so the loss is the
 // mean over microbatches of their cross-entropy plus auxiliary loss (with one microbatch,
@@ -77,6 +78,7 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
     whole = llama;
   }
   const double loss_scale = 1.0 / double(cfg.microbatches());
+  const std::vector<int64_t> activation_shape{cfg.train.batch / cfg.microbatches(), cfg.train.seq, cfg.model.dim};
   if (moe) t.stage_aux_loss = std::make_shared<at::Tensor>(at::zeros({}, tensor_options(sm)));
   const bool shards = dims.data_parallel_size() > 1;  // what fully_shard has to split: dp's ranks, and ep's with MoE
   const std::vector<std::string> reduce_dims = gradient_reduce_dims(cfg);
@@ -90,8 +92,12 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
     pipeline::MeshStageOptions o;
     o.stage_index = c;
     o.num_stages = chunks;
-    // Token ids (chunk 0) or activations between blocks.
+    // Token ids (chunk 0) or activations between blocks; each rank hands on its piece of
+    // an activation in the layout the next chunk takes it in (all stage meshes have one
+    // shape).
     o.input_placements = batch_placements(sm, cfg.mesh.sequence_parallel && c > 0);
+    o.output_placements = batch_placements(sm, cfg.mesh.sequence_parallel);
+    o.activation_shape = activation_shape;
     if (shards && cfg.mesh.zero_stage() > 0) {
       const int zero = cfg.mesh.zero_stage();
       FullyShardOptions so = zero_stage_options(zero);
@@ -136,11 +142,14 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
     stages.push_back(pipeline::mesh_stage(sm, std::move(o)));
   }
   t.pipeline = std::make_unique<pipeline::PipelineRuntime>(std::move(stages), std::move(sched), stage_meshes(t.mesh));
-  // Every activation between chunks is a whole microbatch [rows, seq, dim] in float32, so
-  // shapes need not travel: one message fewer each, and a dry-run's fake world works.
-  const std::vector<int64_t> shape{cfg.train.batch / cfg.microbatches(), cfg.train.seq, cfg.model.dim};
+  // Every activation between chunks is this rank's piece of a microbatch [rows, seq, dim]
+  // in float32, so shapes need not travel: one message fewer each, and a dry-run's fake
+  // world works.
+  const std::vector<int64_t> piece =
+      make_spec(activation_shape, at::kFloat, sm, batch_placements(sm, cfg.mesh.sequence_parallel))
+          .local_shape(sm.coordinate());
   const auto options = at::TensorOptions().dtype(at::kFloat).device(at::Device(t.mesh.device_type()));
-  t.pipeline->set_static_shapes([shape, options](int, int) { return at::empty(shape, options); });
+  t.pipeline->set_static_shapes([piece, options](int, int) { return at::empty(piece, options); });
   t.model = mine;
   t.other_stages = &t.mesh.group("pp");
 }
