@@ -14,13 +14,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <filesystem>
 #include <map>
 
 #include "hp/checkpoint.h"
 #include "hp/comm/local_ranks.h"
-#include "hp/comm/world.h"
 #include "hp/memory/checkpoint.h"
 #include "hp/train/trainer.h"
 #include "train/trainer_runs.h"
@@ -265,21 +263,10 @@ TEST(MoETrainingCheckpoint, SelectiveExchangesTokensOnce) {
   auto all_to_alls = [](const std::string& mode) {
     train::TrainConfig c = config(Layout{{2}, {"ep"}}, fresh_dir("exchanges"));
     c.memory.activation_checkpoint = mode;
-    std::atomic<int64_t> n{0};
-    comm::run_local_ranks(2, [&](int rank) {
-      train::TrainHooks hooks;
-      hooks.before_step = [&, rank](train::Training&, int64_t step) {
-        if (rank != 0) return;
-        auto& log = comm::current_world()->collective_log();
-        if (step == 3) log.clear(), log.enable();
-        if (step != 4) return;
-        log.enable(false);
-        for (const auto& r : log.records()) n += r.op == "all_to_all";
-      };
-      train::run_training(c, hooks);
-    });
+    int64_t n = 0;
+    for (const auto& r : hp::testing::collectives_of_step(c, 3)) n += r.op == "all_to_all";
     fs::remove_all(c.checkpoint.dir);
-    return n.load();
+    return n;
   };
   const int64_t none = all_to_alls(""), selective = all_to_alls("selective"), full = all_to_alls("full");
   EXPECT_GT(none, 0);

@@ -12,8 +12,6 @@
 #include <map>
 
 #include "hp/checkpoint.h"
-#include "hp/comm/local_ranks.h"
-#include "hp/comm/world.h"
 #include "hp/train/trainer.h"
 #include "train/trainer_runs.h"
 
@@ -165,21 +163,10 @@ TEST(PipelineTrainingPieces, StagesGatherNothingAndSendTheirOwnRows) {
                           Layout{{2, 2}, {"pp", "tp"}, "1f1b", "ddp", 4, true}}) {
     train::TrainConfig c = config(l, fresh_dir("pieces"));
     int64_t gathers = 0, sent = 0;
-    comm::run_local_ranks(4, [&](int rank) {
-      train::TrainHooks hooks;
-      hooks.before_step = [&, rank](train::Training&, int64_t step) {
-        if (rank != 0) return;
-        auto& log = comm::current_world()->collective_log();
-        if (step == 3) log.clear(), log.enable();
-        if (step != 4) return;
-        log.enable(false);
-        for (const auto& r : log.records()) {
-          gathers += r.op == "all_gather";
-          if (r.op == "send") sent += r.bytes();
-        }
-      };
-      train::run_training(c, hooks);
-    });
+    for (const auto& r : hp::testing::collectives_of_step(c, 3)) {
+      gathers += r.op == "all_gather";
+      if (r.op == "send") sent += r.bytes();
+    }
     // Rank 0 (stage 0) sends 4 microbatches' activations: its piece of [2, 16, 32] floats
     // (1 of 2 rows under dp; 8 of 16 positions under sequence-parallel tp).
     if (l.names[1] == "dp") EXPECT_EQ(gathers, 0) << describe(l);

@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "hp/checkpoint.h"
+#include "hp/comm/collective_log.h"
 #include "hp/comm/local_ranks.h"
+#include "hp/comm/world.h"
 #include "hp/train/trainer.h"
 
 namespace hp::testing {
@@ -33,6 +35,24 @@ inline train::TrainResult run_on_all_ranks(const train::TrainConfig& c) {
   comm::run_local_ranks(static_cast<int>(c.world_size()), [&](int rank) { results[rank] = train::run_training(c); });
   for (size_t r = 1; r < results.size(); ++r) EXPECT_EQ(results[r].losses, results[0].losses) << "rank " << r;
   return results[0];
+}
+
+// Rank 0's collectives during step `step` of a run of `c` on every rank (as threads).
+inline std::vector<comm::CollectiveRecord> collectives_of_step(const train::TrainConfig& c, int64_t step) {
+  std::vector<comm::CollectiveRecord> out;
+  comm::run_local_ranks(static_cast<int>(c.world_size()), [&](int rank) {
+    train::TrainHooks hooks;
+    hooks.before_step = [&, rank](train::Training&, int64_t s) {
+      if (rank != 0) return;
+      auto& log = comm::current_world()->collective_log();
+      if (s == step) log.clear(), log.enable();
+      if (s != step + 1) return;
+      log.enable(false);
+      out = log.records();
+    };
+    train::run_training(c, hooks);
+  });
+  return out;
 }
 
 // A finished run and the directory of its checkpoints.
