@@ -216,8 +216,9 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Activation checkpointing of the blocks (full, selective, budget 0.5) changes no number:
 // every loss and every parameter after 5 steps, expert biases included, bitwise those of
-// the same layout without, on one rank, dp 2 x ep 2 (ddp, and zero2), ep 2 x tp 2 with
-// sequence parallelism under fully_shard, and pp 2 x ep 2 (1F1B, 2 microbatches). The
+// the same layout without, on one rank, dp 2 x ep 2 (ddp, and zero2), ep 4 with the token
+// exchange in 2 chunks, ep 2 x tp 2 with sequence parallelism under fully_shard, and
+// pp 2 x ep 2 (1F1B, 2 microbatches). The
 // auxiliary loss's gradient rides on each MoE layer's output, so a full recompute builds it
 // again; the recompute routes the same tokens without counting their loads twice; under
 // fully_shard the full recompute gathers the experts' own unit again and reduces its
@@ -232,6 +233,7 @@ TEST(MoETrainingCheckpoint, ChangesNoNumber) {
       {"dp=2 x ep=2", [](const std::string& d) { return config(Layout{{2, 2}, {"dp", "ep"}}, d); }},
       {"ep=2 x tp=2 fsdp sp", [](const std::string& d) { return config(Layout{{2, 2}, {"ep", "tp"}, "fsdp", true}, d); }},
       {"dp=2 x ep=2 zero2", [](const std::string& d) { return config(Layout{{2, 2}, {"dp", "ep"}, "zero2"}, d); }},
+      {"ep=4 chunks=2", [](const std::string& d) { return config(Layout{{4}, {"ep"}, "ddp", false, 2}, d); }},
       {"pp=2 x ep=2 1f1b",
        [](const std::string& d) { return staged_config(StagedLayout{{2, 2}, {"pp", "ep"}, "1f1b", 2, true}, d); }},
   };
