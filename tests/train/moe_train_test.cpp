@@ -218,11 +218,10 @@ INSTANTIATE_TEST_SUITE_P(
 // every loss and every parameter after 5 steps, expert biases included, bitwise those of
 // the same layout without, on one rank, dp 2 x ep 2 (ddp, and zero2), ep 4 with the token
 // exchange in 2 chunks, ep 2 x tp 2 with sequence parallelism under fully_shard, and
-// pp 2 x ep 2 (1F1B, 2 microbatches). The
-// auxiliary loss's gradient rides on each MoE layer's output, so a full recompute builds it
-// again; the recompute routes the same tokens without counting their loads twice; under
-// fully_shard the full recompute gathers the experts' own unit again and reduces its
-// gradients.
+// pp 2 x ep 2 (1F1B, 2 microbatches). The auxiliary loss's gradient rides on each MoE
+// layer's output, so a full recompute builds it again; the recompute routes the same
+// tokens without counting their loads twice; under fully_shard the full recompute gathers
+// the experts' own unit again and reduces its gradients.
 TEST(MoETrainingCheckpoint, ChangesNoNumber) {
   struct Case {
     std::string where;
