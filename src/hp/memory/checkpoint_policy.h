@@ -25,7 +25,8 @@ struct CheckpointOp {
                                  // "view(2, 256, 256)", "redistribute P(sum) -> R"
   std::optional<OpKind> kind;    // the sharding rule it runs under (rms_norm and swiglu: Mul,
                                  // rotary: Softmax); unset for a redistribution
-  bool collective = false;       // a redistribution that moves data between ranks
+  bool collective = false;       // a redistribution that moves data between ranks, or another
+                                 // observed collective (a MoE token exchange)
   int64_t bytes = 0;             // of its output
   bool is_matmul() const {
     return kind && (*kind == OpKind::Matmul || *kind == OpKind::Linear || *kind == OpKind::Attention);

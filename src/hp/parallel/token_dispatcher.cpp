@@ -8,8 +8,8 @@
 #include "hp/comm/autograd.h"
 #include "hp/comm/collectives.h"
 #include "hp/layout/shard_spec.h"
-#include "hp/tensor/op_observer.h"
 #include "hp/parallel/token_dispatcher_chunks.h"
+#include "hp/tensor/op_observer.h"
 
 namespace hp {
 namespace {
@@ -24,10 +24,8 @@ double since(std::chrono::steady_clock::time_point t0) {
 at::Tensor exchange_rows(const at::Tensor& t, const comm::Group& g, const std::vector<int64_t>& send,
                          const std::vector<int64_t>& recv, const std::shared_ptr<double>& seconds) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<at::Tensor> inputs{t};
-  ObservedOp op;
-  op.inputs = &inputs, op.collective = "token all_to_all";
-  at::Tensor out = observe_op(op, [&] { return comm::all_to_all(t.detach(), g, 0, 0, send, recv); });
+  at::Tensor out =
+      observe_collective("token all_to_all", t, [&] { return comm::all_to_all(t.detach(), g, 0, 0, send, recv); });
   *seconds += since(t0);
   return comm::autograd::attach_backward(out, t, [&g, send, recv, seconds](const at::Tensor& grad) {
     const auto t1 = std::chrono::steady_clock::now();
@@ -73,12 +71,9 @@ nn::DispatchedTokens AllToAllTokenDispatcher::exchange(const at::Tensor& sorted,
   }
   at::Tensor counts = at::tensor(tokens_per_expert, at::kLong);
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<at::Tensor> inputs{counts};
-  ObservedOp op;
-  op.inputs = &inputs, op.collective = "expert counts all_to_all";
-  at::Tensor arrived =
-      observe_op(op, [&] { return comm::all_to_all(counts, group_, 0, 0, count_splits, count_arrivals); })
-          .view({p, mine.size});
+  at::Tensor arrived = observe_collective("expert counts all_to_all", counts, [&] {
+                         return comm::all_to_all(counts, group_, 0, 0, count_splits, count_arrivals);
+                       }).view({p, mine.size});
   *seconds_ += since(t0);
   if (sorted.is_meta()) {  // a dry-run: every rank routes alike, so each sends what this one does
     arrived = at::empty({p, mine.size}, at::kLong);

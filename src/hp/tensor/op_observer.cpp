@@ -37,4 +37,11 @@ at::Tensor observe_op(const ObservedOp& op, const std::function<at::Tensor()>& c
   return t_observer->run(op, compute);
 }
 
+at::Tensor observe_collective(const char* name, const at::Tensor& input, const std::function<at::Tensor()>& compute) {
+  const std::vector<at::Tensor> inputs{input};
+  ObservedOp op;
+  op.inputs = &inputs, op.collective = name;
+  return observe_op(op, compute);
+}
+
 }  // namespace hp

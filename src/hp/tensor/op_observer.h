@@ -49,5 +49,7 @@ class ScopedOpObserver {
 // compute() through the observer; ops nested inside an observed one are not observed
 // (their outer op stands for them).
 at::Tensor observe_op(const ObservedOp& op, const std::function<at::Tensor()>& compute);
+// The same for a collective outside DTensor's layouts, `name`, that reads `input`.
+at::Tensor observe_collective(const char* name, const at::Tensor& input, const std::function<at::Tensor()>& compute);
 
 }  // namespace hp
