@@ -78,7 +78,9 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
     whole = llama;
   }
   const double loss_scale = 1.0 / double(cfg.microbatches());
+  // Every activation between chunks: a microbatch [rows, seq, dim], in this layout.
   const std::vector<int64_t> activation_shape{cfg.train.batch / cfg.microbatches(), cfg.train.seq, cfg.model.dim};
+  const std::vector<Placement> between_chunks = batch_placements(sm, cfg.mesh.sequence_parallel);
   if (moe) t.stage_aux_loss = std::make_shared<at::Tensor>(at::zeros({}, tensor_options(sm)));
   const bool shards = dims.data_parallel_size() > 1;  // what fully_shard has to split: dp's ranks, and ep's with MoE
   const std::vector<std::string> reduce_dims = gradient_reduce_dims(cfg);
@@ -96,7 +98,7 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
     // an activation in the layout the next chunk takes it in (all stage meshes have one
     // shape).
     o.input_placements = batch_placements(sm, cfg.mesh.sequence_parallel && c > 0);
-    o.output_placements = batch_placements(sm, cfg.mesh.sequence_parallel);
+    o.output_placements = between_chunks;
     o.activation_shape = activation_shape;
     if (shards && cfg.mesh.zero_stage() > 0) {
       const int zero = cfg.mesh.zero_stage();
@@ -142,12 +144,9 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
     stages.push_back(pipeline::mesh_stage(sm, std::move(o)));
   }
   t.pipeline = std::make_unique<pipeline::PipelineRuntime>(std::move(stages), std::move(sched), stage_meshes(t.mesh));
-  // Every activation between chunks is this rank's piece of a microbatch [rows, seq, dim]
-  // in float32, so shapes need not travel: one message fewer each, and a dry-run's fake
-  // world works.
-  const std::vector<int64_t> piece =
-      make_spec(activation_shape, at::kFloat, sm, batch_placements(sm, cfg.mesh.sequence_parallel))
-          .local_shape(sm.coordinate());
+  // This rank's piece of every activation between chunks has one shape, in float32, so
+  // shapes need not travel: one message fewer each, and a dry-run's fake world works.
+  const std::vector<int64_t> piece = make_spec(activation_shape, at::kFloat, sm, between_chunks).local_shape(sm.coordinate());
   const auto options = at::TensorOptions().dtype(at::kFloat).device(at::Device(t.mesh.device_type()));
   t.pipeline->set_static_shapes([piece, options](int, int) { return at::empty(piece, options); });
   t.model = mine;
