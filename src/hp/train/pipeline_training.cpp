@@ -146,7 +146,8 @@ void build_pipeline(Training& t, const TrainConfig& cfg) {
   t.pipeline = std::make_unique<pipeline::PipelineRuntime>(std::move(stages), std::move(sched), stage_meshes(t.mesh));
   // This rank's piece of every activation between chunks has one shape, in float32, so
   // shapes need not travel: one message fewer each, and a dry-run's fake world works.
-  const std::vector<int64_t> piece = make_spec(activation_shape, at::kFloat, sm, between_chunks).local_shape(sm.coordinate());
+  const std::vector<int64_t> piece =
+      make_spec(activation_shape, at::kFloat, sm, between_chunks).local_shape(sm.coordinate());
   const auto options = at::TensorOptions().dtype(at::kFloat).device(at::Device(t.mesh.device_type()));
   t.pipeline->set_static_shapes([piece, options](int, int) { return at::empty(piece, options); });
   t.model = mine;
