@@ -247,12 +247,11 @@ Row run_kind(const Config& c, const std::string& kind) {
   std::vector<double> wall(c.ranks, 0);
   pipeline::PhaseTime f, b, i, w;  // summed over ranks and steps
   std::mutex mu;
-  const int steps = 3;
+  const int steps = 3, blocks = kBlocks / sched.num_stages;
   comm::run_local_ranks(c.ranks, [&](int rank) {
     at::set_num_threads(1);
     auto group = comm::current_world()->world_group();
     if (rank == 0) {
-      const int blocks = kBlocks / sched.num_stages;
       row.first = calibrate(c, 0, blocks, group);
       row.unit = calibrate(c, 1, blocks, group);
       row.last = calibrate(c, 2, blocks, group);
@@ -277,7 +276,6 @@ Row run_kind(const Config& c, const std::string& kind) {
     // dropped. Each stage is still timed alone, outside the pipeline.
     const int cores = static_cast<int>(std::thread::hardware_concurrency());
     if (rank < std::min(c.ranks, cores)) {
-      const int blocks = kBlocks / sched.num_stages;
       const schedule::StageCost a = calibrate(c, 0, blocks, group), u = calibrate(c, 1, blocks, group),
                                 l = calibrate(c, 2, blocks, group);
       if (rank == 0) row.loaded = stage_costs(sched.num_stages, a, u, l);
@@ -287,7 +285,7 @@ Row run_kind(const Config& c, const std::string& kind) {
                  activation_latency = p2p_latency(c, *group, !c.static_shapes);
     if (rank == 0) row.latency = latency, row.activation_latency = activation_latency;
     std::vector<pipeline::PipelineStage> stages;
-    for (int s : sched.stages_of(rank)) stages.push_back(make_stage(c, s, sched.num_stages, kBlocks / sched.num_stages, group));
+    for (int s : sched.stages_of(rank)) stages.push_back(make_stage(c, s, sched.num_stages, blocks, group));
     pipeline::PipelineRuntime rt(stages, sched);
     if (c.static_shapes) rt.set_static_shapes([&](int, int) { return at::empty({c.rows, c.dim}); });
     at::Tensor x = at::randn({c.rows * c.microbatches, c.dim}), y = at::randn({c.rows * c.microbatches, c.dim});
