@@ -147,15 +147,15 @@ TEST(Memory, EagerSelectiveActivationsByHand) {
   const double none = stage_memory(m, s, all, 0, 1, eager).activations;
   s.recompute = Recompute::Selective;
   // Four layers kept selectively, and one layer's dropped tensors back during its backward;
-  // the backward's working set (SwiGLU's two gradients, 1376 per token, 95 more than the
+  // the backward's working set (SwiGLU's three gradients, 2064 per token, 783 more than the
   // head's logits term) in both.
-  const double working = 256 * 4 * 95.0;
+  const double working = 256 * 4 * 783.0;
   EXPECT_DOUBLE_EQ(stage_memory(m, s, all, 0, 1, eager).activations,
                    (none - working) * (4 * 2664.0 + (3866 - 2664)) / (4 * 3866.0) + working);
 }
 
-// A layer's backward holds SwiGLU's gate and up gradients (2 x 688 per token) beside the
-// saved activations; on the stage with the head the two peaks come at different times and
+// A layer's backward holds SwiGLU's output, gate and up gradients (3 x 688 per token) beside
+// the saved activations; on the stage with the head the two peaks come at different times and
 // the larger counts: its logits' term (1281 per token) and what the working set exceeds it
 // by. A recomputed layer holds them in its gate and up.
 TEST(Memory, EagerBackwardWorkingSet) {
@@ -165,10 +165,10 @@ TEST(Memory, EagerBackwardWorkingSet) {
   StageContents body;
   body.dense_layers = 2;
   const Numerics eager = numerics_preset("fp32-eager");
-  EXPECT_DOUBLE_EQ(stage_memory(m, s, body, 0, 1, eager).activations, 256 * 4 * (2 * 3866.0 + 2 * 688));
+  EXPECT_DOUBLE_EQ(stage_memory(m, s, body, 0, 1, eager).activations, 256 * 4 * (2 * 3866.0 + 3 * 688));
   body.head = true;
   const MemoryBreakdown with_head = stage_memory(m, s, body, 0, 1, eager);
-  EXPECT_DOUBLE_EQ(with_head.activations, 256 * 4 * (2 * 3866.0 + 2 * 688 - 1281));
+  EXPECT_DOUBLE_EQ(with_head.activations, 256 * 4 * (2 * 3866.0 + 3 * 688 - 1281));
   EXPECT_DOUBLE_EQ(with_head.logits, 256 * 4 * 1281.0);
   // Recomputed, each layer keeps its input (256) and the one whose backward runs has all
   // of its activations back, and the gradient of SwiGLU's output (688) beside them; SwiGLU
@@ -194,10 +194,11 @@ TEST(Memory, Fp32EagerNumericsCountBytesAndBuckets) {
   EXPECT_THROW(numerics_preset("fp8"), hp::Error);
 }
 
-// The optimizer step frees the gradients: with one microbatch per step they return only as
-// the activations go, so the peak holds the larger of the two; with several, the first
-// microbatches' gradients wait beside the later ones' activations, and with recompute
-// the backward's rematerialized layer meets them.
+// The optimizer step frees the gradients, and the backward brings them back as it frees
+// each layer's activations: with one microbatch per step the peak is at one end of the
+// backward (every activation beside the head's gradient, or every gradient beside the first
+// layer's activations and what its backward rematerializes); with several, the first
+// microbatches' gradients wait beside the later ones' activations.
 TEST(Memory, GradientsMeetActivationsOnlyAcrossMicrobatches) {
   ModelDesc m = model_preset("tiny");
   auto st = split_stages(m, 1, 1, "1f1b");
@@ -205,18 +206,25 @@ TEST(Memory, GradientsMeetActivationsOnlyAcrossMicrobatches) {
   Strategy one = resolve_strategy(parse_strategy("dp=2,mb=1"), m, 2);
   Strategy two = resolve_strategy(parse_strategy("dp=2,mb=2"), m, 2);
   MemoryBreakdown a = stage_memory(m, one, st[0], 0, 1, n), b = stage_memory(m, two, st[0], 0, 1, n);
-  EXPECT_FALSE(a.grads_with_activations);
-  EXPECT_TRUE(b.grads_with_activations);
+  const StageParams p = stage_params(m, one, st[0]);
+  const double head_share = double(m.vocab) * m.hidden / (p.dense + p.expert);
+  EXPECT_NEAR(a.grads_at_activation_peak, a.grads * head_share, 1e-6 * a.grads);
+  EXPECT_GT(a.activations_at_gradient_peak, 0);
+  EXPECT_LT(a.activations_at_gradient_peak, a.activations / 2);
   const double fixed = a.params + a.optimizer + a.ddp_buckets;
-  EXPECT_DOUBLE_EQ(a.total(), fixed + std::max(a.grads, a.activations + a.logits));
+  EXPECT_DOUBLE_EQ(a.total(), fixed + std::max(a.grads_at_activation_peak + a.activations + a.logits,
+                                               a.grads + a.activations_at_gradient_peak));
   EXPECT_DOUBLE_EQ(b.total(), b.params + b.optimizer + b.ddp_buckets + b.grads + b.activations + b.logits);
-  // A short sequence: the gradients outweigh the activations, and count alone.
+  // A short sequence: the gradients outweigh the activations; the peak is the backward's end.
   ModelDesc short_seq = m;
   short_seq.seq_len = 8;
   Strategy lean = resolve_strategy(parse_strategy("dp=2,mb=1,mbs=1"), short_seq, 2);
   MemoryBreakdown c = stage_memory(short_seq, lean, st[0], 0, 1, n);
   ASSERT_GT(c.grads, c.activations + c.logits);
-  EXPECT_DOUBLE_EQ(c.total(), c.params + c.optimizer + c.ddp_buckets + c.grads);
-  Strategy recompute = resolve_strategy(parse_strategy("dp=2,mb=1,recompute=selective"), m, 2);
-  EXPECT_TRUE(stage_memory(m, recompute, st[0], 0, 1, n).grads_with_activations);
+  EXPECT_DOUBLE_EQ(c.total(), c.params + c.optimizer + c.ddp_buckets + c.grads + c.activations_at_gradient_peak);
+  // Recompute rematerializes a layer at the backward's end too: more than the saved share.
+  Strategy recompute = resolve_strategy(parse_strategy("dp=2,mb=1,recompute=full"), m, 2);
+  MemoryBreakdown f = stage_memory(m, recompute, st[0], 0, 1, n);
+  EXPECT_GT(f.activations_at_gradient_peak, f.activations / 2);
+  EXPECT_LT(f.grads_at_activation_peak, f.grads);
 }

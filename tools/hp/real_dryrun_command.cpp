@@ -76,6 +76,11 @@ void run_real_dryrun(const plan::ModelDesc& m, const plan::ClusterSpec& c, plan:
   std::printf("  high-water mark                           %12.1f\n", r.peak_bytes / kMiB);
   std::printf("  estimator (%s)                    %12.1f   dry-run / estimate %.3f\n", o.numerics.name.c_str(),
               mem.total() / kMiB, mem.total() > 0 ? r.peak_bytes / mem.total() : 0.0);
+  std::printf("    parameters %.1f, optimizer %.1f, buffers %.1f; activations %.1f, logits %.1f, stage inputs %.1f "
+              "beside gradients %.1f, or gradients %.1f beside activations %.1f\n",
+              mem.params / kMiB, mem.optimizer / kMiB, (mem.zero_buffers + mem.ddp_buckets) / kMiB,
+              mem.activations / kMiB, mem.logits / kMiB, mem.stage_inputs / kMiB, mem.grads_at_activation_peak / kMiB,
+              mem.grads / kMiB, mem.activations_at_gradient_peak / kMiB);
   std::printf("collectives over %lld step%s (setup issued %lld more)\n", static_cast<long long>(r.steps),
               r.steps == 1 ? "" : "s", static_cast<long long>(setup.size()));
   std::printf("  %-16s %10s %8s %14s\n", "op", "group size", "count", "MiB");

@@ -134,11 +134,11 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     mem.zero_buffers = whole * n.param_bytes + p.largest_unit * n.grad_bytes + send_buffers;
     if (s.zero == 1 && s.microbatches > 1) grads += whole;
   } else if (n.ddp_buckets && s.data_replicas() > 1) {
-    mem.ddp_buckets = whole * n.grad_bytes;
+    // The experts' gradients have a bucket only where they have replicas (dp or cp).
+    mem.ddp_buckets = (p.dense + (s.dp * s.cp > 1 ? p.expert : 0.0)) * n.grad_bytes;
   }
   mem.params = held * n.param_bytes;
   mem.grads = grads * n.grad_bytes;
-  mem.grads_with_activations = s.microbatches > 1 || s.recompute != Recompute::None;
   mem.optimizer = held * n.optimizer_bytes;
 
   // Tokens of one microbatch on this rank, before the sequence-parallel split over tp.
@@ -164,6 +164,10 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     per_mb *= tokens / t;
   }
   mem.activations = inflight * per_mb;
+  // What a layer's backward brings back beside the saved activations (the whole layer under
+  // full recompute, what selective dropped, the products' gradients), after the head's
+  // backward has freed the logits.
+  double rematerialized = 0;
   // bf16 logits kept for the loss's backward plus their fp32 copy, one microbatch; eager
   // fp32: the final norm's tensors, the logits and their log-softmax.
   if (st.head && n.eager)
@@ -177,26 +181,30 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     // by then: the larger of the two counts.
     const double layer = tokens * eager_layer_activation_elements(m, s.tp, st.moe_layers > 0) * n.activation_bytes;
     const double product_grad = st.dense_layers ? tokens * m.ffn / t * n.activation_bytes : 0.0;
+    rematerialized += layer + product_grad;
     mem.activations += std::max(0.0, layer + product_grad - mem.logits);
   } else if (s.recompute == Recompute::Selective && st.layers() > 0 && n.eager) {
     // The backward of one layer rematerializes what it dropped (a dense layer drops more).
     const bool moe = st.dense_layers == 0;
-    mem.activations += tokens * n.activation_bytes *
-                       (eager_layer_activation_elements(m, s.tp, moe) -
-                        eager_selective_layer_activation_elements(m, s.tp, moe));
+    const double dropped = tokens * n.activation_bytes * (eager_layer_activation_elements(m, s.tp, moe) -
+                                                          eager_selective_layer_activation_elements(m, s.tp, moe));
+    rematerialized += dropped;
+    mem.activations += dropped;
   } else if (s.recompute == Recompute::Full && st.layers() > 0) {
     // The backward of one layer rematerializes all of it.
     const bool moe = st.moe_layers > 0;
+    rematerialized += tokens / t * layer_activation_bytes_per_token(m, moe, Recompute::None);
     mem.activations += tokens / t * layer_activation_bytes_per_token(m, moe, Recompute::None);
   }
   if (n.eager && st.layers() > 0 && s.recompute != Recompute::Full) {
-    // A layer's backward holds the gradients of SwiGLU's gate and up outputs (per routed
-    // copy of a token in MoE layers) beside every saved activation. On the stage with
-    // the head this peak and the head's (its logits term) come at different times: the
-    // larger counts.
+    // A layer's backward holds the gradients of SwiGLU's output and of its gate and up
+    // inputs (per routed copy of a token in MoE layers) beside every saved activation. On
+    // the stage with the head this peak and the head's (its logits term) come at different
+    // times: the larger counts.
     double working = 0;
-    if (st.dense_layers) working = 2 * m.ffn / t;
-    if (st.moe_layers) working = std::max(working, 2 * double(m.top_k + m.shared_experts) * m.moe_ffn / t);
+    if (st.dense_layers) working = 3 * m.ffn / t;
+    if (st.moe_layers) working = std::max(working, 3 * double(m.top_k + m.shared_experts) * m.moe_ffn / t);
+    rematerialized += tokens * working * n.activation_bytes;
     mem.activations += std::max(0.0, tokens * working * n.activation_bytes - mem.logits);
   }
   if (s.pp > 1) {
@@ -210,6 +218,17 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     // and the buffer posted at its forward for the output's gradient.
     const double sent = st.head ? 0 : 2 * inflight;
     mem.stage_inputs = (buffers + sent) * tokens * m.hidden / t * n.activation_bytes;
+  }
+  if (s.microbatches > 1) {
+    mem.grads_at_activation_peak = mem.grads;
+    mem.activations_at_gradient_peak = mem.activations + mem.logits + mem.stage_inputs;
+  } else {
+    // The backward starts after the head's, whose weight's gradient is the first to exist,
+    // and ends in the first layer, holding its saved activations and what it rematerializes.
+    const double head = st.head ? double(m.vocab) * m.hidden / t : 0.0;
+    mem.grads_at_activation_peak = mem.grads * head / (p.dense + p.expert);
+    const double first_layer = st.layers() > 0 ? inflight * per_mb / double(st.layers()) : 0.0;
+    mem.activations_at_gradient_peak = first_layer + rematerialized + mem.stage_inputs;
   }
   return mem;
 }

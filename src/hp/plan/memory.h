@@ -69,17 +69,20 @@ struct MemoryBreakdown {
   // A pipeline stage's received inputs not yet in a running forward, and the outputs it
   // sent with the buffers posted for their gradients.
   double stage_inputs = 0;
-  // Whether gradients are held while activations peak. The optimizer step frees them
-  // (zero_grad), so with one microbatch per step and nothing recomputed the peak, at the
-  // start of backward, holds none, and they come back only as the activations go. With
-  // several microbatches earlier ones' gradients wait beside later ones' activations; with
-  // recompute the peak moves into the backward, where most gradients meet a rematerialized
-  // layer.
-  bool grads_with_activations = true;
+  // How gradients and activations meet. The optimizer step frees the gradients
+  // (zero_grad), and a step's backward brings them back layer by layer as it frees that
+  // layer's activations. With one microbatch the step's peak is at one end of the backward:
+  // at its start, every activation beside the head's gradients only
+  // (grads_at_activation_peak), or at its last layer, every gradient beside that layer's
+  // activations and whatever the backward rematerializes for it
+  // (activations_at_gradient_peak). With several microbatches the first ones' gradients
+  // wait beside the later ones' activations: both are the whole.
+  double grads_at_activation_peak = 0;
+  double activations_at_gradient_peak = 0;
   int64_t stage = 0;  // pipeline rank this breakdown is for
   double total() const {
     const double with_activations = activations + logits + stage_inputs;
-    const double varying = grads_with_activations ? grads + with_activations : std::max(grads, with_activations);
+    const double varying = std::max(grads_at_activation_peak + with_activations, grads + activations_at_gradient_peak);
     return params + optimizer + zero_buffers + ddp_buckets + varying;
   }
 };
