@@ -184,10 +184,14 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     rematerialized += layer + product_grad;
     mem.activations += std::max(0.0, layer + product_grad - mem.logits);
   } else if (s.recompute == Recompute::Selective && st.layers() > 0 && n.eager) {
-    // The backward of one layer rematerializes what it dropped (a dense layer drops more).
+    // The backward of one layer rematerializes what it dropped (a dense layer drops more):
+    // what an unchecked layer keeps less what selective keeps, and rotary's outputs, which
+    // it recomputes from the projections' q and k that it keeps beyond an unchecked layer.
     const bool moe = st.dense_layers == 0;
+    const double rotary = (m.q_dim() + m.kv_dim()) / t;
     const double dropped = tokens * n.activation_bytes * (eager_layer_activation_elements(m, s.tp, moe) -
-                                                          eager_selective_layer_activation_elements(m, s.tp, moe));
+                                                          eager_selective_layer_activation_elements(m, s.tp, moe) +
+                                                          rotary);
     rematerialized += dropped;
     mem.activations += dropped;
   } else if (s.recompute == Recompute::Full && st.layers() > 0) {
