@@ -92,9 +92,12 @@ at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const std::vecto
   // backward collectives (an all-to-all whose output gets no gradient would be skipped).
   if (w.size(0) == 0) return x.matmul(w.new_zeros({w.size(1), w.size(2)})) + w.sum() * 0;
   std::vector<at::Tensor> pieces;
+  // One unbind, whose backward stacks the groups' gradients once: w[g] would give each group
+  // a gradient of w's whole size, zeros but its slice, summed over the groups.
+  const std::vector<at::Tensor> groups = w.unbind(0);
   int64_t start = 0;
-  for (size_t g = 0; g < counts.size(); ++g) {  // empty groups too: every w[g] gets a (zero) gradient
-    pieces.push_back(x.narrow(0, start, counts[g]).matmul(w[g]));
+  for (size_t g = 0; g < counts.size(); ++g) {  // empty groups too: every group gets a (zero) gradient
+    pieces.push_back(x.narrow(0, start, counts[g]).matmul(groups[g]));
     start += counts[g];
   }
   return at::cat(pieces, 0);
