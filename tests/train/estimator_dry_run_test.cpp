@@ -5,8 +5,10 @@
 // the backward (plan/memory.h, MemoryBreakdown).
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "hp/plan.h"
 #include "hp/train/dry_run.h"

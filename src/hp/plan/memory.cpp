@@ -196,9 +196,9 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     mem.activations += dropped;
   } else if (s.recompute == Recompute::Full && st.layers() > 0) {
     // The backward of one layer rematerializes all of it.
-    const bool moe = st.moe_layers > 0;
-    rematerialized += tokens / t * layer_activation_bytes_per_token(m, moe, Recompute::None);
-    mem.activations += tokens / t * layer_activation_bytes_per_token(m, moe, Recompute::None);
+    const double layer = tokens / t * layer_activation_bytes_per_token(m, st.moe_layers > 0, Recompute::None);
+    rematerialized += layer;
+    mem.activations += layer;
   }
   if (n.eager && st.layers() > 0 && s.recompute != Recompute::Full) {
     // A layer's backward holds the gradients of SwiGLU's output and of its gate and up
