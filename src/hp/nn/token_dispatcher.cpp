@@ -9,8 +9,10 @@
 namespace hp::nn {
 namespace {
 
+// A dry-run's stand-in for gathered or placed rows: linked to x for autograd, and new
+// storage as the real index_select's or index_copy's, so that its bytes count.
 at::Tensor linked_rows(const at::Tensor& x, int64_t rows) {
-  return (x.sum(0, true) * 0).expand({rows, x.size(1)});
+  return (x.sum(0, true) * 0).expand({rows, x.size(1)}).contiguous();
 }
 
 }  // namespace
