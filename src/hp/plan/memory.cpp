@@ -152,7 +152,12 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
       per_mb = st.layers() * m.hidden / t;
     } else if (s.recompute == Recompute::Selective) {
       if (st.dense_layers) per_mb += st.dense_layers * eager_selective_layer_activation_elements(m, s.tp);
-      if (st.moe_layers) per_mb += st.moe_layers * eager_selective_layer_activation_elements(m, s.tp, true);
+      // With ep > 1 a MoE layer also keeps its token exchanges' outputs (k rows of h per
+      // token each way), which an unchecked layer frees: the region sees the exchanges
+      // (collectives, kept) but not the dispatcher's own ops that read them.
+      const double exchanges = s.ep > 1 ? 2.0 * double(m.top_k) * m.hidden : 0.0;
+      if (st.moe_layers)
+        per_mb += st.moe_layers * (eager_selective_layer_activation_elements(m, s.tp, true) + exchanges);
     } else {
       if (st.dense_layers) per_mb += st.dense_layers * eager_layer_activation_elements(m, s.tp);
       if (st.moe_layers) per_mb += st.moe_layers * eager_layer_activation_elements(m, s.tp, true);
