@@ -257,7 +257,7 @@ struct SwiGLUFunction : torch::autograd::Function<SwiGLUFunction> {
     const at::Tensor &gate = saved[0], &up = saved[1];
     const at::Tensor dy = grads[0].contiguous();
     // In place (gate and up become their own gradients) where nothing else can see them.
-    const bool in_place = !gate.is_meta() && reusable(gate) && reusable(up);
+    const bool in_place = reusable(gate) && reusable(up);  // meta too: a dry-run counts what a run allocates
     const at::Tensor dg = in_place ? gate.detach() : at::empty_like(gate, at::MemoryFormat::Contiguous);
     const at::Tensor du = in_place ? up.detach() : at::empty_like(up, at::MemoryFormat::Contiguous);
     if (!gate.is_meta())
