@@ -171,8 +171,9 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
   mem.activations = inflight * per_mb;
   // What a layer's backward brings back beside the saved activations (the whole layer under
   // full recompute, what selective dropped, the products' gradients), after the head's
-  // backward has freed the logits.
-  double rematerialized = 0;
+  // backward has freed the logits: at the backward's start the part in `after_logits`
+  // counts only where it exceeds them.
+  double rematerialized = 0, after_logits = 0;
   // bf16 logits kept for the loss's backward plus their fp32 copy, one microbatch; eager
   // fp32: the final norm's tensors, the logits and their log-softmax.
   if (st.head && n.eager)
@@ -186,8 +187,7 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     // by then: the larger of the two counts.
     const double layer = tokens * eager_layer_activation_elements(m, s.tp, st.moe_layers > 0) * n.activation_bytes;
     const double product_grad = st.dense_layers ? tokens * m.ffn / t * n.activation_bytes : 0.0;
-    rematerialized += layer + product_grad;
-    mem.activations += std::max(0.0, layer + product_grad - mem.logits);
+    after_logits += layer + product_grad;
   } else if (s.recompute == Recompute::Selective && st.layers() > 0 && n.eager) {
     // The backward of one layer rematerializes what it dropped (a dense layer drops more):
     // what an unchecked layer keeps less what selective keeps, and rotary's outputs, which
@@ -198,12 +198,9 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
                                                           eager_selective_layer_activation_elements(m, s.tp, moe) +
                                                           rotary);
     rematerialized += dropped;
-    mem.activations += dropped;
   } else if (s.recompute == Recompute::Full && st.layers() > 0) {
     // The backward of one layer rematerializes all of it.
-    const double layer = tokens / t * layer_activation_bytes_per_token(m, st.moe_layers > 0, Recompute::None);
-    rematerialized += layer;
-    mem.activations += layer;
+    rematerialized += tokens / t * layer_activation_bytes_per_token(m, st.moe_layers > 0, Recompute::None);
   }
   if (n.eager && st.layers() > 0 && s.recompute != Recompute::Full) {
     // A layer's backward holds the gradients of SwiGLU's output and of its gate and up
@@ -213,9 +210,9 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     double working = 0;
     if (st.dense_layers) working = 3 * m.ffn / t;
     if (st.moe_layers) working = std::max(working, 3 * double(m.top_k + m.shared_experts) * m.moe_ffn / t);
-    rematerialized += tokens * working * n.activation_bytes;
-    mem.activations += std::max(0.0, tokens * working * n.activation_bytes - mem.logits);
+    after_logits += tokens * working * n.activation_bytes;
   }
+  mem.activations += rematerialized + std::max(0.0, after_logits - mem.logits);
   if (s.pp > 1) {
     // A stage's input of every microbatch of the step is received into a buffer posted at
     // the step's start (or, once consumed, held as the input gradient sent back until the
@@ -237,7 +234,7 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     const double head = st.head ? double(m.vocab) * m.hidden / t : 0.0;
     mem.grads_at_activation_peak = mem.grads * head / (p.dense + p.expert);
     const double first_layer = st.layers() > 0 ? inflight * per_mb / double(st.layers()) : 0.0;
-    mem.activations_at_gradient_peak = first_layer + rematerialized + mem.stage_inputs;
+    mem.activations_at_gradient_peak = first_layer + rematerialized + after_logits + mem.stage_inputs;
   }
   return mem;
 }
