@@ -8,7 +8,8 @@
 // A whole Llama (12 heads, 4 K/V heads, so that cp = 2, 3 and 4 all divide the heads) trained
 // 5 AdamW steps: the loss every step, every gradient after the first step and every
 // parameter at the end against the single-process model; float32, relative 1e-5 with an
-// absolute floor of 1e-6 (parallel/llama_run.h), every rank checked to agree bitwise.
+// absolute floor of 1e-6 (1e-5 for the final parameters, below; parallel/llama_run.h),
+// every rank checked to agree bitwise.
 // Sequence lengths are not multiples of 2 * cp: shards are uneven (torch.chunk sizes, the
 // last ranks hold fewer tokens), no padding; the loss averages over all real tokens.
 // Bytes: what the attention core hands its collectives equals the planner's count exactly.
@@ -186,7 +187,11 @@ void expect_llama_matches(const LlamaCase& c) {
     return std::make_pair(shard_sequence(ids, mesh, rows, cp_dims, o.load_balance),
                           shard_sequence(targets, mesh, rows, cp_dims, o.load_balance));
   };
-  hp::testing::expect_runs_match(hp::testing::train_llama(spec), reference());
+  // The final parameters to 1e-5 (lr / 1000): AdamW divides by the root of the second
+  // moment, which lifts the rounding of a near-zero gradient (the split attention sums its
+  // pieces in another order) to a step of its own; up to 2.7e-6 measured on an AMD EPYC,
+  // under 1e-6 on an Intel Xeon. A wrong gradient moves a parameter by about lr a step.
+  hp::testing::expect_runs_match(hp::testing::train_llama(spec), reference(), 1e-5, 1e-6, 1e-5);
 }
 
 }  // namespace

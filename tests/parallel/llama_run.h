@@ -131,20 +131,22 @@ inline LlamaRun train_llama(const LlamaRunSpec& spec) {
   return views[0];
 }
 
-// float32 on both sides: relative `rtol` with an absolute floor for values near zero.
-inline void expect_runs_match(const LlamaRun& run, const LlamaRun& ref, double rtol = 1e-5, double atol = 1e-6) {
+// float32 on both sides: relative `rtol` with an absolute floor for values near zero
+// (`param_atol` for the final parameters, `atol` otherwise).
+inline void expect_runs_match(const LlamaRun& run, const LlamaRun& ref, double rtol = 1e-5, double atol = 1e-6,
+                              double param_atol = 1e-6) {
   ASSERT_EQ(run.losses.size(), ref.losses.size());
   for (size_t i = 0; i < ref.losses.size(); ++i)
     EXPECT_NEAR(run.losses[i], ref.losses[i], rtol * std::abs(ref.losses[i])) << "loss at step " << i;
   // The loss must fall, or the comparison would prove little.
   EXPECT_LT(ref.losses.back(), ref.losses.front());
-  auto close = [&](const at::Tensor& got, const at::Tensor& want, const std::string& what) {
+  auto close = [&](const at::Tensor& got, const at::Tensor& want, double floor, const std::string& what) {
     ASSERT_EQ(got.sizes(), want.sizes()) << what;
-    EXPECT_TRUE(at::allclose(got.to(at::kFloat), want, rtol, atol))
+    EXPECT_TRUE(at::allclose(got.to(at::kFloat), want, rtol, floor))
         << what << ": max abs diff " << (got.to(at::kFloat) - want).abs().max().item<double>();
   };
-  for (auto& [name, g] : ref.first_grads) close(run.first_grads.at(name), g, "gradient of " + name);
-  for (auto& [name, p] : ref.final_params) close(run.final_params.at(name), p, "parameter " + name);
+  for (auto& [name, g] : ref.first_grads) close(run.first_grads.at(name), g, atol, "gradient of " + name);
+  for (auto& [name, p] : ref.final_params) close(run.final_params.at(name), p, param_atol, "parameter " + name);
 }
 
 }  // namespace hp::testing
