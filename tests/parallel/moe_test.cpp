@@ -406,6 +406,32 @@ TEST(ExpertParallel, DispatchMovesTheAnalyticBytes) {
   EXPECT_EQ(float_numel[0] + float_numel[1] + float_numel[2] + float_numel[3], 2 * t * k * dim);
 }
 
+// The load-balancing loss reads two sums over the whole batch (assignments and scores per
+// expert); they are reduced in one all-reduce of both: each collective besides the token
+// exchange is a round trip on the layer's critical path.
+TEST(ExpertParallel, AuxLossSumsTakeOneAllReduce) {
+  const int64_t t = 16, dim = 16, experts = 4;
+  comm::run_local_ranks(4, [&](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {4}, {"ep"});
+    manual_seed(7);
+    nn::MoEOptions o;
+    o.num_experts = experts, o.top_k = 2, o.aux_loss_coef = 0.01;
+    nn::MoE moe(dim, 8, o, mesh);
+    parallelize_module(moe, mesh["ep"], {{"", ExpertParallel()}});
+    DTensor x = hp::randn({t, dim}, mesh, {Shard(0)});
+    auto& log = comm::current_world()->collective_log();
+    log.clear();
+    log.enable();
+    moe(x);
+    log.enable(false);
+    std::vector<std::string> others;  // than the counts and token all-to-alls
+    for (const auto& r : log.records())
+      if (r.op != "all_to_all") others.push_back(r.to_string());
+    EXPECT_EQ(others, std::vector<std::string>{"all_reduce [0, 1, 2, 3] Float x " + std::to_string(2 * experts)});
+    EXPECT_TRUE(moe.aux_loss().has_value());
+  });
+}
+
 // Under sequence parallelism each rank routes only its own tokens: over ep 2 x tp 2 with
 // the batch on ep and the sequence on tp, dispatch and combine move 2 * T * top_k * dim
 // floats in all (T the global tokens, none counted twice), nothing is all-gathered, and

@@ -153,11 +153,14 @@ Routing TokenChoiceTopKRouter::route(const DTensor& x) {
 
   if (o_.aux_loss_coef > 0) {
     // coef * E * sum_e f_e P_e, f_e the share of assignments to expert e and P_e its mean
-    // score over the whole batch: sums over split rows become partial sums, then reduced.
+    // score over the whole batch: sums over split rows become partial sums, then reduced,
+    // both in one all-reduce (each is a round trip on the layer's critical path).
     std::vector<Placement> whole(x.device_mesh().ndim(), Replicate());
-    DTensor load = sum(DTensor(chosen.to(probs.scalar_type()), scores.device_mesh(), scores.spec()), {0})
+    DTensor sums = cat({sum(DTensor(chosen.to(probs.scalar_type()), scores.device_mesh(), scores.spec()), {0}),
+                        sum(scores, {0})},
+                       0)
                        .redistribute(whole);
-    DTensor mass = sum(scores, {0}).redistribute(whole);
+    DTensor load = narrow(sums, 0, 0, e), mass = narrow(sums, 0, e, e);
     const double t = double(x.size(0));
     const double scale = o_.aux_loss_coef * double(e) / (t * t * double(o_.top_k));
     r.aux_loss = map(sum(mul(load, mass), {0}), [scale](const at::Tensor& v) { return v * scale; });
