@@ -371,51 +371,14 @@ TEST(ExpertParallel, CapacityFactorDropsOverflow) {
   expect_match(run, train(ref));
 }
 
-// Dispatch and combine move exactly 2 * T * top_k * dim floats over all ranks (each
-// rank's input to the two token all-to-alls), plus one all-to-all of expert counts; no
-// token is all-gathered.
-TEST(ExpertParallel, DispatchMovesTheAnalyticBytes) {
-  const int64_t t = 24, dim = 16, k = 2, experts = 6;
-  std::vector<int64_t> float_numel(4);
+// The collectives each rank logs in one forward of a MoE layer (experts 8 wide) over
+// ep = 4, on random tokens [t, dim] split over the ranks.
+std::vector<std::vector<comm::CollectiveRecord>> collectives_of_forward(const nn::MoEOptions& o, int64_t t,
+                                                                        int64_t dim) {
+  std::vector<std::vector<comm::CollectiveRecord>> logs(4);
   comm::run_local_ranks(4, [&](int rank) {
     DeviceMesh mesh = init_device_mesh("cpu", {4}, {"ep"});
     manual_seed(7);
-    nn::MoEOptions o;
-    o.num_experts = experts, o.top_k = k;
-    nn::MoE moe(dim, 8, o, mesh);
-    parallelize_module(moe, mesh["ep"], {{"", ExpertParallel()}});
-    DTensor x = hp::randn({t, dim}, mesh, {Shard(0)});
-    auto& log = comm::current_world()->collective_log();
-    log.clear();
-    log.enable();
-    DTensor y = moe(x);
-    log.enable(false);
-    int counts_exchanges = 0;
-    for (const auto& r : log.records()) {
-      EXPECT_NE(r.op, "all_gather") << r.to_string();
-      if (r.op != "all_to_all") continue;
-      if (r.dtype == at::kLong) {
-        ++counts_exchanges;
-        EXPECT_EQ(r.numel, experts);
-      } else {
-        float_numel[rank] += r.numel;
-      }
-    }
-    EXPECT_EQ(counts_exchanges, 1);
-  });
-  EXPECT_EQ(float_numel[0] + float_numel[1] + float_numel[2] + float_numel[3], 2 * t * k * dim);
-}
-
-// The load-balancing loss reads two sums over the whole batch (assignments and scores per
-// expert); they are reduced in one all-reduce of both: each collective besides the token
-// exchange is a round trip on the layer's critical path.
-TEST(ExpertParallel, AuxLossSumsTakeOneAllReduce) {
-  const int64_t t = 16, dim = 16, experts = 4;
-  comm::run_local_ranks(4, [&](int) {
-    DeviceMesh mesh = init_device_mesh("cpu", {4}, {"ep"});
-    manual_seed(7);
-    nn::MoEOptions o;
-    o.num_experts = experts, o.top_k = 2, o.aux_loss_coef = 0.01;
     nn::MoE moe(dim, 8, o, mesh);
     parallelize_module(moe, mesh["ep"], {{"", ExpertParallel()}});
     DTensor x = hp::randn({t, dim}, mesh, {Shard(0)});
@@ -424,12 +387,49 @@ TEST(ExpertParallel, AuxLossSumsTakeOneAllReduce) {
     log.enable();
     moe(x);
     log.enable(false);
+    logs[rank] = log.records();
+  });
+  return logs;
+}
+
+// Dispatch and combine move exactly 2 * T * top_k * dim floats over all ranks (each
+// rank's input to the two token all-to-alls), plus one all-to-all of expert counts; no
+// token is all-gathered.
+TEST(ExpertParallel, DispatchMovesTheAnalyticBytes) {
+  const int64_t t = 24, dim = 16, k = 2, experts = 6;
+  nn::MoEOptions o;
+  o.num_experts = experts, o.top_k = k;
+  int64_t float_numel = 0;
+  for (const auto& log : collectives_of_forward(o, t, dim)) {
+    int counts_exchanges = 0;
+    for (const auto& r : log) {
+      EXPECT_NE(r.op, "all_gather") << r.to_string();
+      if (r.op != "all_to_all") continue;
+      if (r.dtype == at::kLong) {
+        ++counts_exchanges;
+        EXPECT_EQ(r.numel, experts);
+      } else {
+        float_numel += r.numel;
+      }
+    }
+    EXPECT_EQ(counts_exchanges, 1);
+  }
+  EXPECT_EQ(float_numel, 2 * t * k * dim);
+}
+
+// The load-balancing loss reads two sums over the whole batch (assignments and scores per
+// expert); they are reduced in one all-reduce of both: each collective besides the token
+// exchange is a round trip on the layer's critical path.
+TEST(ExpertParallel, AuxLossSumsTakeOneAllReduce) {
+  const int64_t experts = 4;
+  nn::MoEOptions o;
+  o.num_experts = experts, o.top_k = 2, o.aux_loss_coef = 0.01;
+  for (const auto& log : collectives_of_forward(o, 16, 16)) {
     std::vector<std::string> others;  // than the counts and token all-to-alls
-    for (const auto& r : log.records())
+    for (const auto& r : log)
       if (r.op != "all_to_all") others.push_back(r.to_string());
     EXPECT_EQ(others, std::vector<std::string>{"all_reduce [0, 1, 2, 3] Float x " + std::to_string(2 * experts)});
-    EXPECT_TRUE(moe.aux_loss().has_value());
-  });
+  }
 }
 
 // Under sequence parallelism each rank routes only its own tokens: over ep 2 x tp 2 with
