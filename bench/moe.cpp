@@ -9,8 +9,9 @@
 // Chunked rows: at the largest expert-parallel degree the same step with the token
 // exchange in C chunks (MoEOptions::num_chunks, default C = 2 and 4), taking turns with
 // C = 1; RESULT moe_chunked_speedup_ep<ep>_chunks<C> is tokens/s chunked over unchunked,
-// moe_chunked_speedup_bound_ep<ep>_chunks<C> the most C chunks could gain in the same run
-// (all but 1/C of the unchunked step's exchange wait hidden), and the a2a share of a
+// moe_chunked_speedup_bound_ep<ep>_chunks<C> what hiding all but 1/C of the unchunked
+// step's exchange wait would gain in the same run (an estimate, not a bound: two chunks
+// have passed it, gaining beyond the waits the dispatcher times), and the a2a share of a
 // chunked row is the time the step waited on its exchanges. "cores busy" is the share of
 // the step the cores this rank may run on were busy (/proc/stat: the rank, its
 // communication threads, the kernel moving the bytes); moe_chunked_speedup_core_bound_ep<ep>
@@ -199,9 +200,9 @@ int main(int argc, char** argv) {
                   double(tokens) / (median(r.ms) / 1e3));
       std::printf("RESULT moe_chunked_speedup_ep%lld_chunks%lld %.3f x\n", (long long)ep, (long long)chunks,
                   unchunked / median(r.ms));
-      // The most C chunks can gain: each chunk's exchange hides behind the other chunks'
-      // experts, but the first dispatch and the last combine have nothing to hide behind,
-      // so at best (1 - 1/C) of the unchunked step's exchange wait goes.
+      // Each chunk's exchange hides behind the other chunks' experts, but the first dispatch
+      // and the last combine have nothing to hide behind: (1 - 1/C) of the unchunked step's
+      // exchange wait goes.
       const double hidden = median(results[{ep, 1}].a2a_share) * (1 - 1.0 / double(chunks));
       std::printf("RESULT moe_chunked_speedup_bound_ep%lld_chunks%lld %.3f x\n", (long long)ep, (long long)chunks,
                   1 / (1 - hidden));
