@@ -371,6 +371,8 @@ TEST(ExpertParallel, CapacityFactorDropsOverflow) {
   expect_match(run, train(ref));
 }
 
+namespace {
+
 // The collectives each rank logs in one forward of a MoE layer (experts 8 wide) over
 // ep = 4, on random tokens [t, dim] split over the ranks.
 std::vector<std::vector<comm::CollectiveRecord>> collectives_of_forward(const nn::MoEOptions& o, int64_t t,
@@ -391,6 +393,8 @@ std::vector<std::vector<comm::CollectiveRecord>> collectives_of_forward(const nn
   });
   return logs;
 }
+
+}  // namespace
 
 // Dispatch and combine move exactly 2 * T * top_k * dim floats over all ranks (each
 // rank's input to the two token all-to-alls), plus one all-to-all of expert counts; no
