@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "hp/optim/chained.h"
 #include "hp/parallel.h"
@@ -132,9 +133,9 @@ inline LlamaRun train_llama(const LlamaRunSpec& spec) {
 }
 
 // float32 on both sides: relative `rtol` with an absolute floor for values near zero
-// (`param_atol` for the final parameters, `atol` otherwise).
+// (`param_atol`, if given, for the final parameters; `atol` otherwise).
 inline void expect_runs_match(const LlamaRun& run, const LlamaRun& ref, double rtol = 1e-5, double atol = 1e-6,
-                              double param_atol = 1e-6) {
+                              std::optional<double> param_atol = std::nullopt) {
   ASSERT_EQ(run.losses.size(), ref.losses.size());
   for (size_t i = 0; i < ref.losses.size(); ++i)
     EXPECT_NEAR(run.losses[i], ref.losses[i], rtol * std::abs(ref.losses[i])) << "loss at step " << i;
@@ -146,7 +147,7 @@ inline void expect_runs_match(const LlamaRun& run, const LlamaRun& ref, double r
         << what << ": max abs diff " << (got.to(at::kFloat) - want).abs().max().item<double>();
   };
   for (auto& [name, g] : ref.first_grads) close(run.first_grads.at(name), g, atol, "gradient of " + name);
-  for (auto& [name, p] : ref.final_params) close(run.final_params.at(name), p, param_atol, "parameter " + name);
+  for (auto& [name, p] : ref.final_params) close(run.final_params.at(name), p, param_atol.value_or(atol), "parameter " + name);
 }
 
 }  // namespace hp::testing
