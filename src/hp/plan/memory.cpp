@@ -227,7 +227,7 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
   }
   if (s.microbatches > 1) {
     mem.grads_at_activation_peak = mem.grads;
-    mem.activations_at_gradient_peak = mem.activations + mem.logits + mem.stage_inputs;
+    mem.activations_at_gradient_peak = mem.with_activations();
   } else {
     // The backward starts after the head's, whose weight's gradient is the first to exist,
     // and ends in the first layer, holding its saved activations and what it rematerializes.

@@ -80,9 +80,11 @@ struct MemoryBreakdown {
   double grads_at_activation_peak = 0;
   double activations_at_gradient_peak = 0;
   int64_t stage = 0;  // pipeline rank this breakdown is for
+  // What the activations' peak holds besides gradients.
+  double with_activations() const { return activations + logits + stage_inputs; }
   double total() const {
-    const double with_activations = activations + logits + stage_inputs;
-    const double varying = std::max(grads_at_activation_peak + with_activations, grads + activations_at_gradient_peak);
+    const double varying =
+        std::max(grads_at_activation_peak + with_activations(), grads + activations_at_gradient_peak);
     return params + optimizer + zero_buffers + ddp_buckets + varying;
   }
 };
