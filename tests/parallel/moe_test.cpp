@@ -421,18 +421,61 @@ TEST(ExpertParallel, DispatchMovesTheAnalyticBytes) {
   EXPECT_EQ(float_numel, 2 * t * k * dim);
 }
 
+namespace {
+
+// What two MoE layers (4 experts, ep 4) log besides their token exchanges: in their forward,
+// then in moe_aux_loss, then in update_expert_bias. Per rank.
+struct LoggedStep {
+  std::vector<std::string> forward, aux_loss, expert_loads;
+};
+
+std::vector<LoggedStep> collectives_beside_the_exchange(int64_t experts) {
+  std::vector<LoggedStep> logs(4);
+  comm::run_local_ranks(4, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {4}, {"ep"});
+    manual_seed(7);
+    nn::MoEOptions o;
+    o.num_experts = experts, o.top_k = 2, o.aux_loss_coef = 0.01;
+    nn::Sequential layers;
+    for (const char* name : {"a", "b"}) {
+      auto moe = std::make_shared<nn::MoE>(16, 8, o, mesh);
+      parallelize_module(*moe, mesh["ep"], {{"", ExpertParallel()}});
+      layers.append(name, moe);
+    }
+    DTensor x = hp::randn({16, 16}, mesh, {Shard(0)});
+    auto& log = comm::current_world()->collective_log();
+    auto others = [&log] {  // than the counts and token all-to-alls
+      std::vector<std::string> out;
+      for (const auto& r : log.records())
+        if (r.op != "all_to_all") out.push_back(r.to_string());
+      log.clear();
+      return out;
+    };
+    log.clear();
+    log.enable();
+    layers(x);
+    logs[rank].forward = others();
+    nn::moe_aux_loss(layers);
+    logs[rank].aux_loss = others();
+    nn::update_expert_bias(layers);
+    logs[rank].expert_loads = others();
+    log.enable(false);
+  });
+  return logs;
+}
+
+}  // namespace
+
 // The load-balancing loss reads two sums over the whole batch (assignments and scores per
-// expert); they are reduced in one all-reduce of both: each collective besides the token
-// exchange is a round trip on the layer's critical path.
-TEST(ExpertParallel, AuxLossSumsTakeOneAllReduce) {
+// expert). A layer's forward leaves them partial, so that no collective besides the token
+// exchange waits on its critical path; moe_aux_loss reduces every layer's in one
+// all-reduce. The loads the expert bias follows go the same way: one for all layers.
+TEST(ExpertParallel, AuxLossSumsOfAllLayersTakeOneAllReduce) {
   const int64_t experts = 4;
-  nn::MoEOptions o;
-  o.num_experts = experts, o.top_k = 2, o.aux_loss_coef = 0.01;
-  for (const auto& log : collectives_of_forward(o, 16, 16)) {
-    std::vector<std::string> others;  // than the counts and token all-to-alls
-    for (const auto& r : log)
-      if (r.op != "all_to_all") others.push_back(r.to_string());
-    EXPECT_EQ(others, std::vector<std::string>{"all_reduce [0, 1, 2, 3] Float x " + std::to_string(2 * experts)});
+  for (const LoggedStep& log : collectives_beside_the_exchange(experts)) {
+    EXPECT_EQ(log.forward, std::vector<std::string>{});
+    EXPECT_EQ(log.aux_loss, std::vector<std::string>{"all_reduce [0, 1, 2, 3] Float x " + std::to_string(2 * 2 * experts)});
+    EXPECT_EQ(log.expert_loads, std::vector<std::string>{"all_reduce [0, 1, 2, 3] Float x " + std::to_string(2 * experts)});
   }
 }
 

@@ -1,7 +1,6 @@
 #include "hp/nn/moe.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -54,25 +53,7 @@ bool grouped_kernel_takes(const at::Tensor& x, const at::Tensor& w) {
   return x.size(0) > 0 && w.size(0) > 0 && x.size(1) % align == 0 && w.size(2) % align == 0;
 }
 
-struct CarryAuxLoss : torch::autograd::Function<CarryAuxLoss> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& aux,
-                            double scale) {
-    ctx->saved_data["scale"] = scale;
-    ctx->saved_data["aux"] = aux.detach();  // its dtype and shape
-    return x;
-  }
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    const at::Tensor aux = ctx->saved_data["aux"].toTensor();
-    return {grads[0], at::full_like(aux, ctx->saved_data["scale"].toDouble()), at::Tensor()};
-  }
-};
-
 }  // namespace
-
-at::Tensor carry_aux_loss(const at::Tensor& x, const at::Tensor& aux, double scale) {
-  return CarryAuxLoss::apply(x, aux, scale);
-}
 
 at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts) {
   HP_CHECK(x.dim() == 2 && w.dim() == 3 && x.size(1) == w.size(1) && int64_t(counts.size()) == w.size(0))
@@ -152,34 +133,45 @@ Routing TokenChoiceTopKRouter::route(const DTensor& x) {
   split_dims_ = row_split_dims(x);
 
   if (o_.aux_loss_coef > 0) {
-    // coef * E * sum_e f_e P_e, f_e the share of assignments to expert e and P_e its mean
-    // score over the whole batch: sums over split rows become partial sums, then reduced,
-    // both in one all-reduce (each is a round trip on the layer's critical path).
-    std::vector<Placement> whole(x.device_mesh().ndim(), Replicate());
-    DTensor sums = cat({sum(DTensor(chosen.to(probs.scalar_type()), scores.device_mesh(), scores.spec()), {0}),
-                        sum(scores, {0})},
-                       0)
-                       .redistribute(whole);
-    DTensor load = narrow(sums, 0, 0, e), mass = narrow(sums, 0, e, e);
+    // Sums over split rows are partial sums; AuxLoss reduces them when the loss is read.
+    r.aux_sums = cat({sum(DTensor(chosen.to(probs.scalar_type()), scores.device_mesh(), scores.spec()), {0}),
+                      sum(scores, {0})},
+                     0);
     const double t = double(x.size(0));
-    const double scale = o_.aux_loss_coef * double(e) / (t * t * double(o_.top_k));
-    r.aux_loss = map(sum(mul(load, mass), {0}), [scale](const at::Tensor& v) { return v * scale; });
+    r.aux_scale = o_.aux_loss_coef * double(e) / (t * t * double(o_.top_k));
   }
   return r;
 }
 
-at::Tensor TokenChoiceTopKRouter::take_tokens_per_expert() {
-  at::Tensor counts = pending_counts_.clone();
-  pending_counts_.zero_();
-  if (mesh_)
-    for (int k : split_dims_) comm::all_reduce_(counts, mesh_->group(k));
+std::vector<at::Tensor> TokenChoiceTopKRouter::take_tokens_per_expert(
+    const std::vector<TokenChoiceTopKRouter*>& routers) {
+  std::vector<at::Tensor> counts;
+  for (TokenChoiceTopKRouter* r : routers) {
+    counts.push_back(r->pending_counts_.clone());
+    r->pending_counts_.zero_();
+  }
+  auto alike = [](const TokenChoiceTopKRouter* a, const TokenChoiceTopKRouter* b) {
+    return a->mesh_ && b->mesh_ && *a->mesh_ == *b->mesh_ && a->split_dims_ == b->split_dims_ &&
+           a->pending_counts_.scalar_type() == b->pending_counts_.scalar_type();
+  };
+  for (size_t first = 0; first < routers.size();) {  // one all-reduce per run of alike routers
+    size_t end = first + 1;
+    while (end < routers.size() && alike(routers[end], routers[first])) ++end;
+    const TokenChoiceTopKRouter& r = *routers[first];
+    if (r.mesh_ && !r.split_dims_.empty()) {
+      std::vector<at::Tensor> parts(counts.begin() + first, counts.begin() + end);
+      at::Tensor all = at::cat(parts);
+      for (int k : r.split_dims_) comm::all_reduce_(all, r.mesh_->group(k));
+      for (size_t i = first, offset = 0; i < end; offset += counts[i].numel(), ++i)
+        counts[i] = all.narrow(0, offset, counts[i].numel());
+    }
+    first = end;
+  }
   return counts;
 }
 
-at::Tensor TokenChoiceTopKRouter::update_expert_bias() {
-  at::Tensor counts = take_tokens_per_expert();
-  expert_bias_->to_local().add_(o_.bias_update_rate * at::sign(counts.mean() - counts));
-  return counts;
+void TokenChoiceTopKRouter::update_expert_bias(const at::Tensor& loads) {
+  expert_bias_->to_local().add_(o_.bias_update_rate * at::sign(loads.mean() - loads));
 }
 
 GroupedExperts::GroupedExperts(int64_t dim, int64_t hidden_dim, int64_t num_experts, const DeviceMesh& mesh)
@@ -296,11 +288,14 @@ DTensor MoE::forward(const DTensor& x) {
   DTensor y(routed, flat.device_mesh(), flat.spec());
   if (shared_experts_) y = add(y, shared ? *shared : (*shared_experts_)(flat));
   y = view(y, x.sizes());
-  const bool carry = aux_loss_carry_ > 0 && r.aux_loss;
-  if (carry) y = DTensor(carry_aux_loss(y.to_local(), r.aux_loss->to_local(), aux_loss_carry_), y.device_mesh(), y.spec());
-  if (!recomputing())  // the forward's, whose value the loss has already read
-    aux_loss_ = carry ? DTensor(r.aux_loss->to_local().detach(), r.aux_loss->device_mesh(), r.aux_loss->spec())
-                      : r.aux_loss;
+  if (!r.aux_sums) return y;
+  const bool carry = aux_loss_carry_ > 0;
+  const DTensor& sums = *r.aux_sums;
+  // Carried, the loss is a value only: its gradient comes from the carrying node.
+  auto loss = std::make_shared<AuxLoss>(carry ? DTensor(sums.to_local().detach(), sums.device_mesh(), sums.spec()) : sums,
+                                        r.aux_scale);
+  if (carry) y = DTensor(carry_aux_loss(y.to_local(), sums.to_local(), loss, aux_loss_carry_), y.device_mesh(), y.spec());
+  if (!recomputing()) aux_loss_ = std::move(loss);  // the forward's, whose value the loss reads
   return y;
 }
 
@@ -312,10 +307,14 @@ std::vector<MoE*> moe_layers(Module& model) {
 }
 
 double update_expert_bias(Module& model) {
+  const std::vector<MoE*> layers = moe_layers(model);
+  std::vector<TokenChoiceTopKRouter*> routers;
+  for (MoE* moe : layers) routers.push_back(&moe->router());
+  const std::vector<at::Tensor> loads = TokenChoiceTopKRouter::take_tokens_per_expert(routers);
   double worst = 0;
-  for (MoE* moe : moe_layers(model)) {
-    at::Tensor load = moe->options().load_balance_bias ? moe->router().update_expert_bias()
-                                                       : moe->router().take_tokens_per_expert();
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const at::Tensor& load = loads[i];
+    if (layers[i]->options().load_balance_bias) routers[i]->update_expert_bias(load);
     if (load.is_meta()) continue;  // a dry-run has shapes only
     const double mean = load.mean().item<double>();
     if (mean > 0) worst = std::max(worst, load.max().item<double>() / mean);
@@ -324,9 +323,12 @@ double update_expert_bias(Module& model) {
 }
 
 std::optional<DTensor> moe_aux_loss(Module& model) {
-  std::optional<DTensor> total;
+  std::vector<AuxLoss*> losses;
   for (MoE* moe : moe_layers(model))
-    if (moe->aux_loss()) total = total ? add(*total, *moe->aux_loss()) : *moe->aux_loss();
+    if (moe->aux_loss_) losses.push_back(moe->aux_loss_.get());
+  reduce_aux_losses(losses);
+  std::optional<DTensor> total;
+  for (AuxLoss* l : losses) total = total ? add(*total, l->value()) : l->value();
   return total;
 }
 

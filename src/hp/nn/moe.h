@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hp/nn/layers.h"
+#include "hp/nn/moe_aux_loss.h"
 #include "hp/nn/moe_options.h"
 #include "hp/nn/token_dispatcher.h"
 #include "hp/nn/transformer.h"
@@ -18,7 +19,11 @@ namespace hp::nn {
 struct Routing {
   at::Tensor indices;  // [T, top_k] expert ids, this rank's tokens
   at::Tensor weights;  // [T, top_k] routing weights (differentiable)
-  std::optional<DTensor> aux_loss;  // replicated scalar, with MoEOptions::aux_loss_coef > 0
+  // With MoEOptions::aux_loss_coef > 0: this rank's share of the load-balancing loss's two
+  // batch sums per expert [2E] (assignments, then scores), partial over the mesh dims the
+  // tokens are split over, and the loss's scale (AuxLoss).
+  std::optional<DTensor> aux_sums;
+  double aux_scale = 0;
 };
 
 // Scores tokens [T, D] against every expert (a bias-free Linear "gate") and picks top_k.
@@ -34,11 +39,11 @@ class TokenChoiceTopKRouter : public Module {
   const at::Tensor& expert_bias() const { return expert_bias_->to_local(); }
   // Tokens each expert received since the last take, summed over every rank holding
   // other tokens (the mesh dims the router's input is split over): the same on all ranks.
-  // The counts restart.
-  at::Tensor take_tokens_per_expert();
-  // bias += rate * sign(mean load - load) with the loads take_tokens_per_expert returns
-  // (which it returns too).
-  at::Tensor update_expert_bias();
+  // The counts restart. Several routers' in one all-reduce where their tokens are split alike.
+  static std::vector<at::Tensor> take_tokens_per_expert(const std::vector<TokenChoiceTopKRouter*>& routers);
+  at::Tensor take_tokens_per_expert() { return take_tokens_per_expert({this}).front(); }
+  // bias += rate * sign(mean load - load), `loads` from take_tokens_per_expert.
+  void update_expert_bias(const at::Tensor& loads);
 
  private:
   MoEOptions o_;
@@ -95,8 +100,9 @@ class MoE : public Module {
   // The dispatcher between router and experts; the default keeps every expert local.
   void set_token_dispatcher(std::shared_ptr<TokenDispatcher> dispatcher) { dispatcher_ = std::move(dispatcher); }
   TokenDispatcher& token_dispatcher() { return *dispatcher_; }
-  // The load-balancing loss of the last forward (already times aux_loss_coef).
-  const std::optional<DTensor>& aux_loss() const { return aux_loss_; }
+  // The load-balancing loss of the last forward (already times aux_loss_coef). Reading it
+  // reduces its batch sums over the ranks unless moe_aux_loss did: every rank must read it.
+  std::optional<DTensor> aux_loss() { return aux_loss_ ? std::optional<DTensor>(aux_loss_->value()) : std::nullopt; }
   // scale > 0: the auxiliary loss's gradient enters at this layer's output instead
   // (carry_aux_loss, as if scale * aux had been added to the loss) and aux_loss() is its
   // detached value: the gradient then reaches the router wherever the loss is (another
@@ -112,7 +118,8 @@ class MoE : public Module {
   std::shared_ptr<GroupedExperts> experts_;
   std::shared_ptr<MLP> shared_experts_;
   std::shared_ptr<TokenDispatcher> dispatcher_;
-  std::optional<DTensor> aux_loss_;
+  friend std::optional<DTensor> moe_aux_loss(Module& model);
+  std::shared_ptr<AuxLoss> aux_loss_;  // the last forward's
   double aux_loss_carry_ = 0;
 };
 
@@ -121,11 +128,8 @@ std::vector<MoE*> moe_layers(Module& model);
 // After the optimizer step: update_expert_bias on the routers that balance by bias, and
 // take the loads of the others. Returns the largest max / mean expert load of the layers.
 double update_expert_bias(Module& model);
-// The sum of the MoE layers' auxiliary losses of the last forward, if any.
+// The sum of the MoE layers' auxiliary losses of the last forward, if any: their batch
+// sums reduced in one all-reduce (reduce_aux_losses).
 std::optional<DTensor> moe_aux_loss(Module& model);
-// `x` itself, whose backward also gives `aux` (a scalar) the gradient `scale`, as if
-// scale * aux had been added to the loss: how a pipeline stage's auxiliary losses reach
-// the backward when the loss lives on another stage (Megatron's MoEAuxLossAutoScaler).
-at::Tensor carry_aux_loss(const at::Tensor& x, const at::Tensor& aux, double scale);
 
 }  // namespace hp::nn
