@@ -7,8 +7,9 @@
 // Equality. Chunks are row subsets of the unchunked grouped products (same tokens, same
 // routing, capacity applied before chunking), so the first forward, whose weights are
 // equal, is bitwise equal (the step-0 loss is compared exactly). The expert weights'
-// gradients are sums of C partial products instead of one, which rounds differently;
-// from there on values agree to float32 rounding: relative 1e-6, with an absolute floor
+// gradients are sums of C + 1 partial products (the rows that stay on their rank, then
+// each chunk's) instead of one, which rounds differently; from there on values agree to
+// float32 rounding: relative 1e-6, with an absolute floor
 // of 1e-6 (a few float32 steps of the parameters' size; AdamW's division by the root of
 // the second moment lifts rounding differences of small gradients to that size).
 #include <gtest/gtest.h>
@@ -191,11 +192,12 @@ TEST(MoEChunks, BitwiseEqualWithCollectivesOnTheCallingThread) {
       EXPECT_TRUE(at::equal((overlapped.*which).at(name), t)) << name << " differs";
 }
 
-// Chunked, dispatch and combine still move exactly 2 * T * top_k * dim floats over all
-// ranks, plus one all-to-all of the counts of every chunk.
+// Chunked, every assignment is dispatched once (T * top_k rows over all ranks); those
+// bound for another rank's experts cross in the token all-to-alls both ways, those for
+// the rank's own stay out of them, plus one all-to-all of the counts of every chunk.
 TEST(MoEChunks, DispatchMovesTheAnalyticBytes) {
   const int64_t t = 24, dim = 16, k = 2, experts = 6, chunks = 3;
-  std::vector<int64_t> float_numel(4);
+  std::vector<int64_t> float_numel(4), local_rows(4), sent_rows(4);
   comm::run_local_ranks(4, [&](int rank) {
     DeviceMesh mesh = init_device_mesh("cpu", {4}, {"ep"});
     manual_seed(7);
@@ -209,6 +211,9 @@ TEST(MoEChunks, DispatchMovesTheAnalyticBytes) {
     log.enable();
     DTensor y = moe(x);
     log.enable(false);
+    const auto& dispatcher = dynamic_cast<const AllToAllTokenDispatcher&>(moe.token_dispatcher());
+    local_rows[rank] = dispatcher.rows_local();
+    sent_rows[rank] = dispatcher.rows_sent();
     int counts_exchanges = 0, token_exchanges = 0;
     for (const auto& r : log.records()) {
       EXPECT_NE(r.op, "all_gather") << r.to_string();
@@ -224,7 +229,10 @@ TEST(MoEChunks, DispatchMovesTheAnalyticBytes) {
     EXPECT_EQ(counts_exchanges, 1);
     EXPECT_EQ(token_exchanges, 2 * chunks);
   });
-  EXPECT_EQ(float_numel[0] + float_numel[1] + float_numel[2] + float_numel[3], 2 * t * k * dim);
+  const auto sum = [](const std::vector<int64_t>& v) { return v[0] + v[1] + v[2] + v[3]; };
+  EXPECT_EQ(sum(sent_rows), t * k);
+  EXPECT_GT(sum(local_rows), 0);
+  EXPECT_EQ(sum(float_numel), 2 * (t * k - sum(local_rows)) * dim);
 }
 
 // The overlap's order, read from the collective log (which records each exchange when it
@@ -264,8 +272,8 @@ TEST(MoEChunks, ExchangesArePostedAheadOfTheExperts) {
   });
   const int64_t per_chunk = t / 2 / chunks;  // rank 0's 6 tokens in 3 chunks
   EXPECT_EQ(forward[0], (std::vector<int64_t>{per_chunk, per_chunk, per_chunk, 0, 0, 0}));
-  EXPECT_EQ(forward[1], (std::vector<int64_t>{per_chunk, per_chunk, per_chunk, 2 * per_chunk, 2 * per_chunk,
-                                              2 * per_chunk}));
+  // Rank 1's own tokens stay (expert 3 is its own): it sends none, and returns rank 0's.
+  EXPECT_EQ(forward[1], (std::vector<int64_t>{0, 0, 0, per_chunk, per_chunk, per_chunk}));
   EXPECT_EQ(backward[0], (std::vector<int64_t>{per_chunk, per_chunk, per_chunk, 0, 0, 0}));
 }
 

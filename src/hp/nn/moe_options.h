@@ -27,8 +27,9 @@ struct MoEOptions {
   // later tokens (in token order) are dropped. 0: dropless.
   double capacity_factor = 0;
   // Expert parallelism: the routed tokens go out and come back in this many chunks (split
-  // by token), one chunk's exchange running while another's experts compute, the shared
-  // experts behind the last exchange. 1: one exchange each way.
+  // by token), one chunk's exchange running while another's experts compute (first those
+  // of the tokens bound for the rank's own experts, which stay), the shared experts behind
+  // the last exchange. 1: one exchange each way.
   int64_t num_chunks = 1;
 
   void validate() const;  // throws naming the inconsistent fields

@@ -88,6 +88,7 @@ nn::DispatchedTokens AllToAllTokenDispatcher::exchange(const at::Tensor& sorted,
   at::Tensor received = exchange_rows(sorted, group_, send_splits_, recv_splits_, seconds_);
   sent_ = sorted.size(0);
   received_ = received.size(0);
+  local_ = send_splits_[group_.rank()];
 
   std::vector<int64_t> per_expert;
   by_expert_ = expert_major_order(a, p, mine.size, &per_expert).to(sorted.device());

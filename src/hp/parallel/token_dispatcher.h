@@ -5,7 +5,8 @@
 // is the inverse all-to-all. No token is gathered anywhere.
 //
 // With num_chunks > 1 the dispatcher runs the experts itself (token_dispatcher_chunks.cpp):
-// the tokens go out in chunks, every chunk's all-to-all posted at once on the progress
+// the rows bound for this rank's own experts stay and their experts run first, while the
+// others go out in chunks, every chunk's all-to-all posted at once on the progress
 // engine; each chunk's experts run as soon as it lands and its outputs go back at once,
 // behind the next chunk's experts. The backward does the same in reverse.
 #pragma once
@@ -30,6 +31,8 @@ class AllToAllTokenDispatcher : public nn::TokenDispatcher {
   // Rows this rank sent and received in the last dispatch's token all-to-all(s).
   int64_t rows_sent() const { return sent_; }
   int64_t rows_received() const { return received_; }
+  // Of those, the rows bound for this rank's own experts (chunked, they skip the exchange).
+  int64_t rows_local() const { return local_; }
   // Wall time this rank spent in the dispatcher's all-to-alls (counts and rows, forward
   // and backward; chunked, the time it waited on them) since construction or the last
   // reset: the exchange's exposed share of a step.
@@ -48,7 +51,7 @@ class AllToAllTokenDispatcher : public nn::TokenDispatcher {
   const comm::Group& group_;
   std::vector<int64_t> send_splits_, recv_splits_;  // rows per peer rank
   at::Tensor by_expert_;  // received rows reordered from (source, expert) to (expert, source)
-  int64_t sent_ = 0, received_ = 0;
+  int64_t sent_ = 0, received_ = 0, local_ = 0;
   std::shared_ptr<double> seconds_ = std::make_shared<double>(0);  // shared with backward closures
 };
 

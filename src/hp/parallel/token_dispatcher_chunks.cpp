@@ -1,11 +1,14 @@
 // Expert parallelism's exchange in chunks, overlapped with the experts.
 //
-// Forward: every chunk's dispatch all-to-all is posted at once (the progress engine runs
-// them in order); chunk c's experts run when it lands, while chunks c+1.. move, and its
-// combine all-to-all is posted at once, moving behind chunk c+1's experts; the shared
-// experts (behind_exchange) run behind the last one. Backward, in one graph node: every
-// chunk's combine gradient is posted at once; chunk c's expert backward runs when it
-// lands, and its dispatch gradient goes back behind chunk c+1's.
+// The rows bound for this rank's own experts need no exchange: they are the first chunk,
+// whose experts run at once while the others' rows travel, in num_chunks chunks by token.
+// Forward: every remote chunk's dispatch all-to-all is posted at once (the progress engine
+// runs them in order); the local chunk's experts run, then chunk c's when it lands, while
+// chunks c+1.. move, and its combine all-to-all is posted at once, moving behind chunk
+// c+1's experts; the shared experts (behind_exchange) run behind the last one. Backward,
+// in one graph node: every remote chunk's combine gradient is posted at once; the local
+// chunk's expert backward runs first, then chunk c's when it lands, and its dispatch
+// gradient goes back behind chunk c+1's.
 //
 // Each chunk's experts record their own graph, on leaves standing for the chunk's tokens
 // and the expert weights; the node's backward runs them one by one (as activation
@@ -13,7 +16,7 @@
 // order. Tokens and routing are those of one unchunked dispatch (capacity is applied
 // before chunking), so the experts see row subsets of the same products: the forward is
 // bitwise the unchunked one where the matrix kernels treat rows alike; the weight
-// gradients are sums of C partial products, equal up to float rounding.
+// gradients are sums of C + 1 partial products, equal up to float rounding.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/function.h>
@@ -39,9 +42,14 @@ std::string span_name(const char* what, size_t chunk) {
   return trace::enabled() ? std::string(what) + " chunk " + std::to_string(chunk) : std::string();
 }
 
-// The rows `rows` of a [N, D] result placed at `index` of a zero [n, D] tensor.
-at::Tensor scatter_rows(const at::Tensor& rows, const at::Tensor& index, int64_t n) {
-  return at::zeros({n, rows.size(1)}, rows.options()).index_copy_(0, index, rows);
+// Arrived rows [N, D] (by source, then expert) in expert order; `order` undefined: already.
+at::Tensor in_expert_order(const at::Tensor& rows, const at::Tensor& order) {
+  return order.defined() ? rows.index_select(0, order) : rows;
+}
+
+// The inverse: rows in expert order put back by source.
+at::Tensor by_source(const at::Tensor& rows, const at::Tensor& order) {
+  return order.defined() ? at::zeros_like(rows).index_copy_(0, order, rows) : rows;
 }
 
 struct ChunkedExperts {
@@ -56,6 +64,14 @@ struct ChunkedExperts {
   std::vector<at::Tensor> weights;  // leaves standing for the experts' weights
   std::vector<at::Tensor> inputs, outputs;  // per chunk: the experts' graph ends
 
+  // Chunk c's rows to the ranks of their experts (back: from them); the local chunk's stay.
+  comm::Pending exchange(const at::Tensor& rows, size_t c, bool back) const {
+    const Plan& p = *plan;
+    if (c == p.local) return comm::Pending::done(rows);
+    return back ? comm::all_to_all_async(rows, *group, 0, 0, p.recv[c], p.send[c])
+                : comm::all_to_all_async(rows, *group, 0, 0, p.send[c], p.recv[c]);
+  }
+
   at::Tensor wait(comm::Pending& p) const {
     const auto t0 = std::chrono::steady_clock::now();
     at::Tensor out = p.wait();
@@ -68,10 +84,9 @@ struct ChunkedExperts {
     const Plan& p = *plan;
     const size_t chunks = p.rows.size();
     std::vector<comm::Pending> out(chunks), back(chunks);
-    for (size_t c = 0; c < chunks; ++c)
-      out[c] = comm::all_to_all_async(sorted.index_select(0, p.rows[c]), *group, 0, 0, p.send[c], p.recv[c]);
+    for (size_t c = 0; c < chunks; ++c) out[c] = exchange(sorted.index_select(0, p.rows[c]), c, /*back=*/false);
     for (size_t c = 0; c < chunks; ++c) {
-      at::Tensor x = wait(out[c]).index_select(0, p.by_expert[c]);
+      at::Tensor x = in_expert_order(wait(out[c]), p.by_expert[c]);
       at::Tensor y;
       {
         trace::Span span("compute", span_name("experts", c));
@@ -80,8 +95,7 @@ struct ChunkedExperts {
         y = experts.run(x, p.per_expert[c], record ? weights : experts.weights);
       }
       if (record) inputs.push_back(x), outputs.push_back(y);
-      back[c] = comm::all_to_all_async(scatter_rows(y.detach(), p.by_expert[c], y.size(0)), *group, 0, 0, p.recv[c],
-                                       p.send[c]);
+      back[c] = exchange(by_source(y.detach(), p.by_expert[c]), c, /*back=*/true);
       if (c + 1 == chunks && behind_exchange) behind_exchange();
     }
     at::Tensor result = at::empty({p.kept, dim}, options);
@@ -95,11 +109,10 @@ struct ChunkedExperts {
     // Every rank runs every exchange, whether or not a gradient reached it.
     if (!grad.defined()) grad = at::zeros({p.kept, dim}, options);
     std::vector<comm::Pending> out(chunks), back(chunks);
-    for (size_t c = 0; c < chunks; ++c)
-      out[c] = comm::all_to_all_async(grad.index_select(0, p.rows[c]), *group, 0, 0, p.send[c], p.recv[c]);
+    for (size_t c = 0; c < chunks; ++c) out[c] = exchange(grad.index_select(0, p.rows[c]), c, /*back=*/false);
     variable_list weight_grads(weights.size());
     for (size_t c = 0; c < chunks; ++c) {
-      at::Tensor grad_y = wait(out[c]).index_select(0, p.by_expert[c]);
+      at::Tensor grad_y = in_expert_order(wait(out[c]), p.by_expert[c]);
       at::Tensor grad_x;
       {
         trace::Span span("compute", span_name("experts backward", c));
@@ -120,8 +133,7 @@ struct ChunkedExperts {
         }
       }
       if (!grad_x.defined()) grad_x = at::zeros({inputs[c].size(0), dim}, options);
-      back[c] = comm::all_to_all_async(scatter_rows(grad_x, p.by_expert[c], grad_x.size(0)), *group, 0, 0, p.recv[c],
-                                       p.send[c]);
+      back[c] = exchange(by_source(grad_x, p.by_expert[c]), c, /*back=*/true);
       inputs[c] = outputs[c] = at::Tensor();  // the chunk's graph is spent
     }
     at::Tensor grad_sorted = at::zeros({p.kept, dim}, options);
@@ -153,15 +165,33 @@ AllToAllTokenDispatcher::ChunkPlan AllToAllTokenDispatcher::plan_chunks(int64_t 
 
   ChunkPlan plan;
   plan.kept = tokens.size(0);
+  std::vector<int64_t> local_rows, local_per_expert;  // the rows of this rank's experts
   std::vector<std::vector<int64_t>> rows(chunks);
-  std::vector<int64_t> counts(chunks * experts, 0);  // [chunk][expert]
+  std::vector<int64_t> counts(chunks * experts, 0);  // [chunk][expert], the other ranks' experts
   int64_t row = 0;
-  for (int64_t e = 0; e < experts; ++e)
+  for (int64_t e = 0; e < experts; ++e) {
+    const bool local = e >= mine.offset && e < mine.offset + mine.size;
+    if (local) local_per_expert.push_back(per_expert[e]);
     for (int64_t i = 0; i < per_expert[e]; ++i, ++row) {
+      if (local) {
+        local_rows.push_back(row);
+        continue;
+      }
       const int64_t c = token[row] / step;
       rows[c].push_back(row);
       ++counts[c * experts + e];
     }
+  }
+  const at::Device device = sorted_token_ids().device();
+  plan.local = 0;  // already in expert order, and nothing to exchange
+  plan.rows.push_back(at::tensor(local_rows, at::kLong).to(device));
+  plan.by_expert.emplace_back();
+  plan.per_expert.push_back(std::move(local_per_expert));
+  plan.send.emplace_back(p, 0);
+  plan.recv.emplace_back(p, 0);
+  plan.send[0][me] = plan.recv[0][me] = static_cast<int64_t>(local_rows.size());
+  sent_ = received_ = local_ = static_cast<int64_t>(local_rows.size());
+
   // Counts first, every chunk's in one all-to-all: rank r gets [chunk][its experts].
   std::vector<int64_t> outgoing, count_splits(p), count_arrivals(p, chunks * mine.size);
   for (int r = 0; r < p; ++r) {
@@ -176,8 +206,6 @@ AllToAllTokenDispatcher::ChunkPlan AllToAllTokenDispatcher::plan_chunks(int64_t 
   *seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const int64_t* a = arrived.data_ptr<int64_t>();  // [source][chunk][my expert]
 
-  const at::Device device = sorted_token_ids().device();
-  sent_ = received_ = 0;
   for (int64_t c = 0; c < chunks; ++c) {
     std::vector<int64_t> send(p, 0), recv(p, 0), this_chunk(p * mine.size);
     for (int r = 0; r < p; ++r) {
