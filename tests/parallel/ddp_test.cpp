@@ -111,6 +111,29 @@ TEST(DistributedDataParallel, BucketsShrinkAcrossHostsOnly) {
   }
 }
 
+// The gradients that set the across-host bucket size are those DDP reduces: experts
+// sharded over the DDP dim (here 8x the rest) hold other parameters on each rank and are
+// in no bucket, so they must not make the buckets larger (too few to overlap backward).
+TEST(DistributedDataParallel, BucketsAcrossHostsCountOnlyReducedGradients) {
+  comm::run_local_ranks(
+      2,
+      [&](int) {
+        DeviceMesh mesh = init_device_mesh("cpu", {2}, {"ep"});
+        nn::MoELlamaConfig c = hp::testing::tiny_moe_llama();
+        c.moe_hidden_dim = 1024;
+        nn::MoELlama model(c, mesh);
+        expert_parallelize_moe_llama(model, mesh["ep"]);
+        int64_t experts = 0, others = 0;
+        for (auto& [name, p] : model.named_parameters())
+          (name.find(".experts.") != std::string::npos ? experts : others) += p->to_local().numel();
+        ASSERT_GT(experts, 4 * others);
+        DDPOptions o;
+        o.first_bucket_cap_mb = 0.001;
+        EXPECT_GE(DistributedDataParallel(model, mesh, o).num_buckets(), o.min_buckets);
+      },
+      std::chrono::seconds(60), /*ranks_per_host=*/1);
+}
+
 // Replicas that initialise differently (each rank its own seed) start equal: every rank's
 // parameters are those of its data-parallel group's rank 0, bitwise, alone (3 ranks) and
 // beside tensor parallelism (the tp pieces differ; each dp group holds one of them).

@@ -100,15 +100,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, const Devic
     HP_CHECK(!awaits_init(*p)) << not_drawn_yet("DistributedDataParallel: parameter '" + name + "'", "first");
   auto params = module.parameters();
   std::reverse(params.begin(), params.end());  // backward meets the last parameters first
-  const int64_t cap = static_cast<int64_t>(options.bucket_cap_mb * (1 << 20));
-  const int64_t first_cap = std::min(cap, static_cast<int64_t>(options.first_bucket_cap_mb * (1 << 20)));
-  int64_t across_hosts_cap = cap;
-  if (options.min_buckets > 1) {
-    int64_t total = 0;
-    for (DTensor* p : params) total += p->to_local().numel() * p->to_local().element_size();
-    across_hosts_cap = std::min(cap, std::max(first_cap, total / options.min_buckets));
-  }
-  int64_t bytes = 0;
+  std::vector<std::pair<DTensor*, const comm::Group*>> reduced;  // and the group summing each
   for (DTensor* p : params) {
     const DeviceMesh& pm = p->device_mesh();
     // Summed over the dims of `mesh` that replicate p; a dim that shards it (experts over
@@ -135,6 +127,18 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, const Devic
       state_->flattened.push_back(pm.submesh(dim_names).flatten());
       group = &state_->flattened.back().group(0);
     }
+    reduced.emplace_back(p, group);
+  }
+  const int64_t cap = static_cast<int64_t>(options.bucket_cap_mb * (1 << 20));
+  const int64_t first_cap = std::min(cap, static_cast<int64_t>(options.first_bucket_cap_mb * (1 << 20)));
+  int64_t across_hosts_cap = cap;
+  if (options.min_buckets > 1) {  // of the gradients reduced here, not those of sharded parameters
+    int64_t total = 0;
+    for (auto [p, group] : reduced) total += p->to_local().numel() * p->to_local().element_size();
+    across_hosts_cap = std::min(cap, std::max(first_cap, total / options.min_buckets));
+  }
+  int64_t bytes = 0;
+  for (auto [p, group] : reduced) {
     auto& buckets = state_->buckets;
     const int64_t size = p->to_local().numel() * p->to_local().element_size();
     const int64_t later_cap = group->on_one_host() ? cap : across_hosts_cap;
