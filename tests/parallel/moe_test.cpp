@@ -423,16 +423,18 @@ TEST(ExpertParallel, DispatchMovesTheAnalyticBytes) {
 
 namespace {
 
-// What two MoE layers (4 experts, ep 4) log besides their token exchanges: in their forward,
-// then in moe_aux_loss, then in update_expert_bias. Per rank.
+// What two MoE layers (4 experts, ep = ranks) log besides their token exchanges: in their
+// forward, then in moe_aux_loss, then in update_expert_bias; and the loss, with the sum of
+// the layers' losses each reduced alone in a forward before. Per rank.
 struct LoggedStep {
   std::vector<std::string> forward, aux_loss, expert_loads;
+  double loss = 0, layer_by_layer = 0;
 };
 
-std::vector<LoggedStep> collectives_beside_the_exchange(int64_t experts) {
-  std::vector<LoggedStep> logs(4);
-  comm::run_local_ranks(4, [&](int rank) {
-    DeviceMesh mesh = init_device_mesh("cpu", {4}, {"ep"});
+std::vector<LoggedStep> collectives_beside_the_exchange(int64_t experts, int ranks) {
+  std::vector<LoggedStep> logs(ranks);
+  comm::run_local_ranks(ranks, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {ranks}, {"ep"});
     manual_seed(7);
     nn::MoEOptions o;
     o.num_experts = experts, o.top_k = 2, o.aux_loss_coef = 0.01;
@@ -443,6 +445,9 @@ std::vector<LoggedStep> collectives_beside_the_exchange(int64_t experts) {
       layers.append(name, moe);
     }
     DTensor x = hp::randn({16, 16}, mesh, {Shard(0)});
+    layers(x);
+    for (nn::MoE* moe : nn::moe_layers(layers))
+      logs[rank].layer_by_layer += moe->aux_loss()->full_tensor().item<double>();
     auto& log = comm::current_world()->collective_log();
     auto others = [&log] {  // than the counts and token all-to-alls
       std::vector<std::string> out;
@@ -455,7 +460,7 @@ std::vector<LoggedStep> collectives_beside_the_exchange(int64_t experts) {
     log.enable();
     layers(x);
     logs[rank].forward = others();
-    nn::moe_aux_loss(layers);
+    logs[rank].loss = nn::moe_aux_loss(layers)->full_tensor().item<double>();
     logs[rank].aux_loss = others();
     nn::update_expert_bias(layers);
     logs[rank].expert_loads = others();
@@ -469,10 +474,14 @@ std::vector<LoggedStep> collectives_beside_the_exchange(int64_t experts) {
 // The load-balancing loss reads two sums over the whole batch (assignments and scores per
 // expert). A layer's forward leaves them partial, so that no collective besides the token
 // exchange waits on its critical path; moe_aux_loss reduces every layer's in one
-// all-reduce. The loads the expert bias follows go the same way: one for all layers.
+// all-reduce. The loads the expert bias follows go the same way: one for all layers. The
+// loss is the one-process value on every rank.
 TEST(ExpertParallel, AuxLossSumsOfAllLayersTakeOneAllReduce) {
   const int64_t experts = 4;
-  for (const LoggedStep& log : collectives_beside_the_exchange(experts)) {
+  const double one_process = collectives_beside_the_exchange(experts, 1).at(0).loss;
+  for (const LoggedStep& log : collectives_beside_the_exchange(experts, 4)) {
+    EXPECT_NEAR(log.loss, one_process, 1e-6 * one_process);
+    EXPECT_NEAR(log.loss, log.layer_by_layer, 1e-6 * one_process);
     EXPECT_EQ(log.forward, std::vector<std::string>{});
     EXPECT_EQ(log.aux_loss, std::vector<std::string>{"all_reduce [0, 1, 2, 3] Float x " + std::to_string(2 * 2 * experts)});
     EXPECT_EQ(log.expert_loads, std::vector<std::string>{"all_reduce [0, 1, 2, 3] Float x " + std::to_string(2 * experts)});
