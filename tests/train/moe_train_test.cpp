@@ -214,10 +214,17 @@ INSTANTIATE_TEST_SUITE_P(
                       StagedLayout{{2, 2, 2}, {"pp", "dp", "ep"}, "gpipe", 1, true, "fsdp"},
                       StagedLayout{{2, 2}, {"pp", "tp"}, "1f1b", 2, false, "ddp", true}));
 
+// A shared expert runs behind the chunks' last exchange, or after the chunks under a
+// selective checkpoint, whose recompute must meet the same ops as its forward.
+train::TrainConfig with_shared_expert(train::TrainConfig c) {
+  c.moe.num_shared_experts = 1;
+  return c;
+}
+
 // Activation checkpointing of the blocks (full, selective, budget 0.5) changes no number:
 // every loss and every parameter after 5 steps, expert biases included, bitwise those of
 // the same layout without, on one rank, dp 2 x ep 2 (ddp, and zero2), ep 4 with the token
-// exchange in 2 chunks, ep 2 x tp 2 with sequence parallelism under fully_shard, and
+// exchange in 2 chunks and a shared expert, ep 2 x tp 2 with sequence parallelism under fully_shard, and
 // pp 2 x ep 2 (1F1B, 2 microbatches). The auxiliary loss's gradient rides on each MoE
 // layer's output, so a full recompute builds it again; the recompute routes the same
 // tokens without counting their loads twice; under fully_shard the full recompute gathers
@@ -232,7 +239,8 @@ TEST(MoETrainingCheckpoint, ChangesNoNumber) {
       {"dp=2 x ep=2", [](const std::string& d) { return config(Layout{{2, 2}, {"dp", "ep"}}, d); }},
       {"ep=2 x tp=2 fsdp sp", [](const std::string& d) { return config(Layout{{2, 2}, {"ep", "tp"}, "fsdp", true}, d); }},
       {"dp=2 x ep=2 zero2", [](const std::string& d) { return config(Layout{{2, 2}, {"dp", "ep"}, "zero2"}, d); }},
-      {"ep=4 chunks=2", [](const std::string& d) { return config(Layout{{4}, {"ep"}, "ddp", false, 2}, d); }},
+      {"ep=4 chunks=2 shared",
+       [](const std::string& d) { return with_shared_expert(config(Layout{{4}, {"ep"}, "ddp", false, 2}, d)); }},
       {"pp=2 x ep=2 1f1b",
        [](const std::string& d) { return staged_config(StagedLayout{{2, 2}, {"pp", "ep"}, "1f1b", 2, true}, d); }},
   };
@@ -259,20 +267,24 @@ TEST(MoETrainingCheckpoint, ChangesNoNumber) {
 
 // The token exchanges are observed collectives: a selective recompute keeps what they
 // received and issues the same all-to-alls as the step without checkpointing (ep 2, rank
-// 0's log of step 3); a full recompute exchanges again.
+// 0's log of step 3), in one exchange or in chunks (a shared expert beside); a full
+// recompute exchanges again.
 TEST(MoETrainingCheckpoint, SelectiveExchangesTokensOnce) {
-  auto all_to_alls = [](const std::string& mode) {
-    train::TrainConfig c = config(Layout{{2}, {"ep"}}, fresh_dir("exchanges"));
-    c.memory.activation_checkpoint = mode;
-    int64_t n = 0;
-    for (const auto& r : hp::testing::collectives_of_step(c, 3)) n += r.op == "all_to_all";
-    fs::remove_all(c.checkpoint.dir);
-    return n;
-  };
-  const int64_t none = all_to_alls(""), selective = all_to_alls("selective"), full = all_to_alls("full");
-  EXPECT_GT(none, 0);
-  EXPECT_EQ(selective, none);
-  EXPECT_GT(full, none);
+  for (int64_t chunks : {1, 2}) {
+    auto all_to_alls = [chunks](const std::string& mode) {
+      const Layout l{{2}, {"ep"}, "ddp", false, chunks};
+      train::TrainConfig c = with_shared_expert(config(l, fresh_dir("exchanges")));
+      c.memory.activation_checkpoint = mode;
+      int64_t n = 0;
+      for (const auto& r : hp::testing::collectives_of_step(c, 3)) n += r.op == "all_to_all";
+      fs::remove_all(c.checkpoint.dir);
+      return n;
+    };
+    const int64_t none = all_to_alls(""), selective = all_to_alls("selective"), full = all_to_alls("full");
+    EXPECT_GT(none, 0) << chunks << " chunks";
+    EXPECT_EQ(selective, none) << chunks << " chunks";
+    EXPECT_GT(full, none) << chunks << " chunks";
+  }
 }
 
 TEST(MoETrainingResume, AResumedRunContinuesBitwiseWithItsExpertBias) {

@@ -10,6 +10,7 @@
 #include "hp/base/strings.h"
 #include "hp/comm/autograd.h"
 #include "hp/comm/collectives.h"
+#include "hp/tensor/op_observer.h"
 #include "hp/tensor/ops.h"
 #include "hp/tensor/recompute_scope.h"
 
@@ -274,9 +275,10 @@ DTensor MoE::forward(const DTensor& x) {
   at::Tensor per_choice;  // [T, top_k, D]
   std::optional<DTensor> shared;
   if (dispatcher_->pipelines()) {
-    // The shared experts compute while the routed tokens' last exchange is in flight.
+    // The shared experts compute while the routed tokens' last exchange is in flight;
+    // under a selective checkpoint after it, where its observer sees their ops.
     std::function<void()> run_shared;
-    if (shared_experts_) run_shared = [&] { shared = (*shared_experts_)(flat); };
+    if (shared_experts_ && !observing()) run_shared = [&] { shared = (*shared_experts_)(flat); };
     at::Tensor sorted = dispatcher_->sort(flat.to_local(), r.indices, o_.num_experts);
     per_choice = dispatcher_->unsort(experts_->run_through(*dispatcher_, sorted, flat.placements(), run_shared));
   } else {

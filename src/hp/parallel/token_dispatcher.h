@@ -47,6 +47,8 @@ class AllToAllTokenDispatcher : public nn::TokenDispatcher {
 
  private:
   ChunkPlan plan_chunks(int64_t chunks);
+  at::Tensor run_chunked(const at::Tensor& sorted, const nn::ExpertFunction& experts,
+                         const std::function<void()>& behind_exchange);
 
   const comm::Group& group_;
   std::vector<int64_t> send_splits_, recv_splits_;  // rows per peer rank

@@ -31,6 +31,7 @@
 #include "hp/comm/trace.h"
 #include "hp/layout/shard_spec.h"
 #include "hp/parallel/token_dispatcher_chunks.h"
+#include "hp/tensor/op_observer.h"
 #include "hp/tensor/weight_outputs.h"
 
 namespace hp {
@@ -234,6 +235,14 @@ at::Tensor AllToAllTokenDispatcher::run_experts(const at::Tensor& sorted, const 
       << "MoE num_chunks " << options().num_chunks << ": a split backward (zero-bubble schedules' I and W) cannot "
       << "run through the chunked experts, whose one backward node computes both; use num_chunks = 1 or a schedule "
       << "without split backwards (1f1b, gpipe, interleaved-1f1b)";
+  // One observed collective for the whole exchange and the experts inside it: a selective
+  // checkpoint's recompute hands back its result instead of exchanging again.
+  return observe_collective("chunked token all_to_all", sorted,
+                            [&] { return run_chunked(sorted, experts, behind_exchange); });
+}
+
+at::Tensor AllToAllTokenDispatcher::run_chunked(const at::Tensor& sorted, const nn::ExpertFunction& experts,
+                                                const std::function<void()>& behind_exchange) {
   auto state = std::make_shared<ChunkedExperts>();
   state->group = &group_;
   state->plan = std::make_shared<const ChunkPlan>(plan_chunks(options().num_chunks));

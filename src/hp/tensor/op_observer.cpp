@@ -28,6 +28,8 @@ std::string ObservedOp::name() const {
 ScopedOpObserver::ScopedOpObserver(OpObserver* observer) : previous_(t_observer) { t_observer = observer; }
 ScopedOpObserver::~ScopedOpObserver() { t_observer = previous_; }
 
+bool observing() { return t_observer != nullptr; }
+
 at::Tensor observe_op(const ObservedOp& op, const std::function<at::Tensor()>& compute) {
   if (!t_observer || t_depth > 0) return compute();
   struct Depth {

@@ -46,6 +46,11 @@ class ScopedOpObserver {
   OpObserver* previous_;
 };
 
+// Whether this thread's ops run through an observer (a selective checkpoint's forward or
+// recompute): code that would run some of them inside another observed op, where the
+// observer cannot see them, runs them on their own instead.
+bool observing();
+
 // compute() through the observer; ops nested inside an observed one are not observed
 // (their outer op stands for them).
 at::Tensor observe_op(const ObservedOp& op, const std::function<at::Tensor()>& compute);
