@@ -147,7 +147,8 @@ inline void expect_runs_match(const LlamaRun& run, const LlamaRun& ref, double r
         << what << ": max abs diff " << (got.to(at::kFloat) - want).abs().max().item<double>();
   };
   for (auto& [name, g] : ref.first_grads) close(run.first_grads.at(name), g, atol, "gradient of " + name);
-  for (auto& [name, p] : ref.final_params) close(run.final_params.at(name), p, param_atol.value_or(atol), "parameter " + name);
+  for (auto& [name, p] : ref.final_params)
+    close(run.final_params.at(name), p, param_atol.value_or(atol), "parameter " + name);
 }
 
 }  // namespace hp::testing

@@ -152,8 +152,7 @@ std::vector<at::Tensor> TokenChoiceTopKRouter::take_tokens_per_expert(
     r->pending_counts_.zero_();
   }
   auto alike = [](const TokenChoiceTopKRouter* a, const TokenChoiceTopKRouter* b) {
-    return a->mesh_ && b->mesh_ && *a->mesh_ == *b->mesh_ && a->split_dims_ == b->split_dims_ &&
-           a->pending_counts_.scalar_type() == b->pending_counts_.scalar_type();
+    return a->mesh_ && b->mesh_ && *a->mesh_ == *b->mesh_ && a->split_dims_ == b->split_dims_;
   };
   for (size_t first = 0; first < routers.size();) {  // one all-reduce per run of alike routers
     size_t end = first + 1;
@@ -294,9 +293,9 @@ DTensor MoE::forward(const DTensor& x) {
   const bool carry = aux_loss_carry_ > 0;
   const DTensor& sums = *r.aux_sums;
   // Carried, the loss is a value only: its gradient comes from the carrying node.
-  auto loss = std::make_shared<AuxLoss>(carry ? DTensor(sums.to_local().detach(), sums.device_mesh(), sums.spec()) : sums,
-                                        r.aux_scale);
-  if (carry) y = DTensor(carry_aux_loss(y.to_local(), sums.to_local(), loss, aux_loss_carry_), y.device_mesh(), y.spec());
+  auto loss = std::make_shared<AuxLoss>(carry ? sums.detach() : sums, r.aux_scale);
+  if (carry)
+    y = DTensor(carry_aux_loss(y.to_local(), sums.to_local(), loss, aux_loss_carry_), y.device_mesh(), y.spec());
   if (!recomputing()) aux_loss_ = std::move(loss);  // the forward's, whose value the loss reads
   return y;
 }

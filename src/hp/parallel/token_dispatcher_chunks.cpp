@@ -45,12 +45,12 @@ std::string span_name(const char* what, size_t chunk) {
 
 // Arrived rows [N, D] (by source, then expert) in expert order; `order` undefined: already.
 at::Tensor in_expert_order(const at::Tensor& rows, const at::Tensor& order) {
-  return order.defined() ? rows.index_select(0, order) : rows;
+  return order.defined() ? nn::select_rows(rows, order) : rows;
 }
 
 // The inverse: rows in expert order put back by source.
 at::Tensor by_source(const at::Tensor& rows, const at::Tensor& order) {
-  return order.defined() ? at::zeros_like(rows).index_copy_(0, order, rows) : rows;
+  return order.defined() ? nn::place_rows(rows, order, rows.size(0)) : rows;
 }
 
 struct ChunkedExperts {
@@ -68,7 +68,7 @@ struct ChunkedExperts {
   // Chunk c's rows to the ranks of their experts (back: from them); the local chunk's stay.
   comm::Pending exchange(const at::Tensor& rows, size_t c, bool back) const {
     const Plan& p = *plan;
-    if (c == p.local) return comm::Pending::done(rows);
+    if (c == Plan::local) return comm::Pending::done(rows);
     return back ? comm::all_to_all_async(rows, *group, 0, 0, p.recv[c], p.send[c])
                 : comm::all_to_all_async(rows, *group, 0, 0, p.send[c], p.recv[c]);
   }
@@ -184,13 +184,13 @@ AllToAllTokenDispatcher::ChunkPlan AllToAllTokenDispatcher::plan_chunks(int64_t 
     }
   }
   const at::Device device = sorted_token_ids().device();
-  plan.local = 0;  // already in expert order, and nothing to exchange
+  // Chunk `local`: already in expert order, and nothing to exchange.
   plan.rows.push_back(at::tensor(local_rows, at::kLong).to(device));
   plan.by_expert.emplace_back();
   plan.per_expert.push_back(std::move(local_per_expert));
   plan.send.emplace_back(p, 0);
   plan.recv.emplace_back(p, 0);
-  plan.send[0][me] = plan.recv[0][me] = static_cast<int64_t>(local_rows.size());
+  plan.send.back()[me] = plan.recv.back()[me] = static_cast<int64_t>(local_rows.size());
   sent_ = received_ = local_ = static_cast<int64_t>(local_rows.size());
 
   // Counts first, every chunk's in one all-to-all: rank r gets [chunk][its experts].

@@ -23,7 +23,7 @@ struct AllToAllTokenDispatcher::ChunkPlan {
   std::vector<std::vector<int64_t>> send, recv;   // per chunk: rows to / from each peer
   std::vector<at::Tensor> by_expert;              // per chunk: arrived rows in expert order (undefined: already)
   std::vector<std::vector<int64_t>> per_expert;   // per chunk: rows per local expert
-  size_t local = 0;                               // the chunk that is not exchanged
+  static constexpr size_t local = 0;              // the chunk that is not exchanged
   int64_t kept = 0;                               // sorted rows in all
 };
 
