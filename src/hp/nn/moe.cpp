@@ -70,6 +70,9 @@ at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const std::vecto
     at::Tensor offs = at::tensor(ends, at::TensorOptions().dtype(at::kInt)).to(x.device());
     return at::_grouped_mm(x.contiguous(), w, offs);
   }
+  // A dry-run: the kernel's shapes, and its backward's ([N, K] for x, [G, K, M] for w), by
+  // one product; the split below would make each group a gradient of x's whole size.
+  if (x.is_meta() && w.size(0) > 0) return x.matmul(w.select(0, 0));
   // No experts here: zeros still linked to x and w, so that every rank runs the same
   // backward collectives (an all-to-all whose output gets no gradient would be skipped).
   if (w.size(0) == 0) return x.matmul(w.new_zeros({w.size(1), w.size(2)})) + w.sum() * 0;
@@ -285,7 +288,7 @@ DTensor MoE::forward(const DTensor& x) {
     at::Tensor out = experts_->run(in.tokens, in.tokens_per_expert, flat.placements());
     per_choice = dispatcher_->combine(out);
   }
-  at::Tensor routed = (per_choice * r.weights.unsqueeze(-1).to(per_choice.scalar_type())).sum(1);
+  at::Tensor routed = weighted_sum_of_choices(per_choice, r.weights.to(per_choice.scalar_type()));
   DTensor y(routed, flat.device_mesh(), flat.spec());
   if (shared_experts_) y = add(y, shared ? *shared : (*shared_experts_)(flat));
   y = view(y, x.sizes());

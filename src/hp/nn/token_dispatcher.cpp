@@ -1,6 +1,7 @@
 #include "hp/nn/token_dispatcher.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
 
@@ -9,21 +10,70 @@
 namespace hp::nn {
 namespace {
 
-// A dry-run's stand-in for gathered or placed rows: linked to x for autograd, and new
-// storage as the real index_select's or index_copy's, so that its bytes count.
-at::Tensor linked_rows(const at::Tensor& x, int64_t rows) {
-  return (x.sum(0, true) * 0).expand({rows, x.size(1)}).contiguous();
-}
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// index_select and index_copy keep for their backward only the index (ATen's index_copy
+// would keep its whole source, the experts' outputs, for its shape). Meta tensors (a
+// dry-run) have no index kernels: there, storage of the shapes the kernels allocate.
+struct SelectRows : torch::autograd::Function<SelectRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& index) {
+    ctx->save_for_backward({index});
+    ctx->saved_data["rows"] = x.size(0);
+    return x.is_meta() ? at::empty({index.size(0), x.size(1)}, x.options()) : x.index_select(0, index);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor& grad = grads[0];
+    const at::Tensor index = ctx->get_saved_variables()[0];
+    at::Tensor dx = at::zeros({ctx->saved_data["rows"].toInt(), grad.size(1)}, grad.options());
+    if (!grad.is_meta()) dx.index_add_(0, index, grad);  // as ATen's index_select backward
+    return {dx, at::Tensor()};
+  }
+};
+
+struct PlaceRows : torch::autograd::Function<PlaceRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& src, const at::Tensor& index, int64_t rows) {
+    ctx->save_for_backward({index});
+    at::Tensor out = at::zeros({rows, src.size(1)}, src.options());
+    return src.is_meta() ? out : out.index_copy_(0, index, src);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor& grad = grads[0];
+    const at::Tensor index = ctx->get_saved_variables()[0];
+    at::Tensor dsrc = grad.is_meta() ? at::empty({index.size(0), grad.size(1)}, grad.options())
+                                     : grad.index_select(0, index);
+    return {dsrc, at::Tensor(), at::Tensor()};
+  }
+};
+
+// Autograd's product rule would hold two [T, top_k, D] gradients at once (the outputs', and
+// the product the weights' gradient reduces), the largest tensors of a MoE layer's
+// backward; this backward reduces the weights' first, then makes the outputs'. The same
+// ops as the product rule's, so the same bits.
+struct WeightedChoices : torch::autograd::Function<WeightedChoices> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& outputs, const at::Tensor& weights) {
+    ctx->save_for_backward({outputs, weights});
+    return (outputs * weights.unsqueeze(-1)).sum(1);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor grad = grads[0].unsqueeze(1);
+    at::Tensor grad_weights = ctx->needs_input_grad(1) ? (grad * saved[0]).sum(-1) : at::Tensor();
+    at::Tensor grad_outputs = ctx->needs_input_grad(0) ? grad * saved[1].unsqueeze(-1) : at::Tensor();
+    return {grad_outputs, grad_weights};
+  }
+};
 
 }  // namespace
 
-at::Tensor select_rows(const at::Tensor& x, const at::Tensor& index) {
-  return x.is_meta() ? linked_rows(x, index.size(0)) : x.index_select(0, index);
-}
+at::Tensor select_rows(const at::Tensor& x, const at::Tensor& index) { return SelectRows::apply(x, index); }
 
 at::Tensor place_rows(const at::Tensor& src, const at::Tensor& index, int64_t rows) {
-  if (src.is_meta()) return linked_rows(src, rows);
-  return at::zeros({rows, src.size(1)}, src.options()).index_copy(0, index, src);
+  return PlaceRows::apply(src, index, rows);
+}
+
+at::Tensor weighted_sum_of_choices(const at::Tensor& outputs, const at::Tensor& weights) {
+  return WeightedChoices::apply(outputs, weights);
 }
 
 DispatchedTokens TokenDispatcher::dispatch(const at::Tensor& tokens, const at::Tensor& indices, int64_t num_experts) {

@@ -42,12 +42,16 @@ struct DispatchedTokens {
   std::vector<int64_t> tokens_per_expert; // one count per expert this rank holds
 };
 
-// x.index_select(0, index). Meta tensors (a dry-run) have no such kernel: there, a tensor
-// of the result's shape that autograd links to x.
+// x.index_select(0, index), its backward keeping only the index. On meta tensors (a
+// dry-run), storage of the result's shape.
 at::Tensor select_rows(const at::Tensor& x, const at::Tensor& index);
-// A [rows, D] tensor of zeros with src's rows at `index` (index_copy); on meta tensors,
-// the shape linked to src.
+// A [rows, D] tensor of zeros with src's rows at `index` (index_copy), its backward keeping
+// only the index (not src, as ATen's would); on meta tensors, zeros of that shape.
 at::Tensor place_rows(const at::Tensor& src, const at::Tensor& index, int64_t rows);
+// The experts' outputs [T, top_k, D] weighted by the routing weights [T, top_k] and summed
+// over the choices: (outputs * weights[..., None]).sum(1), whose backward holds one
+// [T, top_k, D] tensor at a time where autograd's product rule holds two.
+at::Tensor weighted_sum_of_choices(const at::Tensor& outputs, const at::Tensor& weights);
 
 class TokenDispatcher {
  public:

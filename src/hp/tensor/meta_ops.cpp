@@ -35,6 +35,14 @@ at::Tensor embedding_lookup(const at::Tensor& table, const at::Tensor& ids) {
       "MetaEmbeddingBackward");
 }
 
+at::Tensor gather_last(const at::Tensor& x, const at::Tensor& index) {
+  if (!x.is_meta()) return x.gather(-1, index);
+  const std::vector<int64_t> shape = x.sizes().vec();
+  return comm::autograd::attach_backward(
+      at::empty(index.sizes(), x.options()), x,
+      [shape](const at::Tensor& grad) { return at::zeros(shape, grad.options()); }, "MetaGatherBackward");
+}
+
 at::Tensor both(const at::Tensor& a, const at::Tensor& b) { return a.bitwise_and(b); }
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

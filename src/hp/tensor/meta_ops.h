@@ -14,6 +14,11 @@ namespace hp {
 // that embedding_dense_backward allocates.
 at::Tensor embedding_lookup(const at::Tensor& table, const at::Tensor& ids);
 
+// x.gather(-1, index). On meta, ATen's gather backward makes x's gradient twice (a zeros,
+// then an out-of-place scatter), where a CPU or CUDA run scatters into the zeros: a stand-in
+// whose backward makes it once.
+at::Tensor gather_last(const at::Tensor& x, const at::Tensor& index);
+
 // a && b on booleans (logical_and has no C++ meta kernel; bitwise and gives the same
 // bits on bool).
 at::Tensor both(const at::Tensor& a, const at::Tensor& b);

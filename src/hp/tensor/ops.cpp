@@ -347,7 +347,7 @@ DTensor cross_entropy(const DTensor& logits_in, const DTensor& targets_in) {
   for (int k : vocab_dims) m = comm::all_reduce(m, mesh.group(k), ReduceOp::Max);
   at::Tensor sum_exp = (z - m).exp().sum(-1);
   at::Tensor here = both(t >= first, t < first + cols);
-  at::Tensor target_logit = z.gather(-1, ((t - first) * here).unsqueeze(-1)).squeeze(-1) * here.to(z.scalar_type());
+  at::Tensor target_logit = gather_last(z, ((t - first) * here).unsqueeze(-1)).squeeze(-1) * here.to(z.scalar_type());
   for (int k : vocab_dims) {
     // Partial sums over the shards; the gradient of each term is the whole gradient.
     sum_exp = comm::autograd::all_reduce_sum(sum_exp, mesh.group(k));
