@@ -100,6 +100,20 @@ TEST(AutogradCollectives, BackwardIsTheAdjoint) {
   }
 }
 
+// Over one rank the sum's backward is the identity: the tensor itself, no node, so that its
+// gradient reaches the leaf as soon as it exists instead of as a copy held until the node runs.
+TEST(AutogradCollectives, SumBackwardOverOneRankIsTheTensorItself) {
+  run_local_ranks(1, [](int) {
+    auto g = current_world()->world_group();
+    at::Tensor w = at::ones({3}, at::kDouble).requires_grad_(true);
+    at::Tensor x = w * 2;
+    at::Tensor y = autograd::all_reduce_sum_backward(x, *g);
+    EXPECT_TRUE(y.is_same(x));
+    (y * 3).sum().backward();
+    EXPECT_TRUE(at::equal(w.grad(), at::full({3}, 6.0, at::kDouble)));
+  });
+}
+
 TEST(AutogradCollectives, PartialSumToReplicateGradient) {
   // Each rank holds a partial sum p_r; y = sum_r p_r is replicated and the loss is
   // computed once on y: d loss / d p_r = d loss / d y (identity backward).

@@ -70,6 +70,9 @@ at::Tensor all_reduce_sum(const at::Tensor& t, const Group& g) {
 }
 
 at::Tensor all_reduce_sum_backward(const at::Tensor& t, const Group& g) {
+  // Over one rank, nothing: a node would copy each gradient, and hold it until the engine
+  // reached the node, whose place in the backward is that of the forward's first use.
+  if (g.size() == 1) return t;
   // An alias, not a copy: the identity needs no bytes of its own, and a copy would be kept
   // for backward by every op that saves its input (each column-parallel projection).
   at::Tensor out = t.detach();
