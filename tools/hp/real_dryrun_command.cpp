@@ -16,6 +16,16 @@ namespace {
 
 constexpr double kMiB = 1 << 20;
 
+// The pipeline stage `rank` runs: its coordinate on the mesh's "pp" dim (row-major), or 0.
+int64_t pipeline_rank_of(const train::TrainConfig& cfg, int64_t rank) {
+  int64_t stride = 1;
+  for (size_t d = cfg.mesh.shape.size(); d-- > 0;) {
+    if (cfg.mesh.names[d] == "pp") return rank / stride % cfg.mesh.shape[d];
+    stride *= cfg.mesh.shape[d];
+  }
+  return 0;
+}
+
 }  // namespace
 
 void run_real_dryrun(const plan::ModelDesc& m, const plan::ClusterSpec& c, plan::Strategy s, int64_t devices,
@@ -34,7 +44,7 @@ void run_real_dryrun(const plan::ModelDesc& m, const plan::ClusterSpec& c, plan:
   o.numerics = plan::numerics_preset("fp32-eager");  // what hp::nn keeps, in float32
   o.overlap_communication = false;
   plan::Estimator est(m, c, o);
-  const plan::MemoryBreakdown mem = est.memory(s);
+  const plan::MemoryBreakdown mem = est.stage_memory(s, pipeline_rank_of(cfg, rank));
   // The estimator's token all-to-all per step (MoE with ep > 1), beside the log's.
   double est_a2a = 0;
   for (const plan::CommItem& item : est.estimate(s).comm)
@@ -60,6 +70,7 @@ void run_real_dryrun(const plan::ModelDesc& m, const plan::ClusterSpec& c, plan:
                         {"setup_MiB", r.setup_bytes / kMiB},
                         {"high_water_MiB", r.peak_bytes / kMiB},
                         {"estimated_MiB", mem.total() / kMiB},
+                        {"estimated_pipeline_rank", mem.stage},
                         {"estimator_numerics", o.numerics.name},
                         {"collectives_setup", rows(comm::summarize(setup))},
                         {"collectives_steps", rows(per_step)},
@@ -74,8 +85,8 @@ void run_real_dryrun(const plan::ModelDesc& m, const plan::ClusterSpec& c, plan:
   std::printf("memory (MiB)\n");
   std::printf("  after setup (params, optimizer, buffers)  %12.1f\n", r.setup_bytes / kMiB);
   std::printf("  high-water mark                           %12.1f\n", r.peak_bytes / kMiB);
-  std::printf("  estimator (%s)                    %12.1f   dry-run / estimate %.3f\n", o.numerics.name.c_str(),
-              mem.total() / kMiB, mem.total() > 0 ? r.peak_bytes / mem.total() : 0.0);
+  std::printf("  estimator (%s), its stage %-4lld     %12.1f   dry-run / estimate %.3f\n", o.numerics.name.c_str(),
+              static_cast<long long>(mem.stage), mem.total() / kMiB, mem.total() > 0 ? r.peak_bytes / mem.total() : 0.0);
   std::printf("    parameters %.1f, optimizer %.1f, buffers %.1f; activations %.1f, logits %.1f, stage inputs %.1f "
               "beside gradients %.1f, or gradients %.1f beside activations %.1f\n",
               mem.params / kMiB, mem.optimizer / kMiB, (mem.zero_buffers + mem.ddp_buckets) / kMiB,

@@ -181,13 +181,14 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
   else if (st.head)
     mem.logits = tokens * double(m.vocab) / t * (2 + 4);
   if (s.recompute == Recompute::Full && st.layers() > 0 && n.eager) {
-    // The backward of one layer has all of it back, and at its peak the gradient of
-    // SwiGLU's output beside it (SwiGLU then writes its own gradients over gate and up:
-    // fused::ReuseSavedInputs). That comes after the head's backward, whose logits are gone
-    // by then: the larger of the two counts.
-    const double layer = tokens * eager_layer_activation_elements(m, s.tp, st.moe_layers > 0) * n.activation_bytes;
-    const double product_grad = st.dense_layers ? tokens * m.ffn / t * n.activation_bytes : 0.0;
-    after_logits += layer + product_grad;
+    // The backward of one layer has all of it back, and at a dense layer's peak the
+    // gradient of SwiGLU's output beside it (SwiGLU then writes its own gradients over gate
+    // and up: fused::ReuseSavedInputs); the fuller kind of layer counts. That comes after
+    // the head's backward, whose logits are gone by then: the larger of the two counts.
+    double layer = 0;
+    if (st.dense_layers) layer = eager_layer_activation_elements(m, s.tp) + m.ffn / t;
+    if (st.moe_layers) layer = std::max(layer, eager_layer_activation_elements(m, s.tp, true));
+    after_logits += tokens * layer * n.activation_bytes;
   } else if (s.recompute == Recompute::Selective && st.layers() > 0 && n.eager) {
     // The backward of one layer rematerializes what it dropped (a dense layer drops more):
     // what an unchecked layer keeps less what selective keeps, and rotary's outputs, which
