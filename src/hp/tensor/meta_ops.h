@@ -14,9 +14,9 @@ namespace hp {
 // that embedding_dense_backward allocates.
 at::Tensor embedding_lookup(const at::Tensor& table, const at::Tensor& ids);
 
-// x.gather(-1, index). On meta, ATen's gather backward makes x's gradient twice (a zeros,
-// then an out-of-place scatter), where a CPU or CUDA run scatters into the zeros: a stand-in
-// whose backward makes it once.
+// x.gather(-1, index). On meta, ATen's gather backward allocates x's gradient twice (its
+// zeros, and an out-of-place scatter) where a CPU run scatters into the zeros: there, a
+// stand-in whose backward allocates it once.
 at::Tensor gather_last(const at::Tensor& x, const at::Tensor& index);
 
 // a && b on booleans (logical_and has no C++ meta kernel; bitwise and gives the same
