@@ -132,6 +132,12 @@ resume = false
   EXPECT_EQ(c.mesh_size("tp"), 2);
   EXPECT_EQ(c.mesh_size("pp"), 1);
   EXPECT_EQ(c.world_size(), 4);
+  // Ranks row-major over the trainer's mesh (pp outermost, size 1 here): rank 1 is dp 0, tp 1.
+  EXPECT_EQ(c.mesh_coordinate("dp", 1), 0);
+  EXPECT_EQ(c.mesh_coordinate("tp", 1), 1);
+  EXPECT_EQ(c.mesh_coordinate("dp", 2), 1);
+  EXPECT_EQ(c.mesh_coordinate("pp", 3), 0);
+  EXPECT_EQ(c.mesh_coordinate("ep", 3), 0);  // no such dim
   EXPECT_EQ(c.model.dim, 64);
   EXPECT_EQ(c.model.kv_heads, 4);
   EXPECT_EQ(c.model.layers, 4);  // untouched default

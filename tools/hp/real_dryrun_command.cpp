@@ -16,16 +16,6 @@ namespace {
 
 constexpr double kMiB = 1 << 20;
 
-// The pipeline stage `rank` runs: its coordinate on the mesh's "pp" dim (row-major), or 0.
-int64_t pipeline_rank_of(const train::TrainConfig& cfg, int64_t rank) {
-  int64_t stride = 1;
-  for (size_t d = cfg.mesh.shape.size(); d-- > 0;) {
-    if (cfg.mesh.names[d] == "pp") return rank / stride % cfg.mesh.shape[d];
-    stride *= cfg.mesh.shape[d];
-  }
-  return 0;
-}
-
 }  // namespace
 
 void run_real_dryrun(const plan::ModelDesc& m, const plan::ClusterSpec& c, plan::Strategy s, int64_t devices,
@@ -44,7 +34,7 @@ void run_real_dryrun(const plan::ModelDesc& m, const plan::ClusterSpec& c, plan:
   o.numerics = plan::numerics_preset("fp32-eager");  // what hp::nn keeps, in float32
   o.overlap_communication = false;
   plan::Estimator est(m, c, o);
-  const plan::MemoryBreakdown mem = est.stage_memory(s, pipeline_rank_of(cfg, rank));
+  const plan::MemoryBreakdown mem = est.stage_memory(s, cfg.mesh_coordinate("pp", rank));
   // The estimator's token all-to-all per step (MoE with ep > 1), beside the log's.
   double est_a2a = 0;
   for (const plan::CommItem& item : est.estimate(s).comm)

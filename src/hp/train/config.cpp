@@ -186,6 +186,18 @@ int MeshConfig::zero_stage() const {
 
 int64_t TrainConfig::mesh_size(const std::string& name) const { return dims().size(name); }
 
+int64_t TrainConfig::mesh_coordinate(const std::string& name, int64_t rank) const {
+  const ParallelDims d = dims();
+  const std::vector<int64_t> shape = d.mesh_shape();
+  const std::vector<std::string> names = d.mesh_names();
+  int64_t stride = 1;
+  for (size_t k = shape.size(); k-- > 0;) {
+    if (names[k] == name) return rank / stride % shape[k];
+    stride *= shape[k];
+  }
+  return 0;
+}
+
 int64_t TrainConfig::stages_per_rank() const {
   if (pipeline.schedule == "zbv" || pipeline.schedule == "dualpipev") return 2;
   if (pipeline.schedule == "interleaved-1f1b") return pipeline.virtual_stages > 0 ? pipeline.virtual_stages : 2;

@@ -160,6 +160,9 @@ struct TrainConfig {
   // The layout [mesh] declares (throws naming a bad mesh); mesh_size("pp") is dims().pp.
   ParallelDims dims() const;
   int64_t mesh_size(const std::string& name) const;
+  // Global rank `rank`'s coordinate on the trainer's mesh dim called `name` (the mesh of
+  // dims(), ranks row-major over it), 0 if it has none.
+  int64_t mesh_coordinate(const std::string& name, int64_t rank) const;
   int64_t world_size() const;  // product of mesh.shape
   // With pp > 1: the schedule's chunks per pp rank and microbatches, defaults resolved.
   int64_t stages_per_rank() const;
