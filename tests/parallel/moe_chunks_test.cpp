@@ -23,6 +23,7 @@
 #include "hp/optim/adamw.h"
 #include "hp/parallel.h"
 #include "parallel/llama_run.h"
+#include "hp/tensor/memory_stats.h"
 #include "hp/tensor/weight_outputs.h"
 
 using namespace hp;
@@ -117,6 +118,38 @@ void expect_matches_unchunked(Spec s, bool bitwise_forward = true) {
   for (auto& [name, p] : ref.final_params) close(run.final_params.at(name), p, "parameter " + name);
 }
 
+// Bytes both ranks (threads of this process) hold after a forward, above what they held
+// before it: what the step keeps for its backward. A step before warms the collectives'
+// buffer pools.
+int64_t kept_after_forward(int64_t chunks) {
+  track_cpu_memory();
+  nn::MoELlamaConfig config = hp::testing::tiny_moe_llama();
+  config.llama.dim = 32, config.llama.max_seq = 32;
+  config.moe.num_chunks = chunks;
+  const int64_t batch = 16, seq = 32;
+  int64_t kept = 0;
+  comm::run_local_ranks(2, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1, 2}, {"dp", "ep"});
+    manual_seed(1234);
+    nn::MoELlama model(config, mesh);
+    parallelize_module(model, mesh["ep"], {{"layers.1.moe", ExpertParallel()}});
+    const at::Tensor tokens = (hp::rand({batch, seq + 1}, at::kDouble) * config.llama.vocab).floor().to(at::kLong);
+    DTensor ids = distribute_tensor(tokens.narrow(1, 0, seq).contiguous(), mesh, {Shard(0), Shard(0)});
+    DTensor targets = distribute_tensor(tokens.narrow(1, 1, seq).contiguous(), mesh, {Shard(0), Shard(0)});
+    model.loss(ids, targets).to_local().backward();
+    const comm::Group& all = mesh.whole_group();
+    comm::barrier(all);
+    const int64_t before = cpu_memory_allocated();
+    comm::barrier(all);
+    DTensor loss = model.loss(ids, targets);
+    comm::barrier(all);
+    if (rank == 0) kept = cpu_memory_allocated() - before;
+    comm::barrier(all);
+    loss.to_local().backward();
+  });
+  return kept;
+}
+
 Spec chunked(int64_t ep, int64_t chunks) {
   Spec s;
   s.ep = ep, s.chunks = chunks;
@@ -124,6 +157,16 @@ Spec chunked(int64_t ep, int64_t chunks) {
 }
 
 }  // namespace
+
+// The chunks' outputs are sent back, not kept: a chunked layer keeps what the unchunked one
+// does, and its plan's row indices (8 bytes a row, against 128 for a row of outputs).
+TEST(MoEChunks, KeepsWhatTheUnchunkedLayerKeeps) {
+  const int64_t unchunked = kept_after_forward(1), chunked = kept_after_forward(2);
+  const int64_t outputs = 16 * 32 * 2 * 32 * 4;  // tokens x top_k rows of dim 32, both ranks
+  std::printf("kept after the forward: unchunked %lld B, 2 chunks %lld B, the layer's outputs %lld B\n",
+              static_cast<long long>(unchunked), static_cast<long long>(chunked), static_cast<long long>(outputs));
+  EXPECT_LT(chunked - unchunked, outputs / 4);
+}
 
 TEST(MoEChunks, Ep2TwoChunks) { expect_matches_unchunked(chunked(2, 2)); }
 TEST(MoEChunks, Ep2ThreeChunks) { expect_matches_unchunked(chunked(2, 3)); }

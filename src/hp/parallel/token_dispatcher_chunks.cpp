@@ -18,9 +18,10 @@
 // bitwise the unchunked one where the matrix kernels treat rows alike; the weight
 // gradients are sums of C + 1 partial products, equal up to float rounding.
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <chrono>
@@ -63,7 +64,11 @@ struct ChunkedExperts {
   at::TensorOptions options;
   bool tokens_need_grad = false;
   std::vector<at::Tensor> weights;  // leaves standing for the experts' weights
-  std::vector<at::Tensor> inputs, outputs;  // per chunk: the experts' graph ends
+  // Per chunk, the experts' graph ends: the input rows (a leaf the graph keeps anyway), and
+  // the output's edge into the graph rather than the output, whose rows the graph does not
+  // keep and the combine has already sent.
+  std::vector<at::Tensor> inputs;
+  torch::autograd::edge_list outputs;
 
   // Chunk c's rows to the ranks of their experts (back: from them); the local chunk's stay.
   comm::Pending exchange(const at::Tensor& rows, size_t c, bool back) const {
@@ -95,7 +100,7 @@ struct ChunkedExperts {
         if (record) x.requires_grad_(tokens_need_grad);
         y = experts.run(x, p.per_expert[c], record ? weights : experts.weights);
       }
-      if (record) inputs.push_back(x), outputs.push_back(y);
+      if (record) inputs.push_back(x), outputs.push_back(torch::autograd::impl::gradient_edge(y));
       back[c] = exchange(by_source(y.detach(), p.by_expert[c]), c, /*back=*/true);
       if (c + 1 == chunks && behind_exchange) behind_exchange();
     }
@@ -122,9 +127,14 @@ struct ChunkedExperts {
         for (const at::Tensor& w : weights)
           if (w.requires_grad()) wrt.push_back(w);
         variable_list got;
-        if (outputs[c].requires_grad() && !wrt.empty())
-          got = torch::autograd::grad({outputs[c]}, wrt, {grad_y}, /*retain_graph=*/false, /*create_graph=*/false,
-                                      /*allow_unused=*/true);
+        if (outputs[c].is_valid() && !wrt.empty()) {
+          // torch::autograd::grad from the output's edge: the gradients of `wrt`, unused ones undefined.
+          torch::autograd::edge_list ends;
+          for (const at::Tensor& t : wrt) ends.push_back(torch::autograd::impl::gradient_edge(t));
+          got = torch::autograd::Engine::get_default_engine().execute({outputs[c]}, {grad_y}, /*keep_graph=*/false,
+                                                                      /*create_graph=*/false,
+                                                                      /*accumulate_grad=*/false, ends);
+        }
         size_t k = 0;
         if (inputs[c].requires_grad() && !got.empty()) grad_x = got[k++];
         for (size_t i = 0; i < weights.size(); ++i) {
@@ -135,7 +145,7 @@ struct ChunkedExperts {
       }
       if (!grad_x.defined()) grad_x = at::zeros({inputs[c].size(0), dim}, options);
       back[c] = exchange(by_source(grad_x, p.by_expert[c]), c, /*back=*/true);
-      inputs[c] = outputs[c] = at::Tensor();  // the chunk's graph is spent
+      inputs[c] = at::Tensor(), outputs[c] = torch::autograd::Edge();  // the chunk's graph is spent
     }
     at::Tensor grad_sorted = at::zeros({p.kept, dim}, options);
     for (size_t c = 0; c < chunks; ++c) grad_sorted.index_copy_(0, p.rows[c], wait(back[c]));
