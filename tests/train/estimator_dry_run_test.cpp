@@ -40,7 +40,7 @@ TEST_P(EstimatorAgainstDryRun, WithinTenPercent) {
   for (int64_t stage = 0, rank = 0; stage < s.pp; ++stage) {
     while (cfg.mesh_coordinate("pp", rank) != stage) ++rank;
     const train::DryRunResult dry = train::dry_run(cfg, static_cast<int>(rank), 1);
-    const double estimate = estimator.stage_memory(s, stage).total();
+    const double estimate = estimator.stage_memories(s).at(stage).total();
     const double ratio = double(dry.peak_bytes) / estimate;
     std::printf("%s %s, rank %lld (stage %lld): dry-run %.2f MiB, estimate %.2f MiB, ratio %.3f\n", l.model.c_str(),
                 l.strategy.c_str(), static_cast<long long>(rank), static_cast<long long>(stage),

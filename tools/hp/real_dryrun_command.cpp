@@ -34,7 +34,7 @@ void run_real_dryrun(const plan::ModelDesc& m, const plan::ClusterSpec& c, plan:
   o.numerics = plan::numerics_preset("fp32-eager");  // what hp::nn keeps, in float32
   o.overlap_communication = false;
   plan::Estimator est(m, c, o);
-  const plan::MemoryBreakdown mem = est.stage_memory(s, cfg.mesh_coordinate("pp", rank));
+  const plan::MemoryBreakdown mem = est.stage_memories(s).at(cfg.mesh_coordinate("pp", rank));
   // The estimator's token all-to-all per step (MoE with ep > 1), beside the log's.
   double est_a2a = 0;
   for (const plan::CommItem& item : est.estimate(s).comm)

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "hp/base/error.h"
+#include "hp/base/runs.h"
 #include "hp/base/strings.h"
 #include "hp/comm/autograd.h"
 #include "hp/comm/collectives.h"
@@ -154,22 +155,19 @@ std::vector<at::Tensor> TokenChoiceTopKRouter::take_tokens_per_expert(
     counts.push_back(r->pending_counts_.clone());
     r->pending_counts_.zero_();
   }
-  auto alike = [](const TokenChoiceTopKRouter* a, const TokenChoiceTopKRouter* b) {
-    return a->mesh_ && b->mesh_ && *a->mesh_ == *b->mesh_ && a->split_dims_ == b->split_dims_;
+  auto alike = [&](size_t i, size_t j) {
+    const TokenChoiceTopKRouter &a = *routers[i], &b = *routers[j];
+    return a.mesh_ && b.mesh_ && *a.mesh_ == *b.mesh_ && a.split_dims_ == b.split_dims_;
   };
-  for (size_t first = 0; first < routers.size();) {  // one all-reduce per run of alike routers
-    size_t end = first + 1;
-    while (end < routers.size() && alike(routers[end], routers[first])) ++end;
+  for_each_run(routers.size(), alike, [&](size_t first, size_t end) {  // one all-reduce per run
     const TokenChoiceTopKRouter& r = *routers[first];
-    if (r.mesh_ && !r.split_dims_.empty()) {
-      std::vector<at::Tensor> parts(counts.begin() + first, counts.begin() + end);
-      at::Tensor all = at::cat(parts);
-      for (int k : r.split_dims_) comm::all_reduce_(all, r.mesh_->group(k));
-      for (size_t i = first, offset = 0; i < end; offset += counts[i].numel(), ++i)
-        counts[i] = all.narrow(0, offset, counts[i].numel());
-    }
-    first = end;
-  }
+    if (!r.mesh_ || r.split_dims_.empty()) return;
+    std::vector<at::Tensor> parts(counts.begin() + first, counts.begin() + end);
+    at::Tensor all = at::cat(parts);
+    for (int k : r.split_dims_) comm::all_reduce_(all, r.mesh_->group(k));
+    for (size_t i = first, offset = 0; i < end; offset += counts[i].numel(), ++i)
+      counts[i] = all.narrow(0, offset, counts[i].numel());
+  });
   return counts;
 }
 

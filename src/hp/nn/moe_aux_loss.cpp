@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "hp/base/runs.h"
 #include "hp/tensor/ops.h"
 
 namespace hp::nn {
@@ -47,9 +48,8 @@ void reduce_aux_losses(const std::vector<AuxLoss*>& losses) {
   std::vector<AuxLoss*> pending;
   for (AuxLoss* l : losses)
     if (!l->value_) pending.push_back(l);
-  for (size_t first = 0; first < pending.size();) {
-    size_t end = first + 1;
-    while (end < pending.size() && laid_out_alike(pending[end]->sums_, pending[first]->sums_)) ++end;
+  auto alike = [&](size_t i, size_t j) { return laid_out_alike(pending[i]->sums_, pending[j]->sums_); };
+  for_each_run(pending.size(), alike, [&](size_t first, size_t end) {  // one all-reduce per run
     std::vector<DTensor> parts;
     for (size_t i = first; i < end; ++i) parts.push_back(pending[i]->sums_);
     const DTensor& any = pending[first]->sums_;
@@ -64,8 +64,7 @@ void reduce_aux_losses(const std::vector<AuxLoss*>& losses) {
       l.value_ = map(sum(mul(load, mass), {0}), [s = l.scale_](const at::Tensor& v) { return v * s; });
       l.load_ = load.to_local().detach();
     }
-    first = end;
-  }
+  });
 }
 
 at::Tensor carry_aux_loss(const at::Tensor& x, const at::Tensor& sums, std::shared_ptr<AuxLoss> loss, double scale) {

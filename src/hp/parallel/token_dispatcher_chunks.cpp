@@ -171,7 +171,8 @@ AllToAllTokenDispatcher::ChunkPlan AllToAllTokenDispatcher::plan_chunks(int64_t 
   const ChunkRange mine = chunk_range(experts, p, me);
   // torch.chunk pieces of the tokens: ceil(T / C) each, the last ones short or empty.
   const int64_t step = std::max<int64_t>(1, (num_tokens() + chunks - 1) / chunks);
-  const at::Tensor tokens = sorted_token_ids().cpu().contiguous();
+  const at::Tensor token_ids = sorted_token_ids();
+  const at::Tensor tokens = token_ids.cpu().contiguous();
   const int64_t* token = tokens.data_ptr<int64_t>();
 
   ChunkPlan plan;
@@ -193,7 +194,7 @@ AllToAllTokenDispatcher::ChunkPlan AllToAllTokenDispatcher::plan_chunks(int64_t 
       ++counts[c * experts + e];
     }
   }
-  const at::Device device = sorted_token_ids().device();
+  const at::Device device = token_ids.device();
   // Chunk `local`: already in expert order, and nothing to exchange.
   plan.rows.push_back(at::tensor(local_rows, at::kLong).to(device));
   plan.by_expert.emplace_back();

@@ -85,22 +85,22 @@ std::vector<StageContents> Estimator::stages_for(const Strategy& s) const {
 }
 
 MemoryBreakdown Estimator::memory(const Strategy& s) const {
-  HP_CHECK(s.dp > 0 && s.micro_batch > 0 && s.microbatches > 0)
-      << "Estimator: strategy " << to_string(s) << " is not resolved; call resolve_strategy first";
-  MemoryBreakdown worst;
-  for (int64_t i = 0; i < s.pp; ++i) {
-    MemoryBreakdown mem = stage_memory(s, i);
-    if (i == 0 || mem.total() > worst.total()) worst = mem;
-  }
+  const std::vector<MemoryBreakdown> stages = stage_memories(s);
+  MemoryBreakdown worst = stages.front();
+  for (const MemoryBreakdown& mem : stages)
+    if (mem.total() > worst.total()) worst = mem;
   return worst;
 }
 
-MemoryBreakdown Estimator::stage_memory(const Strategy& s, int64_t pipeline_rank) const {
-  HP_CHECK(pipeline_rank >= 0 && pipeline_rank < s.pp)
-      << "Estimator: pipeline rank " << pipeline_rank << " outside pp = " << s.pp;
+std::vector<MemoryBreakdown> Estimator::stage_memories(const Strategy& s) const {
+  HP_CHECK(s.dp > 0 && s.micro_batch > 0 && s.microbatches > 0)
+      << "Estimator: strategy " << to_string(s) << " is not resolved; call resolve_strategy first";
+  const std::vector<StageContents> stages = stages_for(s);
   const std::vector<double>& inflight = pipelines_.inflight(pipeline_shape(s));
-  return plan::stage_memory(model_, s, stages_for(s)[pipeline_rank], pipeline_rank, inflight[pipeline_rank],
-                            options_.numerics);
+  std::vector<MemoryBreakdown> out;
+  for (int64_t i = 0; i < s.pp; ++i)
+    out.push_back(stage_memory(model_, s, stages[i], i, inflight[i], options_.numerics));
+  return out;
 }
 
 Estimate Estimator::estimate(const Strategy& s) {

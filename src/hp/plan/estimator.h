@@ -99,7 +99,7 @@ class Estimator {
 
   // `s` must be resolved (resolve_strategy) for this model and some device count.
   MemoryBreakdown memory(const Strategy& s) const;  // the worst pipeline rank
-  MemoryBreakdown stage_memory(const Strategy& s, int64_t pipeline_rank) const;
+  std::vector<MemoryBreakdown> stage_memories(const Strategy& s) const;  // each pipeline rank's
   Estimate estimate(const Strategy& s);
   double usable_memory() const;
 
