@@ -20,6 +20,7 @@
 #include <mutex>
 
 #include "comm/scoped_env.h"
+#include "hp/comm/trace.h"
 #include "hp/optim/adamw.h"
 #include "hp/parallel.h"
 #include "parallel/llama_run.h"
@@ -318,6 +319,49 @@ TEST(MoEChunks, ExchangesArePostedAheadOfTheExperts) {
   // Rank 1's own tokens stay (expert 3 is its own): it sends none, and returns rank 0's.
   EXPECT_EQ(forward[1], (std::vector<int64_t>{0, 0, 0, per_chunk, per_chunk, per_chunk}));
   EXPECT_EQ(backward[0], (std::vector<int64_t>{per_chunk, per_chunk, per_chunk, 0, 0, 0}));
+}
+
+// A rank's own rows run in two halves, the first before any remote chunk (while it
+// travels) and the second after the last (while its results travel back), forward and
+// backward: the experts' compute spans of the trace, in order, on every rank.
+TEST(MoEChunks, OwnRowsRunFirstAndLast) {
+  const int64_t t = 32, dim = 16, chunks = 2;
+  trace::set_enabled(true);
+  trace::clear();
+  std::vector<int64_t> local_rows(2);
+  comm::run_local_ranks(2, [&](int rank) {
+    DeviceMesh mesh = init_device_mesh("cpu", {2}, {"ep"});
+    manual_seed(7);
+    nn::MoEOptions o;
+    o.num_experts = 4, o.top_k = 2, o.num_chunks = chunks;
+    nn::MoE moe(dim, 8, o, mesh);
+    parallelize_module(moe, mesh["ep"], {{"", ExpertParallel()}});
+    DTensor x = hp::randn({t, dim}, mesh, {Shard(0)});
+    x.to_local().requires_grad_(true);
+    moe(x).to_local().sum().backward();
+    local_rows[rank] = dynamic_cast<const AllToAllTokenDispatcher&>(moe.token_dispatcher()).rows_local();
+  });
+  const std::vector<trace::Event> events = trace::events();
+  trace::set_enabled(false);
+  trace::clear();
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_GE(local_rows[rank], 2) << "rank " << rank;
+    const int64_t head = local_rows[rank] / 2;
+    for (const std::string what : {"experts chunk ", "experts backward chunk "}) {
+      std::vector<std::string> names;
+      for (const trace::Event& e : events)
+        if (e.rank == rank && e.category == "compute" && e.name.rfind(what, 0) == 0) names.push_back(e.name);
+      ASSERT_EQ(names.size(), chunks + 2) << what << "on rank " << rank;
+      EXPECT_EQ(names.front(), what + "0: " + std::to_string(head) + " local rows");
+      EXPECT_EQ(names.back(), what + std::to_string(chunks + 1) + ": " + std::to_string(local_rows[rank] - head) +
+                                  " local rows");
+      for (int64_t c = 1; c <= chunks; ++c) {
+        const std::string& name = names[c];
+        EXPECT_EQ(name.rfind(what + std::to_string(c) + ": ", 0), 0u) << name;
+        EXPECT_EQ(name.find("local"), std::string::npos) << name;
+      }
+    }
+  }
 }
 
 // Zero-bubble schedules split the backward into I and W; the chunks' one backward node

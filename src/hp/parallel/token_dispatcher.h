@@ -5,10 +5,10 @@
 // is the inverse all-to-all. No token is gathered anywhere.
 //
 // With num_chunks > 1 the dispatcher runs the experts itself (token_dispatcher_chunks.cpp):
-// the rows bound for this rank's own experts stay and their experts run first, while the
-// others go out in chunks, every chunk's all-to-all posted at once on the progress
-// engine; each chunk's experts run as soon as it lands and its outputs go back at once,
-// behind the next chunk's experts. The backward does the same in reverse.
+// the rows bound for this rank's own experts stay, half of them run first and half last,
+// while the others go out in chunks, every chunk's all-to-all posted at once on the
+// progress engine; each chunk's experts run as soon as it lands and its outputs go back at
+// once, behind the next chunk's experts. The backward does the same in reverse.
 #pragma once
 
 #include <memory>

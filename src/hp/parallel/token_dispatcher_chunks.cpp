@@ -1,14 +1,15 @@
 // Expert parallelism's exchange in chunks, overlapped with the experts.
 //
-// The rows bound for this rank's own experts need no exchange: they are the first chunk,
-// whose experts run at once while the others' rows travel, in num_chunks chunks by token.
-// Forward: every remote chunk's dispatch all-to-all is posted at once (the progress engine
-// runs them in order); the local chunk's experts run, then chunk c's when it lands, while
-// chunks c+1.. move, and its combine all-to-all is posted at once, moving behind chunk
-// c+1's experts; the shared experts (behind_exchange) run behind the last one. Backward,
-// in one graph node: every remote chunk's combine gradient is posted at once; the local
-// chunk's expert backward runs first, then chunk c's when it lands, and its dispatch
-// gradient goes back behind chunk c+1's.
+// The rows bound for this rank's own experts need no exchange: half of them are the first
+// chunk, whose experts run at once while the first remote chunk's rows travel, and half
+// the last, which runs while the last remote chunk's results travel back. The others' rows
+// go in num_chunks chunks by token. Forward: every remote chunk's dispatch all-to-all is
+// posted at once (the progress engine runs them in order); the first local chunk's experts
+// run, then chunk c's when it lands, while chunks c+1.. move, and its combine all-to-all is
+// posted at once, moving behind chunk c+1's experts; the shared experts (behind_exchange)
+// run behind the last one. Backward, in one graph node, the same order: every remote
+// chunk's combine gradient is posted at once, and chunk c's dispatch gradient goes back
+// behind chunk c+1's expert backward.
 //
 // Each chunk's experts record their own graph, on leaves standing for the chunk's tokens
 // and the expert weights; the node's backward runs them one by one (as activation
@@ -16,7 +17,7 @@
 // order. Tokens and routing are those of one unchunked dispatch (capacity is applied
 // before chunking), so the experts see row subsets of the same products: the forward is
 // bitwise the unchunked one where the matrix kernels treat rows alike; the weight
-// gradients are sums of C + 1 partial products, equal up to float rounding.
+// gradients are sums of C + 2 partial products, equal up to float rounding.
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -40,8 +41,11 @@ namespace {
 
 using torch::autograd::variable_list;
 
-std::string span_name(const char* what, size_t chunk) {
-  return trace::enabled() ? std::string(what) + " chunk " + std::to_string(chunk) : std::string();
+// "experts chunk 1: 24 rows", "experts chunk 0: 12 local rows".
+std::string span_name(const char* what, size_t chunk, int64_t rows, bool local) {
+  if (!trace::enabled()) return {};
+  return std::string(what) + " chunk " + std::to_string(chunk) + ": " + std::to_string(rows) + (local ? " local" : "") +
+         " rows";
 }
 
 // Arrived rows [N, D] (by source, then expert) in expert order; `order` undefined: already.
@@ -70,10 +74,10 @@ struct ChunkedExperts {
   std::vector<at::Tensor> inputs;
   torch::autograd::edge_list outputs;
 
-  // Chunk c's rows to the ranks of their experts (back: from them); the local chunk's stay.
+  // Chunk c's rows to the ranks of their experts (back: from them); the local chunks' stay.
   comm::Pending exchange(const at::Tensor& rows, size_t c, bool back) const {
     const Plan& p = *plan;
-    if (c == Plan::local) return comm::Pending::done(rows);
+    if (p.stays(c)) return comm::Pending::done(rows);
     return back ? comm::all_to_all_async(rows, *group, 0, 0, p.recv[c], p.send[c])
                 : comm::all_to_all_async(rows, *group, 0, 0, p.send[c], p.recv[c]);
   }
@@ -95,7 +99,7 @@ struct ChunkedExperts {
       at::Tensor x = in_expert_order(wait(out[c]), p.by_expert[c]);
       at::Tensor y;
       {
-        trace::Span span("compute", span_name("experts", c));
+        trace::Span span("compute", span_name("experts", c, x.size(0), p.stays(c)));
         at::AutoGradMode grad(record);
         if (record) x.requires_grad_(tokens_need_grad);
         y = experts.run(x, p.per_expert[c], record ? weights : experts.weights);
@@ -121,7 +125,7 @@ struct ChunkedExperts {
       at::Tensor grad_y = in_expert_order(wait(out[c]), p.by_expert[c]);
       at::Tensor grad_x;
       {
-        trace::Span span("compute", span_name("experts backward", c));
+        trace::Span span("compute", span_name("experts backward", c, grad_y.size(0), p.stays(c)));
         std::vector<at::Tensor> wrt;
         if (inputs[c].requires_grad()) wrt.push_back(inputs[c]);
         for (const at::Tensor& w : weights)
@@ -195,13 +199,20 @@ AllToAllTokenDispatcher::ChunkPlan AllToAllTokenDispatcher::plan_chunks(int64_t 
     }
   }
   const at::Device device = token_ids.device();
-  // Chunk `local`: already in expert order, and nothing to exchange.
-  plan.rows.push_back(at::tensor(local_rows, at::kLong).to(device));
-  plan.by_expert.emplace_back();
-  plan.per_expert.push_back(std::move(local_per_expert));
-  plan.send.emplace_back(p, 0);
-  plan.recv.emplace_back(p, 0);
-  plan.send.back()[me] = plan.recv.back()[me] = static_cast<int64_t>(local_rows.size());
+  // The local rows in two chunks of half of them each, in expert order: the first and last.
+  const auto head = static_cast<int64_t>(local_rows.size() / 2);
+  auto add_local = [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> counts_here;  // local_per_expert's rows within [begin, end)
+    for (int64_t e = 0, first = 0; e < mine.size; first += local_per_expert[e++])
+      counts_here.push_back(std::max<int64_t>(0, std::min(end, first + local_per_expert[e]) - std::max(begin, first)));
+    plan.rows.push_back(at::tensor(std::vector<int64_t>(local_rows.begin() + begin, local_rows.begin() + end), at::kLong).to(device));
+    plan.by_expert.emplace_back();
+    plan.per_expert.push_back(std::move(counts_here));
+    plan.send.emplace_back(p, 0);
+    plan.recv.emplace_back(p, 0);
+    plan.send.back()[me] = plan.recv.back()[me] = end - begin;
+  };
+  add_local(0, head);
   sent_ = received_ = local_ = static_cast<int64_t>(local_rows.size());
 
   // Counts first, every chunk's in one all-to-all: rank r gets [chunk][its experts].
@@ -236,6 +247,7 @@ AllToAllTokenDispatcher::ChunkPlan AllToAllTokenDispatcher::plan_chunks(int64_t 
     plan.send.push_back(std::move(send));
     plan.recv.push_back(std::move(recv));
   }
+  add_local(head, static_cast<int64_t>(local_rows.size()));
   return plan;
 }
 

@@ -15,15 +15,16 @@ namespace hp {
 // -> the permutation that groups them by expert, then source; per_expert gets the counts.
 at::Tensor expert_major_order(const int64_t* arrived, int sources, int64_t experts, std::vector<int64_t>* per_expert);
 
-// One rank's view of a chunked dispatch: chunk `local` holds the sorted rows bound for this
-// rank's own experts, which stay; chunk c of the others holds the sorted rows of tokens
-// [c * ceil(T / C), ...) bound for other ranks' experts, in expert order.
+// One rank's view of a chunked dispatch: the first and the last chunk hold the sorted rows
+// bound for this rank's own experts (half each), which stay; chunk c of the others holds
+// the sorted rows of tokens [(c - 1) * ceil(T / C), ...) bound for other ranks' experts, in
+// expert order.
 struct AllToAllTokenDispatcher::ChunkPlan {
   std::vector<at::Tensor> rows;                   // per chunk: its rows of the sorted tokens
   std::vector<std::vector<int64_t>> send, recv;   // per chunk: rows to / from each peer
   std::vector<at::Tensor> by_expert;              // per chunk: arrived rows in expert order (undefined: already)
   std::vector<std::vector<int64_t>> per_expert;   // per chunk: rows per local expert
-  static constexpr size_t local = 0;              // the chunk that is not exchanged
+  bool stays(size_t c) const { return c == 0 || c + 1 == rows.size(); }  // a local chunk, not exchanged
   int64_t kept = 0;                               // sorted rows in all
 };
 
