@@ -199,21 +199,24 @@ AllToAllTokenDispatcher::ChunkPlan AllToAllTokenDispatcher::plan_chunks(int64_t 
     }
   }
   const at::Device device = token_ids.device();
-  // The local rows in two chunks of half of them each, in expert order: the first and last.
-  const auto head = static_cast<int64_t>(local_rows.size() / 2);
-  auto add_local = [&](int64_t begin, int64_t end) {
-    std::vector<int64_t> counts_here;  // local_per_expert's rows within [begin, end)
-    for (int64_t e = 0, first = 0; e < mine.size; first += local_per_expert[e++])
-      counts_here.push_back(std::max<int64_t>(0, std::min(end, first + local_per_expert[e]) - std::max(begin, first)));
-    plan.rows.push_back(at::tensor(std::vector<int64_t>(local_rows.begin() + begin, local_rows.begin() + end), at::kLong).to(device));
+  // The local rows, in expert order, as two chunks of half of them: the first and the last.
+  const auto local_count = static_cast<int64_t>(local_rows.size()), head = local_count / 2;
+  auto add_local = [&](int64_t begin, int64_t end) {  // local rows [begin, end)
+    std::vector<int64_t> per_local_expert;
+    for (int64_t e = 0, first = 0; e < mine.size; first += local_per_expert[e++]) {
+      const int64_t last = first + local_per_expert[e];
+      per_local_expert.push_back(std::max<int64_t>(0, std::min(end, last) - std::max(begin, first)));
+    }
+    const std::vector<int64_t> chunk_rows(local_rows.begin() + begin, local_rows.begin() + end);
+    plan.rows.push_back(at::tensor(chunk_rows, at::kLong).to(device));
     plan.by_expert.emplace_back();
-    plan.per_expert.push_back(std::move(counts_here));
+    plan.per_expert.push_back(std::move(per_local_expert));
     plan.send.emplace_back(p, 0);
     plan.recv.emplace_back(p, 0);
     plan.send.back()[me] = plan.recv.back()[me] = end - begin;
   };
   add_local(0, head);
-  sent_ = received_ = local_ = static_cast<int64_t>(local_rows.size());
+  sent_ = received_ = local_ = local_count;
 
   // Counts first, every chunk's in one all-to-all: rank r gets [chunk][its experts].
   std::vector<int64_t> outgoing, count_splits(p), count_arrivals(p, chunks * mine.size);
@@ -247,7 +250,7 @@ AllToAllTokenDispatcher::ChunkPlan AllToAllTokenDispatcher::plan_chunks(int64_t 
     plan.send.push_back(std::move(send));
     plan.recv.push_back(std::move(recv));
   }
-  add_local(head, static_cast<int64_t>(local_rows.size()));
+  add_local(head, local_count);
   return plan;
 }
 
