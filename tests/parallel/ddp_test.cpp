@@ -99,6 +99,7 @@ TEST(DistributedDataParallel, BucketsShrinkAcrossHostsOnly) {
           nn::Llama a(hp::testing::tiny_llama(), mesh), b(hp::testing::tiny_llama(), mesh);
           DDPOptions first_small;
           first_small.first_bucket_cap_mb = 0.001;
+          first_small.min_bucket_mb = 0.001;
           DDPOptions caps = first_small;
           caps.min_buckets = 0;
           const int shrunk = DistributedDataParallel(a, mesh, first_small).num_buckets();
@@ -109,6 +110,32 @@ TEST(DistributedDataParallel, BucketsShrinkAcrossHostsOnly) {
         },
         std::chrono::seconds(60), ranks_per_host);
   }
+}
+
+// Across hosts buckets shrink no smaller than min_bucket_mb: with the floor under an
+// eighth of the gradients min_buckets rules, with a quarter fewer buckets come, and with
+// all of them the first bucket (capped low here) and one more.
+TEST(DistributedDataParallel, BucketsAcrossHostsShrinkNoSmallerThanTheFloor) {
+  comm::run_local_ranks(
+      2,
+      [&](int) {
+        DeviceMesh mesh = init_device_mesh("cpu", {2}, {"dp"});
+        auto buckets = [&](double floor_share) {
+          nn::Llama model(hp::testing::tiny_llama(), mesh);
+          double total = 0;
+          for (auto& [name, p] : model.named_parameters())
+            total += double(p->to_local().numel() * p->to_local().element_size());
+          DDPOptions o;
+          o.first_bucket_cap_mb = 0.001;
+          o.min_bucket_mb = floor_share * total / (1 << 20);
+          return DistributedDataParallel(model, mesh, o).num_buckets();
+        };
+        const int under_an_eighth = buckets(1.0 / 64), quarter = buckets(0.25), all = buckets(1.0);
+        EXPECT_GE(under_an_eighth, 8);
+        EXPECT_LT(quarter, under_an_eighth);
+        EXPECT_EQ(all, 2);
+      },
+      std::chrono::seconds(60), /*ranks_per_host=*/1);
 }
 
 // The gradients that set the across-host bucket size are those DDP reduces: experts
@@ -128,7 +155,7 @@ TEST(DistributedDataParallel, BucketsAcrossHostsCountOnlyReducedGradients) {
           (name.find(".experts.") != std::string::npos ? experts : others) += p->to_local().numel();
         ASSERT_GT(experts, 4 * others);
         DDPOptions o;
-        o.first_bucket_cap_mb = 0.001;
+        o.first_bucket_cap_mb = o.min_bucket_mb = 0.001;
         EXPECT_GE(DistributedDataParallel(model, mesh, o).num_buckets(), o.min_buckets);
       },
       std::chrono::seconds(60), /*ranks_per_host=*/1);

@@ -135,7 +135,8 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, const Devic
   if (options.min_buckets > 1) {  // of the gradients reduced here, not those of sharded parameters
     int64_t total = 0;
     for (auto [p, group] : reduced) total += p->to_local().numel() * p->to_local().element_size();
-    across_hosts_cap = std::min(cap, std::max(first_cap, total / options.min_buckets));
+    const auto floor = static_cast<int64_t>(options.min_bucket_mb * (1 << 20));
+    across_hosts_cap = std::min(cap, std::max(floor, total / options.min_buckets));
   }
   int64_t bytes = 0;
   for (auto [p, group] : reduced) {

@@ -24,12 +24,15 @@ struct DDPOptions {
   // capped lower, as PyTorch's DDP does (1 MiB), so that communication starts early in
   // backward rather than after a whole bucket of gradients.
   double first_bucket_cap_mb = 1;
-  // Across hosts, buckets are made smaller (down to first_bucket_cap_mb) until the
-  // gradients fill at least this many: the last bucket cannot start before backward ends,
-  // so with a model of a few bucket caps most of its transfer would wait for the end.
-  // Inside a host the all-reduce is the cores' own work and each call a synchronisation
-  // of every rank: fewer, larger calls are faster there. 0 or 1: caps only.
+  // Across hosts, buckets are made smaller (down to min_bucket_mb) until the gradients
+  // fill at least this many: the last bucket cannot start before backward ends, so with a
+  // model of a few bucket caps most of its transfer would wait for the end. Inside a host
+  // the all-reduce is the cores' own work and each call a synchronisation of every rank:
+  // fewer, larger calls are faster there. 0 or 1: caps only.
   int min_buckets = 8;
+  // The smallest bucket min_buckets makes: about 2 ms at 1 Gbit/s, against one round trip
+  // per call.
+  double min_bucket_mb = 0.25;
   // At construction, every replica takes the parameters of the group's rank 0 (as
   // PyTorch's DDP `init_sync`), so replicas initialised differently still train as one.
   bool init_sync = true;
