@@ -17,6 +17,7 @@
 #include <ATen/ATen.h>
 
 #include <map>
+#include <memory>
 #include <mutex>
 
 #include "comm/scoped_env.h"
@@ -43,6 +44,15 @@ struct Spec {
   bool zero_router = false;  // step 0 routes every token alike (ties go to the lowest experts)
   nn::MoELlamaConfig config = hp::testing::tiny_moe_llama();
 };
+
+// A MoE layer of `dim` (experts of width 8) drawn from seed 7, its experts split over the
+// mesh's ep dim.
+std::unique_ptr<nn::MoE> expert_parallel_moe(const DeviceMesh& mesh, int64_t dim, const nn::MoEOptions& o) {
+  manual_seed(7);
+  auto moe = std::make_unique<nn::MoE>(dim, 8, o, mesh);
+  parallelize_module(*moe, mesh["ep"], {{"", ExpertParallel()}});
+  return moe;
+}
 
 MoERun train(const Spec& s) {
   const int64_t batch = 4, seq = 8, steps = 5;
@@ -244,18 +254,16 @@ TEST(MoEChunks, DispatchMovesTheAnalyticBytes) {
   std::vector<int64_t> float_numel(4), local_rows(4), sent_rows(4);
   comm::run_local_ranks(4, [&](int rank) {
     DeviceMesh mesh = init_device_mesh("cpu", {4}, {"ep"});
-    manual_seed(7);
     nn::MoEOptions o;
     o.num_experts = experts, o.top_k = k, o.num_chunks = chunks;
-    nn::MoE moe(dim, 8, o, mesh);
-    parallelize_module(moe, mesh["ep"], {{"", ExpertParallel()}});
+    auto moe = expert_parallel_moe(mesh, dim, o);
     DTensor x = hp::randn({t, dim}, mesh, {Shard(0)});
     auto& log = comm::current_world()->collective_log();
     log.clear();
     log.enable();
-    DTensor y = moe(x);
+    DTensor y = (*moe)(x);
     log.enable(false);
-    const auto& dispatcher = dynamic_cast<const AllToAllTokenDispatcher&>(moe.token_dispatcher());
+    const auto& dispatcher = dynamic_cast<const AllToAllTokenDispatcher&>(moe->token_dispatcher());
     local_rows[rank] = dispatcher.rows_local();
     sent_rows[rank] = dispatcher.rows_sent();
     int counts_exchanges = 0, token_exchanges = 0;
@@ -289,13 +297,11 @@ TEST(MoEChunks, ExchangesArePostedAheadOfTheExperts) {
   std::vector<std::vector<int64_t>> forward(2), backward(2);  // rows per float all-to-all, in order
   comm::run_local_ranks(2, [&](int rank) {
     DeviceMesh mesh = init_device_mesh("cpu", {2}, {"ep"});
-    manual_seed(7);
     nn::MoEOptions o;
     o.num_experts = 4, o.top_k = 1, o.num_chunks = chunks;
-    nn::MoE moe(dim, 8, o, mesh);
-    for (auto& [name, p] : moe.named_parameters())
+    auto moe = expert_parallel_moe(mesh, dim, o);
+    for (auto& [name, p] : moe->named_parameters())
       if (name == "router.gate.weight") p->to_local().detach().zero_();
-    parallelize_module(moe, mesh["ep"], {{"", ExpertParallel()}});
     DTensor x = hp::randn({t, dim}, mesh, {Shard(0)});
     x.to_local().requires_grad_(true);
     auto& log = comm::current_world()->collective_log();
@@ -308,7 +314,7 @@ TEST(MoEChunks, ExchangesArePostedAheadOfTheExperts) {
     };
     log.clear();
     log.enable();
-    DTensor y = moe(x);
+    DTensor y = (*moe)(x);
     forward[rank] = rows();
     y.to_local().sum().backward();
     backward[rank] = rows();
@@ -331,15 +337,13 @@ TEST(MoEChunks, OwnRowsRunFirstAndLast) {
   std::vector<int64_t> local_rows(2);
   comm::run_local_ranks(2, [&](int rank) {
     DeviceMesh mesh = init_device_mesh("cpu", {2}, {"ep"});
-    manual_seed(7);
     nn::MoEOptions o;
     o.num_experts = 4, o.top_k = 2, o.num_chunks = chunks;
-    nn::MoE moe(dim, 8, o, mesh);
-    parallelize_module(moe, mesh["ep"], {{"", ExpertParallel()}});
+    auto moe = expert_parallel_moe(mesh, dim, o);
     DTensor x = hp::randn({t, dim}, mesh, {Shard(0)});
     x.to_local().requires_grad_(true);
-    moe(x).to_local().sum().backward();
-    local_rows[rank] = dynamic_cast<const AllToAllTokenDispatcher&>(moe.token_dispatcher()).rows_local();
+    (*moe)(x).to_local().sum().backward();
+    local_rows[rank] = dynamic_cast<const AllToAllTokenDispatcher&>(moe->token_dispatcher()).rows_local();
   });
   const std::vector<trace::Event> events = trace::events();
   trace::set_enabled(false);
