@@ -1,15 +1,17 @@
 // Activation checkpointing and optimizer-state offload: memory and step time of one
 // training step, by mode:
-//   bench_memory [LAYERS] [BATCH] [ROUNDS] [STEPS]      (default 4 8 3 2; one process)
+//   bench_memory [LAYERS] [BATCH] [ROUNDS] [STEPS] [MODES]  (default 4 8 3 2 all; one process)
 // The 3.03M Llama of configs/bench_3m.toml (vocab 256, dim 256, 8 heads / 4 kv heads, SwiGLU
 // 688, sequence 256) with LAYERS blocks, BATCH sequences, float32. Modes: none (AdamW in
-// memory), full (every block recomputed), selective (save_matmuls_and_collectives), budget
+// memory), full (every block recomputed), full_chunked (and each block's MLP a region inside
+// it, recomputed in 4 token chunks during the block's backward), selective (save_matmuls_and_collectives), budget
 // 0.5 and 0.4, offload (SwapOptimizer over AdamW, state in files under $TMPDIR or /tmp, 8
 // batches, prefetch) and offload_noprefetch; muon (Muon on the blocks' matrices, AdamW on
 // the rest, in memory) and muon_offload (that chain per batch in a SwapOptimizer, with
 // prefetch; its ratios against muon). One model: each round runs every mode in turn (first
 // mode rotating), each with a fresh optimizer (one untimed step allocates its state), so
-// all modes see the same machine and model.
+// all modes see the same machine and model. MODES, a comma-separated list, runs only those
+// (and none, which the ratios need) and skips the fully_shard table.
 //
 // Per step: wall time; the time spent recomputing (memory::recompute_seconds); the
 // activation peak, the high-water mark of the counted CPU storage (hp::track_cpu_memory)
@@ -79,6 +81,7 @@ struct Mode {
   CheckpointOptions options;
   int offload = 0;  // 0: in memory; 1: SwapOptimizer with prefetch; 2: without
   bool muon = false;  // Muon + AdamW (get_hyper_optimizer's split), else AdamW
+  std::optional<CheckpointOptions> inner;  // the blocks' MLPs checkpointed inside them too
 };
 
 std::vector<Mode> modes() {
@@ -89,7 +92,10 @@ std::vector<Mode> modes() {
   Mode off{"offload"}, off_np{"offload_noprefetch"}, muon{"muon"}, muon_off{"muon_offload"};
   off.offload = 1, off_np.offload = 2;
   muon.muon = muon_off.muon = true, muon_off.offload = 1;
-  return {none, full, sel, half, b40, off, off_np, muon, muon_off};
+  Mode chunked{"full_chunked", true};
+  chunked.inner = CheckpointOptions();
+  chunked.inner->token_chunks = 4;
+  return {none, full, chunked, sel, half, b40, off, off_np, muon, muon_off};
 }
 
 std::string temp_dir() {
@@ -213,6 +219,11 @@ void set_mode(nn::Llama& model, const Mode& m) {
     if (name.rfind("layers.", 0) == 0 && name.find('.', 7) == std::string::npos) {
       mod->set_forward_wrapper(nullptr);
       if (m.checkpointed) checkpoint_wrapper(*mod, m.options);
+      for (auto& [sub, inner] : mod->named_modules())
+        if (sub == "mlp") {
+          inner->set_forward_wrapper(nullptr);
+          if (m.inner) checkpoint_wrapper(*inner, *m.inner);
+        }
     }
 }
 
@@ -223,6 +234,7 @@ int main(int argc, char** argv) {
   const int64_t batch = argc > 2 ? std::stoll(argv[2]) : 8;
   const int rounds = argc > 3 ? std::stoi(argv[3]) : 3;
   const int steps = argc > 4 ? std::stoi(argv[4]) : 2;
+  const std::string only = argc > 5 ? std::string(",") + argv[5] + ",none," : "";
   const int64_t seq = 256;
   comm::run_local_ranks(1, [&](int) {
     DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
@@ -252,7 +264,11 @@ int main(int argc, char** argv) {
       for (DTensor* p : model.parameters()) p->to_local().mutable_grad().zero_();  // stay allocated
       return Step{std::chrono::duration<double>(Clock::now() - t0).count(), act, double(cpu_memory_peak()), recompute};
     };
-    const std::vector<Mode> ms = modes();
+    std::vector<Mode> ms = modes();
+    if (!only.empty())
+      ms.erase(std::remove_if(ms.begin(), ms.end(),
+                              [&](const Mode& m) { return only.find("," + m.name + ",") == std::string::npos; }),
+               ms.end());
     std::map<std::string, std::vector<double>> time, act, peak, rss, recompute;
     double muon_state = 0;
     for (int r = 0; r < rounds; ++r)
@@ -275,7 +291,7 @@ int main(int argc, char** argv) {
       }
     opt.reset();
     std::vector<std::string> fsdp_results;
-    fsdp_rows(c, ids, targets, rounds, steps, fsdp_results);
+    if (only.empty()) fsdp_rows(c, ids, targets, rounds, steps, fsdp_results);
     plan::ModelDesc d;
     d.name = "bench", d.layers = layers, d.hidden = c.dim, d.heads = c.heads, d.kv_heads = c.kv_heads;
     d.ffn = c.ffn_dim, d.vocab = c.vocab, d.seq_len = seq;
@@ -304,13 +320,16 @@ int main(int argc, char** argv) {
                   median(time[m.name]) / t0, median(act[m.name]) / (1 << 20), median(act[m.name]) / a0,
                   median(peak[m.name]) / (1 << 20), median(rss[m.name]) / (1 << 20), 1e3 * median(recompute[m.name]));
     const double state = 2.0 * double(param_bytes);  // AdamW's exp_avg and exp_avg_sq
-    std::printf("AdamW state %.1f MiB; offload lowers the step peak by %.1f MiB (%.2f of it)\n", state / (1 << 20),
-                (p0 - median(peak["offload"])) / (1 << 20), (p0 - median(peak["offload"])) / state);
-    const double p_muon = median(peak["muon"]), t_muon = median(time["muon"]);
-    std::printf("Muon + AdamW state %.1f MiB; muon_offload lowers the step peak by %.1f MiB (%.2f of it), step time "
-                "%.3fx of muon's\n",
-                muon_state / (1 << 20), (p_muon - median(peak["muon_offload"])) / (1 << 20),
-                (p_muon - median(peak["muon_offload"])) / muon_state, median(time["muon_offload"]) / t_muon);
+    double p_muon = 0, t_muon = 0;
+    if (only.empty()) {
+      std::printf("AdamW state %.1f MiB; offload lowers the step peak by %.1f MiB (%.2f of it)\n", state / (1 << 20),
+                  (p0 - median(peak["offload"])) / (1 << 20), (p0 - median(peak["offload"])) / state);
+      p_muon = median(peak["muon"]), t_muon = median(time["muon"]);
+      std::printf("Muon + AdamW state %.1f MiB; muon_offload lowers the step peak by %.1f MiB (%.2f of it), step time "
+                  "%.3fx of muon's\n",
+                  muon_state / (1 << 20), (p_muon - median(peak["muon_offload"])) / (1 << 20),
+                  (p_muon - median(peak["muon_offload"])) / muon_state, median(time["muon_offload"]) / t_muon);
+    }
     std::printf("planner, per layer's saved activations: selective %.3f, full %.3f of none; step time "
                 "selective %.2fx, full %.2fx (one more forward: 4/3)\n",
                 layer_sel / layer_none, layer_full / layer_none, planned_sel_time, 4.0 / 3.0);
@@ -329,13 +348,15 @@ int main(int argc, char** argv) {
         std::printf("RESULT memory_%s_recompute_share_%s %.3f\n", m.name.c_str(), tag.c_str(),
                     median(recompute[m.name]) / t0);
     }
-    std::printf("RESULT memory_offload_peak_drop_of_state_%s %.3f\n", tag.c_str(), (p0 - median(peak["offload"])) / state);
-    std::printf("RESULT memory_offload_step_time_ratio_%s %.3f\n", tag.c_str(), median(time["offload"]) / t0);
-    std::printf("RESULT memory_offload_noprefetch_step_time_ratio_%s %.3f\n", tag.c_str(),
-                median(time["offload_noprefetch"]) / t0);
-    std::printf("RESULT memory_muon_offload_peak_drop_of_state_%s %.3f\n", tag.c_str(),
-                (p_muon - median(peak["muon_offload"])) / muon_state);
-    std::printf("RESULT memory_muon_offload_step_time_ratio_%s %.3f\n", tag.c_str(), median(time["muon_offload"]) / t_muon);
+    if (only.empty()) {
+      std::printf("RESULT memory_offload_peak_drop_of_state_%s %.3f\n", tag.c_str(), (p0 - median(peak["offload"])) / state);
+      std::printf("RESULT memory_offload_step_time_ratio_%s %.3f\n", tag.c_str(), median(time["offload"]) / t0);
+      std::printf("RESULT memory_offload_noprefetch_step_time_ratio_%s %.3f\n", tag.c_str(),
+                  median(time["offload_noprefetch"]) / t0);
+      std::printf("RESULT memory_muon_offload_peak_drop_of_state_%s %.3f\n", tag.c_str(),
+                  (p_muon - median(peak["muon_offload"])) / muon_state);
+      std::printf("RESULT memory_muon_offload_step_time_ratio_%s %.3f\n", tag.c_str(), median(time["muon_offload"]) / t_muon);
+    }
     std::printf("RESULT memory_none_act_peak_mib_%s %.1f\n", tag.c_str(), a0 / (1 << 20));
     for (const std::string& line : fsdp_results) std::printf("%s\n", line.c_str());
   });

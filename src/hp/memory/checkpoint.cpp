@@ -13,6 +13,7 @@
 
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
+#include "hp/memory/nested_regions.h"
 #include "hp/memory/selective_region.h"
 #include "hp/parallel/tensor_parallel.h"
 #include "hp/tensor/fused_cpu.h"
@@ -49,11 +50,52 @@ struct Region {
   RunFn run;
   at::Tensor input;                 // detached: what the region keeps
   std::vector<at::Tensor> params;   // as the forward read them (views share storage)
+  std::vector<at::Tensor> owners;   // the same, not detached: where their gradients accumulate
   RngState rng;
   bool replay_rng = true;
+  int token_chunks = 1;
+  bool split_sequences = true;  // token_chunks may split a sequence's tokens
+  std::vector<memory::InnerOutput> inner;  // the full regions its forward ran inside it
 
   variable_list backward(const at::Tensor& grad_output);
+  // The recompute and backward of `in` (a fresh leaf: the input, or a chunk of its rows)
+  // with the gradient `grad_out`, adding into the grad() of `in` and of the leaves.
+  void backward_rows(const at::Tensor& in, const std::vector<at::Tensor>& leaves, const at::Tensor& grad_out);
 };
+
+// token_chunks splits a region's rows: the tokens of [tokens, dim], or of [batch, seq, ...,
+// dim] the sequences (dim 0) and each sequence's tokens (the dimension before the last). A
+// chunk is whole sequences, or a range of one sequence's tokens, so that a chunk of a
+// contiguous tensor is contiguous. A region whose output holds other tokens of each
+// sequence than its input (one that ends in sequence parallelism's reduce-scatter) is split
+// into whole sequences only.
+struct RowChunk {
+  int64_t seq_begin, seqs, token_begin, tokens;  // tokens 0: all of them
+};
+
+std::vector<RowChunk> row_chunks(const at::Tensor& t, int chunks, bool split_sequences) {
+  const int64_t seqs = t.dim() == 2 ? 1 : t.size(0), tokens = t.size(t.dim() - 2);
+  std::vector<RowChunk> out;
+  if (!split_sequences) {
+    const int64_t per = (seqs + chunks - 1) / chunks;
+    for (int64_t s = 0; s < seqs; s += per) out.push_back({s, std::min(per, seqs - s), 0, 0});
+    return out;
+  }
+  const int64_t per = (seqs * tokens + chunks - 1) / chunks;  // rows per chunk
+  if (per >= tokens) {
+    const int64_t whole = per / tokens;
+    for (int64_t s = 0; s < seqs; s += whole) out.push_back({s, std::min(whole, seqs - s), 0, 0});
+  } else {
+    for (int64_t s = 0; s < seqs; ++s)
+      for (int64_t b = 0; b < tokens; b += per) out.push_back({s, 1, b, std::min(per, tokens - b)});
+  }
+  return out;
+}
+
+at::Tensor rows_of(const at::Tensor& t, const RowChunk& c) {
+  at::Tensor r = c.tokens > 0 ? t.narrow(t.dim() - 2, c.token_begin, c.tokens) : t;
+  return t.dim() == 2 ? r : r.narrow(0, c.seq_begin, c.seqs);
+}
 
 // Every node the recomputed graph reaches must be its own: an op it ran, the AccumulateGrad
 // of one of its leaves, or a sink it made (a node with no outputs: the gradient node of a
@@ -92,36 +134,65 @@ variable_list Region::backward(const at::Tensor& grad_output) {
   variable_list grads(1 + params.size());
   if (!grad_output.defined()) return grads;
   at::AutoGradMode grad_on(true);
-  at::Tensor in = input.detach().requires_grad_(input.requires_grad());
+  // Fresh leaves stand for the parameters. A parameter that is a leaf and has a gradient
+  // lends it to its leaf: the recompute adds into it in place, as the run without
+  // checkpointing does, so no copy of the region's weight gradients lives through its
+  // backward, and this node hands none on (their AccumulateGrad still runs, after it, with
+  // its hooks). The others (fully_shard's gathered views, a first backward) go through it.
   std::vector<at::Tensor> leaves;
-  for (const at::Tensor& p : params) leaves.push_back(p.detach().requires_grad_(p.requires_grad()));
+  std::vector<bool> lent;
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor leaf = params[i].detach().requires_grad_(params[i].requires_grad());
+    const at::Tensor& owner = owners[i];
+    lent.push_back(owner.requires_grad() && owner.is_leaf() && owner.grad().defined());
+    if (lent.back()) leaf.mutable_grad() = owner.grad();
+    leaves.push_back(std::move(leaf));
+  }
+  auto fresh = [&](const at::Tensor& t) { return t.detach().requires_grad_(input.requires_grad()); };
+  if (token_chunks == 1) {
+    at::Tensor in = fresh(input);
+    backward_rows(in, leaves, grad_output);
+    grads[0] = in.grad();
+  } else {
+    // One chunk of rows at a time: only one chunk's activations are alive at once.
+    if (input.requires_grad()) grads[0] = at::empty_like(input);
+    for (const RowChunk& c : row_chunks(input, token_chunks, split_sequences)) {
+      at::Tensor in = fresh(rows_of(input, c));
+      backward_rows(in, leaves, rows_of(grad_output, c));
+      if (!grads[0].defined()) continue;
+      at::Tensor rows_grad = rows_of(grads[0], c);
+      in.grad().defined() ? rows_grad.copy_(in.grad()) : rows_grad.zero_();
+    }
+  }
+  for (size_t i = 0; i < leaves.size(); ++i)
+    if (!lent[i]) grads[1 + i] = leaves[i].grad();
+  return grads;
+}
+
+void Region::backward_rows(const at::Tensor& in, const std::vector<at::Tensor>& leaves, const at::Tensor& grad_out) {
   const uint64_t first_seq = at::sequence_number::peek();
   at::Tensor out;
-  {
+  for (bool again = true; again;) {  // again when a stand-in's output turns out to be read
+    memory::Nest nest(memory::Nest::Phase::Recompute, &inner);
     RngReplay replay(replay_rng, rng);
     memory::RecomputeTimer timer;
     out = run(in, leaves);
+    again = nest.read_stand_ins(out, first_seq);
   }
   std::vector<at::Tensor> wrt;
-  std::vector<size_t> slot;
-  if (in.requires_grad()) wrt.push_back(in), slot.push_back(0);
-  for (size_t i = 0; i < leaves.size(); ++i)
-    if (leaves[i].requires_grad()) wrt.push_back(leaves[i]), slot.push_back(1 + i);
-  if (wrt.empty() || !out.requires_grad()) return grads;
+  if (in.requires_grad()) wrt.push_back(in);
+  for (const at::Tensor& leaf : leaves)
+    if (leaf.requires_grad()) wrt.push_back(leaf);
+  if (wrt.empty() || !out.requires_grad()) return;
   std::vector<at::Tensor> own = leaves;
   own.push_back(in);
   const bool sinks = check_closed(out, own, first_seq);
   fused::ReuseSavedInputs reuse;  // the recompute's graph runs once, and only here
-  if (sinks) {
-    // The whole graph, so that the sinks run too: the gradients land on the fresh leaves.
-    torch::autograd::backward({out}, {grad_output}, /*retain_graph=*/false, /*create_graph=*/false);
-    for (size_t k = 0; k < wrt.size(); ++k) grads[slot[k]] = wrt[k].grad();
-    return grads;
-  }
-  variable_list got = torch::autograd::grad({out}, wrt, {grad_output}, /*retain_graph=*/false,
-                                            /*create_graph=*/false, /*allow_unused=*/true);
-  for (size_t k = 0; k < got.size(); ++k) grads[slot[k]] = got[k];
-  return grads;
+  HP_CHECK(!sinks || token_chunks == 1) << "checkpoint: token_chunks cannot split a region that holds a fully_shard "
+                                        << "unit (its gradients would be reduced once per chunk); checkpoint it whole";
+  // With sinks the whole graph, so that they run too.
+  torch::autograd::backward({out}, {grad_out}, /*retain_graph=*/false, /*create_graph=*/false,
+                            sinks ? std::vector<at::Tensor>{} : wrt);
 }
 
 struct CheckpointBackward : torch::autograd::Node {
@@ -136,22 +207,48 @@ bool shares_storage(const at::Tensor& a, const at::Tensor& b) {
          a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
 }
 
+// A region split into token chunks must treat its rows alone and draw nothing from the RNG
+// (a chunk's draw would not be the slice of the whole one's). Returns whether a sequence's
+// tokens may be split: whether the output holds the input's.
+bool check_token_chunks(const at::Tensor& input, const at::Tensor& out, RngState at_start) {
+  const RngState now = get_rng_state();
+  HP_CHECK(now.seed == at_start.seed && now.offset == at_start.offset)
+      << "checkpoint: token_chunks needs a region that draws no random numbers (dropout), and this one does: a "
+      << "chunk's recompute would draw different ones";
+  const int64_t nd = input.dim();
+  const bool same_rows = nd >= 2 && out.dim() == nd && input.sizes().slice(0, nd - 1) == out.sizes().slice(0, nd - 1);
+  const bool same_sequences = nd >= 3 && out.dim() == nd && input.sizes().slice(0, nd - 2) == out.sizes().slice(0, nd - 2);
+  HP_CHECK(same_rows || same_sequences)
+      << "checkpoint: token_chunks splits a region's rows (every dimension but the last, or at least the sequences, "
+      << "every dimension but the last two), so its input and output must have the same; got input "
+      << to_string_list(input.sizes().vec()) << ", output " << to_string_list(out.sizes().vec());
+  return same_rows;
+}
+
+// Runs the region without keeping its activations and gives its output the backward node
+// that recomputes them. With `stand_in` (a nested region inside a recompute, see
+// nested_regions.h) the forward does not run, and the output is `stand_in`.
 at::Tensor run_region(RunFn run, const at::Tensor& input, std::vector<at::Tensor> params,
-                      const CheckpointOptions& options) {
+                      const CheckpointOptions& options, at::Tensor stand_in = {}) {
   HP_CHECK(!WeightOutputRecorder::recording())
       << "checkpoint: a split backward (zero-bubble schedules' I and W) cannot run through a checkpointed region; "
       << "use a schedule without split backwards (1f1b, gpipe, interleaved-1f1b)";
   auto region = std::make_shared<Region>();
   region->rng = get_rng_state();
   region->replay_rng = options.preserve_rng_state;
-  at::Tensor out;
-  {
-    at::NoGradGuard no_grad;
-    out = run(input, params);
-  }
+  region->token_chunks = options.token_chunks;
   const bool needs_grad = at::GradMode::is_enabled() &&
                           (input.requires_grad() ||
                            std::any_of(params.begin(), params.end(), [](const at::Tensor& p) { return p.requires_grad(); }));
+  at::Tensor out;
+  if (stand_in.defined() && needs_grad) {
+    out = std::move(stand_in);
+  } else {
+    memory::Nest nest(memory::Nest::Phase::Forward, &region->inner);
+    at::NoGradGuard no_grad;
+    out = run(input, params);
+  }
+  if (options.token_chunks > 1) region->split_sequences = check_token_chunks(input, out, region->rng);
   if (!needs_grad) return out;
   // The output gets its own history: an output that aliases an input is copied first.
   bool aliases = shares_storage(out, input);
@@ -164,6 +261,7 @@ at::Tensor run_region(RunFn run, const at::Tensor& input, std::vector<at::Tensor
     d.requires_grad_(p.requires_grad());
     region->params.push_back(d);
   }
+  region->owners = params;
   region->run = std::move(run);
   std::vector<at::Tensor> inputs{input};
   inputs.insert(inputs.end(), params.begin(), params.end());
@@ -175,8 +273,25 @@ at::Tensor run_region(RunFn run, const at::Tensor& input, std::vector<at::Tensor
 }
 
 // A DTensor standing for `like` with `local` as its data, the gradient-reduction marks kept.
+// `local` may be a chunk of like's local rows (token_chunks): the global shape shrinks
+// with it, by as many times as the mesh shards each dimension (evenly: checked).
 DTensor with_local(const DTensor& like, const at::Tensor& local) {
-  DTensor d(local, like.device_mesh(), like.spec());
+  ShardSpec spec = like.spec();
+  if (local.sizes() != like.to_local().sizes()) {
+    std::vector<int64_t> shape = like.sizes();
+    for (int dim = 0; dim < local.dim(); ++dim) {
+      if (local.size(dim) == like.to_local().size(dim)) continue;
+      int64_t ways = 1;
+      for (int k = 0; k < like.device_mesh().ndim(); ++k)
+        if (like.placements()[k].is_shard(dim)) ways *= like.device_mesh().size(k);
+      HP_CHECK(shape[dim] == like.to_local().size(dim) * ways)
+          << "checkpoint: token_chunks splits the rows of a region whose input is unevenly sharded along dimension "
+          << dim << " (" << shape[dim] << " over " << ways << " ranks); use a size the mesh divides, or no token_chunks";
+      shape[dim] = local.size(dim) * ways;
+    }
+    spec = make_spec(shape, local.scalar_type(), like.device_mesh(), like.placements());
+  }
+  DTensor d(local, like.device_mesh(), spec);
   std::vector<int> deferred;
   for (int k = 0; k < like.device_mesh().ndim(); ++k)
     if (like.defers_grad_reduction(k)) deferred.push_back(k);
@@ -203,7 +318,13 @@ class SlotSwap {
   std::vector<T> outer_;
 };
 
-bool is_selective(const CheckpointOptions& o) { return static_cast<bool>(o.policy) || o.memory_budget.has_value(); }
+bool is_selective(const CheckpointOptions& o) {
+  HP_CHECK(o.token_chunks >= 1) << "checkpoint: token_chunks must be at least 1, got " << o.token_chunks;
+  const bool selective = static_cast<bool>(o.policy) || o.memory_budget.has_value();
+  HP_CHECK(!selective || o.token_chunks == 1) << "checkpoint: token_chunks splits a fully recomputed region; a "
+                                              << "selective policy or memory budget keeps outputs of the whole one";
+  return selective;
+}
 
 DTensor selective_checkpoint(const std::function<DTensor(const DTensor&)>& fn, const DTensor& input,
                              const std::vector<DTensor*>& params, const CheckpointOptions& options) {
@@ -241,9 +362,12 @@ memory::RecomputeTimer::~RecomputeTimer() {
 
 double memory::recompute_seconds() { return 1e-9 * static_cast<double>(g_recompute_ns.load()); }
 
-DTensor memory::checkpoint(const std::function<DTensor(const DTensor&)>& fn, const DTensor& input,
-                   const std::vector<DTensor*>& params, const CheckpointOptions& options) {
-  if (is_selective(options)) return selective_checkpoint(fn, input, params, options);
+namespace {
+
+// A full region on DTensors; with `stand_in`, one standing in for a nested region.
+DTensor full_checkpoint(const std::function<DTensor(const DTensor&)>& fn, const DTensor& input,
+                        const std::vector<DTensor*>& params, const CheckpointOptions& options,
+                        const memory::InnerOutput* stand_in = nullptr) {
   std::vector<DTensor> at_forward;
   std::vector<at::Tensor> locals;
   for (DTensor* p : params) {
@@ -252,6 +376,11 @@ DTensor memory::checkpoint(const std::function<DTensor(const DTensor&)>& fn, con
     locals.push_back(p->to_local());
   }
   auto out_spec = std::make_shared<std::optional<DTensor>>();
+  at::Tensor placeholder;
+  if (stand_in) {
+    *out_spec = stand_in->like;
+    placeholder = at::empty_strided(stand_in->sizes, stand_in->strides, stand_in->options);
+  }
   DTensor in_like = input;
   RunFn run = [fn, params, at_forward, in_like, out_spec](const at::Tensor& x, const std::vector<at::Tensor>& ps) {
     std::vector<DTensor> values;
@@ -261,9 +390,17 @@ DTensor memory::checkpoint(const std::function<DTensor(const DTensor&)>& fn, con
     if (!out_spec->has_value()) *out_spec = out;
     return out.to_local();
   };
-  at::Tensor out = run_region(std::move(run), input.to_local(), locals, options);
+  at::Tensor out = run_region(std::move(run), input.to_local(), locals, options, placeholder);
   const DTensor& like = out_spec->value();
   return DTensor(out, like.device_mesh(), like.spec());
+}
+
+}  // namespace
+
+DTensor memory::checkpoint(const std::function<DTensor(const DTensor&)>& fn, const DTensor& input,
+                           const std::vector<DTensor*>& params, const CheckpointOptions& options) {
+  if (is_selective(options)) return selective_checkpoint(fn, input, params, options);
+  return full_checkpoint(fn, input, params, options);
 }
 
 at::Tensor memory::checkpoint(const std::function<at::Tensor(const at::Tensor&)>& fn, const at::Tensor& input,
@@ -284,16 +421,37 @@ at::Tensor memory::checkpoint(const std::function<at::Tensor(const at::Tensor&)>
 
 namespace {
 
-DTensor checkpointed_forward(nn::Module& m, const DTensor& input, const CheckpointOptions& options) {
-  return memory::checkpoint([&m](const DTensor& x) { return m.forward(x); }, input, m.parameters(), options);
+// `self` is the wrapper's own: what the regions it runs inside (nested_regions.h) know of it.
+DTensor checkpointed_forward(nn::Module& m, const DTensor& input, const CheckpointOptions& options,
+                             const std::shared_ptr<memory::NestedRegion>& self) {
+  auto fn = [&m](const DTensor& x) { return m.forward(x); };
+  if (is_selective(options)) return selective_checkpoint(fn, input, m.parameters(), options);
+  memory::Nest* nest = memory::Nest::current();
+  if (nest && nest->phase() == memory::Nest::Phase::Recompute)
+    if (std::optional<memory::InnerOutput> like = nest->stand_in(self.get(), input)) {
+      DTensor out = full_checkpoint(fn, input, m.parameters(), options, &*like);
+      if (out.to_local().grad_fn()) {  // else it ran: nothing needed its gradient
+        nest->stood_in(self.get(), out.to_local().grad_fn().get());
+        set_rng_state(like->rng_after);  // as if its forward had drawn
+      }
+      return out;
+    }
+  DTensor out = full_checkpoint(fn, input, m.parameters(), options);
+  if (nest && nest->phase() == memory::Nest::Phase::Forward) nest->record(self, input, out);
+  return out;
+}
+
+void wrap(nn::Module& module, const CheckpointOptions& options) {
+  auto self = std::make_shared<memory::NestedRegion>();
+  module.set_forward_wrapper(
+      [options, self](nn::Module& m, const DTensor& x) { return checkpointed_forward(m, x, options, self); });
 }
 
 }  // namespace
 
 DTensor memory::checkpoint(nn::Module& module, const DTensor& input, const CheckpointOptions& options) {
   if (module.has_forward_wrapper()) return module(input);
-  module.set_forward_wrapper(
-      [options](nn::Module& m, const DTensor& x) { return checkpointed_forward(m, x, options); });
+  wrap(module, options);
   struct Unwrap {
     nn::Module& m;
     ~Unwrap() { m.set_forward_wrapper(nullptr); }
@@ -303,8 +461,7 @@ DTensor memory::checkpoint(nn::Module& module, const DTensor& input, const Check
 
 void checkpoint_wrapper(nn::Module& module, const CheckpointOptions& options) {
   HP_CHECK(!module.has_forward_wrapper()) << "checkpoint_wrapper: the module's forward is already wrapped";
-  module.set_forward_wrapper(
-      [options](nn::Module& m, const DTensor& x) { return checkpointed_forward(m, x, options); });
+  wrap(module, options);
 }
 
 void checkpoint_wrapper(nn::Module& root, const std::vector<std::string>& patterns, const CheckpointOptions& options) {
@@ -323,7 +480,8 @@ void checkpoint_wrapper(nn::Module& root, const std::vector<std::string>& patter
     for (auto& [b, mb] : chosen)
       HP_CHECK(a == b || !(a.empty() || b.rfind(a + ".", 0) == 0))
           << "checkpoint_wrapper: '" << b << "' lies inside '" << (a.empty() ? "<root>" : a)
-          << "', which is checkpointed too (its forward would be recomputed twice)";
+          << "', which this call checkpoints too; wrap a region inside another with its own call (e.g. with "
+          << "token_chunks)";
   for (auto& [name, m] : chosen) {
     HP_CHECK(!m->has_forward_wrapper()) << "checkpoint_wrapper: '" << name << "' is already wrapped";
     checkpoint_wrapper(*m, options);

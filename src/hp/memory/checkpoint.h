@@ -10,6 +10,10 @@
 // counter-based RNG from the state the forward started at, so dropout draws the same mask.
 // Everything inside the region runs again, collectives of tensor-parallel layers included
 // (every rank recomputes the same regions in the same order, so they pair up).
+// A parameter whose gradient exists already (a second micro-batch, gradients zeroed in
+// place) lends it to the recompute, which adds into it weight by weight, as the run without
+// checkpointing does; its AccumulateGrad still runs after the region's node, with its
+// hooks (DistributedDataParallel's).
 //
 // LibTorch's C++ API has no torch.utils.checkpoint, so full checkpointing here is the
 // reentrant form: tensors the region reads must be its input or a listed parameter, and a
@@ -54,6 +58,13 @@ struct CheckpointOptions {
   std::optional<double> memory_budget;
   // Where MUST_SWAP outputs go between forward and backward (e.g. a memory::FileTier).
   std::shared_ptr<memory::StorageTier> swap_tier;
+  // Full checkpointing of a region whose rows are independent (an MLP or MoE experts, not
+  // attention): its backward recomputes and differentiates its rows (whole sequences, or
+  // ranges of a sequence's tokens: every dimension but the last) in about this many chunks,
+  // one after another, so only one chunk's activations are alive at a time. The parameters' gradients become the chunks' sums
+  // (equal to float32 rounding). A region that draws random numbers, or holds a fully_shard
+  // unit, is an error.
+  int token_chunks = 1;
 };
 
 // In hp::memory because hp::checkpoint is the namespace of distributed checkpoints.
@@ -83,8 +94,11 @@ double recompute_seconds();
 // module's hooks and its forward either way.
 void checkpoint_wrapper(nn::Module& module, const CheckpointOptions& options = {});
 // The modules under `root` whose names match one of `patterns` ("layers.*", as the
-// tensor-parallel plan's). A pattern matching no module, or nested matches (a region
-// inside a region recomputes twice), are errors.
+// tensor-parallel plan's). A pattern matching no module, or nested matches, are errors.
+// Regions inside regions come from separate calls (checkpoint_wrapper(model, {"layers.*"})
+// then checkpoint_wrapper(model, {"layers.*.mlp"}, chunked)): the outer region keeps its
+// input only, and its backward runs the inner region's forward only in the inner backward
+// where nothing else reads the inner output (nested_regions.h).
 void checkpoint_wrapper(nn::Module& root, const std::vector<std::string>& patterns,
                         const CheckpointOptions& options = {});
 
