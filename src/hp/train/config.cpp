@@ -411,6 +411,10 @@ void validate(const TrainConfig& c) {
       << mem.activation_checkpoint << "\"";
   HP_CHECK(mem.activation_checkpoint.empty() || !mem.checkpoint_modules.empty())
       << src << ": memory.checkpoint_modules is empty";
+  HP_CHECK(mem.chunked_modules.empty() || !mem.activation_checkpoint.empty())
+      << src << ": memory.chunked_modules are regions inside the checkpointed modules and need "
+      << "memory.activation_checkpoint";
+  positive("memory.token_chunks", mem.token_chunks);
   positive("memory.optimizer_offload_batch_mib", mem.optimizer_offload_batch_mib);
 
   const auto& mon = c.monitor;

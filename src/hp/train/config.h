@@ -125,6 +125,10 @@ struct PrecisionConfig {
 struct MemoryConfig {
   std::string activation_checkpoint;                   // "" = off; full or selective
   std::vector<std::string> checkpoint_modules{"layers.*"};
+  // Modules inside the checkpointed ones recomputed as full regions of their own, their rows
+  // (tokens) in token_chunks chunks one after another (["layers.*.mlp"]); [] = none.
+  std::vector<std::string> chunked_modules;
+  int64_t token_chunks = 4;
   double memory_budget = 0;  // selective: fraction of each region's activations kept; 0 = the policy decides
   std::string optimizer_offload_dir;    // optimizer state in files here between steps (a dir per rank); "" = off
   int64_t optimizer_offload_batch_mib = 64;  // parameters per streamed batch

@@ -117,6 +117,11 @@ std::vector<Field> make_fields() {
        at<&T::memory, &Mem::activation_checkpoint>()},
       {"memory", "checkpoint_modules", "name patterns of the checkpointed modules",
        at<&T::memory, &Mem::checkpoint_modules>()},
+      {"memory", "chunked_modules",
+       "name patterns of modules inside the checkpointed ones recomputed token chunk by chunk (row-wise ones, "
+       "e.g. layers.*.mlp)",
+       at<&T::memory, &Mem::chunked_modules>()},
+      {"memory", "token_chunks", "chunks of the chunked_modules' rows", at<&T::memory, &Mem::token_chunks>()},
       {"memory", "memory_budget", "selective: fraction of activations kept, 0 to 1; 0 = the policy decides",
        at<&T::memory, &Mem::memory_budget>()},
       {"memory", "optimizer_offload_dir", "AdamW state in files here between steps; \"\" = off",

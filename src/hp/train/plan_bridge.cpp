@@ -67,6 +67,7 @@ void apply_strategy(TrainConfig& cfg, const plan::Strategy& s) {
   static const char* const recompute[] = {"", "selective", "full"};
   cfg.memory.activation_checkpoint = recompute[static_cast<int>(s.recompute)];
   cfg.memory.checkpoint_modules = MemoryConfig{}.checkpoint_modules;
+  cfg.memory.chunked_modules = {};
   cfg.memory.memory_budget = 0;
   cfg.pipeline = PipelineConfig{};
   if (s.pp > 1) {

@@ -206,6 +206,10 @@ void detail::apply_activation_checkpointing(nn::Module& model, const TrainConfig
   if (m.activation_checkpoint == "selective") o.policy = save_matmuls_and_collectives;
   if (m.memory_budget > 0) o.memory_budget = m.memory_budget;
   checkpoint_wrapper(model, m.checkpoint_modules, o);
+  if (m.chunked_modules.empty()) return;
+  CheckpointOptions chunked;
+  chunked.token_chunks = static_cast<int>(m.token_chunks);
+  checkpoint_wrapper(model, m.chunked_modules, chunked);
 }
 
 std::vector<Placement> batch_placements(const DeviceMesh& stage_mesh, bool sequence_sharded) {
