@@ -200,6 +200,33 @@ TEST(Monitor, NormsOfDataAndTensorParallelRunsEqualTheSingleProcessRun) {
   for (const auto& f : {single, dp2, dp2tp2}) fs::remove(f);
 }
 
+// Activation checkpointing runs forwards again, and a region inside a block's recompute
+// stands in for its output with garbage: the norms are still those of the run without
+// (the activations recorded once, in the forward; rtol 1e-5: token chunks sum the weight
+// gradients in another order).
+TEST(Monitor, NormsUnderActivationCheckpointingEqualTheRunWithout) {
+  const std::string plain = temp("plain.jsonl"), full = temp("full.jsonl"), chunked = temp("chunked.jsonl");
+  auto c = config({1}, {"dp"});
+  c.train.steps = 3;
+  c.monitor.every = 1;
+  c.monitor.file = plain;
+  ASSERT_EQ(run(c), "");
+  c.memory.activation_checkpoint = "full";
+  c.monitor.file = full;
+  ASSERT_EQ(run(c), "");
+  c.memory.chunked_modules = {"layers.*.mlp"};
+  c.monitor.file = chunked;
+  ASSERT_EQ(run(c), "");
+  const auto a = train::read_monitor_log(plain);
+  for (const auto& f : {full, chunked}) {
+    const auto vs = train::compare_monitor_logs(a, train::read_monitor_log(f), 1e-5);
+    EXPECT_EQ(vs.lines_compared, static_cast<int64_t>(a.size())) << f;
+    EXPECT_FALSE(vs.first) << f << ": step " << vs.first->step << " " << vs.first->module << " " << vs.first->metric
+                           << ": " << vs.first->a << " vs " << vs.first->b;
+  }
+  for (const auto& f : {plain, full, chunked}) fs::remove(f);
+}
+
 // Pipeline stages: each rank records the modules of its chunks, and the log holds every
 // module of the whole model, in its forward order, with the pp = 1 run's norms (rtol 1e-5:
 // the microbatches' sums of squares add up in another order). 1F1B at pp = 2, with dp = 2

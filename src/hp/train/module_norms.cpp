@@ -9,6 +9,7 @@
 
 #include "hp/base/error.h"
 #include "hp/comm/collectives.h"
+#include "hp/tensor/recompute_scope.h"
 
 namespace hp::train {
 namespace {
@@ -116,7 +117,16 @@ struct ModuleNormRecorder::State {
     accumulate(s.grad_sq, grad);  // laid out as the output, Partial read as Replicate
   }
 
-  void on_output(size_t i, const DTensor& out, const DeviceMesh& mesh, const std::shared_ptr<State>& self) {
+  // `recomputed`: a checkpointed region's recompute, whose outputs the forward recorded
+  // already (or that stands in for them, nested_regions.h); only their gradients count.
+  void on_output(size_t i, const DTensor& out, const DeviceMesh& mesh, const std::shared_ptr<State>& self,
+                 bool recomputed) {
+    if (!recomputed) on_activation(i, out, mesh);
+    if (out.requires_grad())
+      out.to_local().register_hook([self, i](const at::Tensor& grad) { self->on_gradient(i, grad); });
+  }
+
+  void on_activation(size_t i, const DTensor& out, const DeviceMesh& mesh) {
     Slot& s = slots[i];
     if (!s.act_sq.defined()) forward_order.push_back(i);
     HP_CHECK(out.device_mesh() == mesh) << "the monitor expects the output of " << s.name << " on "
@@ -130,8 +140,6 @@ struct ModuleNormRecorder::State {
     }
     // Pending sums have no norm until summed; styles usually reduce them before the hooks end.
     accumulate(s.act_sq, partial ? out.detach().redistribute(whole).to_local() : out.to_local());
-    if (out.requires_grad())
-      out.to_local().register_hook([self, i](const at::Tensor& grad) { self->on_gradient(i, grad); });
   }
 };
 
@@ -144,7 +152,7 @@ ModuleNormRecorder::ModuleNormRecorder(nn::Module& model, DeviceMesh mesh, Stage
     std::weak_ptr<State> weak = state_;  // the model may outlive the recorder
     module->register_forward_hook([weak, i, mesh = mesh_](nn::Module&, const DTensor&, const DTensor& out) {
       auto state = weak.lock();
-      if (state && state->armed) state->on_output(i, out, mesh, state);
+      if (state && state->armed) state->on_output(i, out, mesh, state, recomputing());
       return out;
     });
   }
