@@ -164,6 +164,18 @@ TEST(Monitor, ReplicasAreCheckedInsidePipelineStages) {
       << errors[3];
 }
 
+namespace {
+
+// Every line of the log in `file` holds the norms of `want`'s, to `rtol`.
+void expect_same_norms(const std::vector<train::MonitorRecord>& want, const std::string& file, double rtol) {
+  const auto vs = train::compare_monitor_logs(want, train::read_monitor_log(file), rtol);
+  EXPECT_EQ(vs.lines_compared, static_cast<int64_t>(want.size())) << file;
+  EXPECT_FALSE(vs.first) << file << ": step " << vs.first->step << " " << vs.first->module << " " << vs.first->metric
+                         << ": " << vs.first->a << " vs " << vs.first->b;
+}
+
+}  // namespace
+
 TEST(Monitor, NormsOfDataAndTensorParallelRunsEqualTheSingleProcessRun) {
   const std::string single = temp("single.jsonl"), dp2 = temp("dp2.jsonl"), dp2tp2 = temp("dp2tp2.jsonl");
   auto c = config({1}, {"dp"});
@@ -189,14 +201,8 @@ TEST(Monitor, NormsOfDataAndTensorParallelRunsEqualTheSingleProcessRun) {
     EXPECT_GT(r.grad_norm, 0) << r.step << " " << r.module;
     if (r.is_module()) EXPECT_GT(r.act_norm, 0) << r.step << " " << r.module;
   }
-  const auto vs_dp2 = train::compare_monitor_logs(a, train::read_monitor_log(dp2), 1e-5);
-  EXPECT_EQ(vs_dp2.lines_compared, static_cast<int64_t>(a.size()));
-  EXPECT_FALSE(vs_dp2.first) << "step " << vs_dp2.first->step << " " << vs_dp2.first->module << " "
-                             << vs_dp2.first->metric << ": " << vs_dp2.first->a << " vs " << vs_dp2.first->b;
-  const auto vs_tp = train::compare_monitor_logs(a, train::read_monitor_log(dp2tp2), 1e-4);
-  EXPECT_EQ(vs_tp.lines_compared, static_cast<int64_t>(a.size()));
-  EXPECT_FALSE(vs_tp.first) << "step " << vs_tp.first->step << " " << vs_tp.first->module << " "
-                            << vs_tp.first->metric << ": " << vs_tp.first->a << " vs " << vs_tp.first->b;
+  expect_same_norms(a, dp2, 1e-5);
+  expect_same_norms(a, dp2tp2, 1e-4);
   for (const auto& f : {single, dp2, dp2tp2}) fs::remove(f);
 }
 
@@ -218,12 +224,7 @@ TEST(Monitor, NormsUnderActivationCheckpointingEqualTheRunWithout) {
   c.monitor.file = chunked;
   ASSERT_EQ(run(c), "");
   const auto a = train::read_monitor_log(plain);
-  for (const auto& f : {full, chunked}) {
-    const auto vs = train::compare_monitor_logs(a, train::read_monitor_log(f), 1e-5);
-    EXPECT_EQ(vs.lines_compared, static_cast<int64_t>(a.size())) << f;
-    EXPECT_FALSE(vs.first) << f << ": step " << vs.first->step << " " << vs.first->module << " " << vs.first->metric
-                           << ": " << vs.first->a << " vs " << vs.first->b;
-  }
+  for (const auto& f : {full, chunked}) expect_same_norms(a, f, 1e-5);
   for (const auto& f : {plain, full, chunked}) fs::remove(f);
 }
 
