@@ -113,10 +113,11 @@ TEST(MemoryTraining, Tp2SelectiveBudget) { expect_same("tp", "ddp", "selective",
 TEST(MemoryTraining, FsdpFullCheckpointingAndOptimizerOffload) { expect_same("dp", "fsdp", "full", 0, true); }
 
 // memory.chunked_modules: the blocks recomputed with their MLPs as regions of their own,
-// in token chunks (4 sequences of 16 tokens per rank: 8 chunks of half a sequence). The
+// in token chunks (dp: 4 sequences of 16 tokens per rank, 8 chunks of half a sequence; pp:
+// 1F1B over 4 microbatches of 2 sequences, 8 chunks of a quarter). The
 // weight gradients are the chunks' sums: float32 close, the first step's loss bitwise.
-void expect_chunked_close(const std::string& mode) {
-  const train::TrainConfig plain = config("dp", "ddp");
+void expect_chunked_close(const std::string& dim, const std::string& mode) {
+  const train::TrainConfig plain = config(dim, "ddp");
   train::TrainConfig c = plain;
   c.memory.activation_checkpoint = mode;
   c.memory.chunked_modules = {"layers.*.mlp"};
@@ -127,12 +128,13 @@ void expect_chunked_close(const std::string& mode) {
   EXPECT_GT(memory::recompute_seconds(), before);
   ASSERT_EQ(got.size(), want.size());
   EXPECT_EQ(got[0], want[0]);
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << mode << " step " << i;
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << dim << " " << mode << " step " << i;
   EXPECT_LT(want.back(), want.front());
 }
 
-TEST(MemoryTraining, DdpFullWithChunkedMlp) { expect_chunked_close("full"); }
-TEST(MemoryTraining, DdpSelectiveWithChunkedMlp) { expect_chunked_close("selective"); }
+TEST(MemoryTraining, DdpFullWithChunkedMlp) { expect_chunked_close("dp", "full"); }
+TEST(MemoryTraining, DdpSelectiveWithChunkedMlp) { expect_chunked_close("dp", "selective"); }
+TEST(MemoryTraining, Pp2FullWithChunkedMlp) { expect_chunked_close("pp", "full"); }
 
 // fully_shard's shards in files, the optimizer streaming them: with clipping (which brings
 // every gradient in) and without (the optimizer brings each batch in), on 2 ranks and on 3
