@@ -11,7 +11,9 @@
 // the like) reads a stand-in, directly or through other ops, the recompute runs again with
 // that inner region computed, and the region is remembered as one whose output is read
 // (e.g. attention, whose output feeds the next norm). Every rank builds the same graph, so
-// every rank defers the same regions and their collectives still pair up.
+// every rank defers the same regions and their collectives still pair up. Only reads
+// through the graph are seen: code that turns an inner output into a number or a branch
+// outside autograd (item(), a data-dependent shape) must not run after a nested region.
 #pragma once
 
 #include <ATen/core/Tensor.h>
