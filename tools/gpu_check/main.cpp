@@ -1,7 +1,8 @@
 // What scripts/gpu_check runs on a machine with a GPU (built with HP_CUDA): DTensor ops and
 // a tensor-parallel Llama step on the GPU against the same on the CPU, the NCCL process
 // group with world size 1, a bf16 training step, activations swapped to pinned host memory
-// through a copy stream (memory::HostTier), fully_shard with CPUOffloadPolicy, and the FP8
+// through a copy stream (memory::HostTier), blocks recomputed with their MLPs in token chunks
+// (stand-ins on the device), fully_shard with CPUOffloadPolicy, and the FP8
 // Linear (through _scaled_mm) against the CPU's emulated one. Prints one line per check and
 // `RESULT gpu_check pass|fail` last.
 #include <ATen/ATen.h>
@@ -60,11 +61,12 @@ struct Step {
   std::map<std::string, at::Tensor> grads, params;
 };
 
+// `memory`: swaps or recomputes activations (nothing when empty).
 Step llama_step(const DeviceMesh& mesh, const std::map<std::string, at::Tensor>& init, bool bf16,
-                bool swap = false) {
+                const std::function<void(nn::Llama&)>& memory = {}) {
   nn::Llama model(tiny(), mesh);
   parallelize_llama(model, mesh["tp"]);
-  if (swap) swap_wrapper(model, {"layers.*"}, std::make_shared<memory::HostTier>());
+  if (memory) memory(model);
   for (auto& [name, p] : model.named_parameters()) {
     at::NoGradGuard no_grad;
     p->to_local().copy_(init.at(name));
@@ -109,11 +111,25 @@ void llama(const DeviceMesh& cpu, const DeviceMesh& gpu) {
   for (auto& [name, p] : want.params) params = params && close(got.params.at(name), p, 1e-4, 1e-5);
   check(grads, "TP Llama gradients on cuda equal cpu");
   check(params, "TP Llama parameters after an AdamW step on cuda equal cpu");
-  Step swapped = llama_step(gpu, init, false, /*swap=*/true);
-  bool same = std::abs(swapped.loss - got.loss) <= 1e-6 * std::abs(got.loss);
-  for (auto& [name, g] : got.grads) same = same && close(swapped.grads.at(name), g, 1e-6, 1e-7);
-  for (auto& [name, p] : got.params) same = same && close(swapped.params.at(name), p, 1e-6, 1e-7);
-  check(same, "activations swapped to pinned host memory (HostTier, copy stream): the step's numbers unchanged");
+  auto same_step = [&](const Step& s, double rtol) {
+    bool same = std::abs(s.loss - got.loss) <= rtol * std::abs(got.loss);
+    for (auto& [name, g] : got.grads) same = same && close(s.grads.at(name), g, rtol, 1e-7);
+    for (auto& [name, p] : got.params) same = same && close(s.params.at(name), p, rtol, 1e-7);
+    return same;
+  };
+  Step swapped = llama_step(gpu, init, false, [](nn::Llama& m) {
+    swap_wrapper(m, {"layers.*"}, std::make_shared<memory::HostTier>());
+  });
+  check(same_step(swapped, 1e-6),
+        "activations swapped to pinned host memory (HostTier, copy stream): the step's numbers unchanged");
+  Step chunked = llama_step(gpu, init, false, [](nn::Llama& m) {
+    checkpoint_wrapper(m, {"layers.*"});
+    CheckpointOptions o;
+    o.token_chunks = 4;
+    checkpoint_wrapper(m, {"layers.*.mlp"}, o);
+  });
+  check(same_step(chunked, 1e-5),
+        "blocks recomputed with their MLPs as regions in 4 token chunks on cuda: the step's numbers (rtol 1e-5)");
   Step half = llama_step(gpu, init, true);
   check(std::isfinite(half.loss) && std::abs(half.loss - want.loss) < 0.02 * want.loss,
         "bf16 (autocast) Llama step: loss " + std::to_string(half.loss) + " near float32 " +
