@@ -152,7 +152,8 @@ ResidualRun residual_run(bool read, bool dropouts, int chunks) {
 void expect_same_grads(const ResidualRun& got, const ResidualRun& want, bool bitwise) {
   ASSERT_EQ(got.grads.size(), want.grads.size());
   for (size_t i = 0; i < want.grads.size(); ++i)
-    EXPECT_TRUE(bitwise ? at::equal(got.grads[i], want.grads[i]) : at::allclose(got.grads[i], want.grads[i], 1e-5, 1e-7))
+    EXPECT_TRUE(bitwise ? at::equal(got.grads[i], want.grads[i])
+                        : at::allclose(got.grads[i], want.grads[i], 1e-5, 1e-7))
         << "gradient " << i << ": max abs diff " << (got.grads[i] - want.grads[i]).abs().max().item<double>();
 }
 

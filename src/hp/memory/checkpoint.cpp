@@ -216,8 +216,10 @@ bool check_token_chunks(const at::Tensor& input, const at::Tensor& out, RngState
       << "checkpoint: token_chunks needs a region that draws no random numbers (dropout), and this one does: a "
       << "chunk's recompute would draw different ones";
   const int64_t nd = input.dim();
-  const bool same_rows = nd >= 2 && out.dim() == nd && input.sizes().slice(0, nd - 1) == out.sizes().slice(0, nd - 1);
-  const bool same_sequences = nd >= 3 && out.dim() == nd && input.sizes().slice(0, nd - 2) == out.sizes().slice(0, nd - 2);
+  auto same_leading = [&](int64_t dims) {
+    return out.dim() == nd && input.sizes().slice(0, dims) == out.sizes().slice(0, dims);
+  };
+  const bool same_rows = nd >= 2 && same_leading(nd - 1), same_sequences = nd >= 3 && same_leading(nd - 2);
   HP_CHECK(same_rows || same_sequences)
       << "checkpoint: token_chunks splits a region's rows (every dimension but the last, or at least the sequences, "
       << "every dimension but the last two), so its input and output must have the same; got input "
@@ -286,7 +288,8 @@ DTensor with_local(const DTensor& like, const at::Tensor& local) {
         if (like.placements()[k].is_shard(dim)) ways *= like.device_mesh().size(k);
       HP_CHECK(shape[dim] == like.to_local().size(dim) * ways)
           << "checkpoint: token_chunks splits the rows of a region whose input is unevenly sharded along dimension "
-          << dim << " (" << shape[dim] << " over " << ways << " ranks); use a size the mesh divides, or no token_chunks";
+          << dim << " (" << shape[dim] << " over " << ways
+          << " ranks); use a size the mesh divides, or no token_chunks";
       shape[dim] = local.size(dim) * ways;
     }
     spec = make_spec(shape, local.scalar_type(), like.device_mesh(), like.placements());
