@@ -333,9 +333,11 @@ int main(int argc, char** argv) {
     std::printf("planner, per layer's saved activations: selective %.3f, full %.3f of none; step time "
                 "selective %.2fx, full %.2fx (one more forward: 4/3)\n",
                 layer_sel / layer_none, layer_full / layer_none, planned_sel_time, 4.0 / 3.0);
-    std::printf("estimator (fp32-eager), this model's activations and logits: selective %.3f, full %.3f of none\n",
+    std::printf("estimator (fp32-eager), this model's activations and logits: selective %.3f, full %.3f, "
+                "full_chunked %.3f of none\n",
                 estimated_activations(plan::Recompute::Selective) / est_none,
-                estimated_activations(plan::Recompute::Full) / est_none);
+                estimated_activations(plan::Recompute::Full) / est_none,
+                estimated_activations(plan::Recompute::FullChunked) / est_none);
     std::printf("target full: activation peak <= 1/L + one layer = %.3f of none\n", 2.0 / double(layers));
     const std::string tag = "L" + std::to_string(layers);
     for (const Mode& m : ms) {

@@ -23,7 +23,8 @@ strategies4=("dp=4" "dp=4,zero=1" "dp=4,zero=3" "dp=2,tp=2" "dp=2,tp=2,zero=3" "
              "pp=2,dp=2" "pp=2,dp=2,zero=1" "pp=2,dp=2,zero=2" "pp=2,dp=2,zero=3"
              "dp=4,recompute=selective" "dp=4,recompute=full" "dp=2,tp=2,recompute=selective"
              "pp=2,dp=2,recompute=full")
-strategies2=("dp=2" "dp=2,zero=3" "tp=2" "dp=2,recompute=full" "pp=2" "pp=2,recompute=full")
+strategies2=("dp=2" "dp=2,zero=3" "tp=2" "dp=2,recompute=full" "dp=2,recompute=full_chunked" "pp=2"
+             "pp=2,recompute=full")
 # pp = 2 at 2 ranks too: there each rank has a core of its own, as the estimate's devices
 # do; with 4 ranks on 2 cores a stage's idle ranks lend theirs to the busy ones, which
 # hides part of the bubble from the measurement.

@@ -181,6 +181,28 @@ TEST(Memory, EagerBackwardWorkingSet) {
   EXPECT_DOUBLE_EQ(stage_memory(m, s, body, 0, 1, eager).activations, 256 * 4 * (2 * 256 + 3866.0 + 688));
 }
 
+// full_chunked: the layer whose backward runs has its attention half back (3866 less the
+// SwiGLU's 3 x 688) and one of 4 token chunks of the MLP's SwiGLU and its output's
+// gradient (4 x 688 / 4). Under sequence parallelism the chunks are whole sequences: with
+// one sequence a microbatch, one chunk, full's count.
+TEST(Memory, EagerFullChunkedHoldsOneChunkOfTheMlp) {
+  ModelDesc m = bench_3m();
+  Strategy s;
+  s.dp = 1, s.global_batch = 1, s.micro_batch = 1, s.microbatches = 1, s.recompute = Recompute::FullChunked;
+  StageContents body;
+  body.dense_layers = 2;
+  const Numerics eager = numerics_preset("fp32-eager");
+  EXPECT_DOUBLE_EQ(stage_memory(m, s, body, 0, 1, eager).activations,
+                   256 * 4 * (2 * 256 + 3866.0 - 3 * 688 + 4 * 688 / 4.0));
+  EXPECT_DOUBLE_EQ(layer_activation_bytes_per_token(m, false, Recompute::FullChunked),
+                   layer_activation_bytes_per_token(m, false, Recompute::Full));  // the layer's input
+  s.tp = 2;
+  Strategy full = s;
+  full.recompute = Recompute::Full;
+  EXPECT_DOUBLE_EQ(stage_memory(m, s, body, 0, 1, eager).activations,
+                   stage_memory(m, full, body, 0, 1, eager).activations);
+}
+
 TEST(Memory, Fp32EagerNumericsCountBytesAndBuckets) {
   ModelDesc m = model_preset("tiny");
   auto st = split_stages(m, 1, 1, "1f1b");

@@ -47,6 +47,9 @@ TEST(Strategy, ParsesEveryKey) {
   EXPECT_EQ(i.global_batch, 64);
   EXPECT_EQ(parse_strategy("pp=4,schedule=interleaved-1f1b,vpp=4").virtual_stages, 4);
   EXPECT_EQ(parse_strategy("pp=4,schedule=dualpipev").virtual_stages, 2);  // the V
+  const Strategy c = parse_strategy("dp=2,recompute=full_chunked");
+  EXPECT_EQ(c.recompute, Recompute::FullChunked);
+  EXPECT_EQ(parse_strategy(to_string(c)).recompute, Recompute::FullChunked);
 }
 
 TEST(Strategy, ParseErrorsNameTheKeyOrValue) {
@@ -76,6 +79,17 @@ TEST(Strategy, ValidityChecksSayExpectedAndFound) {
   EXPECT_TRUE(mentions(resolve_error("dp=3,gbs=64", "tiny", 3), "gbs % (dp*ep)"));
   EXPECT_TRUE(mentions(resolve_error("cp=3", "tiny", 3), "seq_len % cp"));
   EXPECT_TRUE(mentions(resolve_error("tp=1,ep=3", "deepseek-v3-like", 3), "experts % ep"));
+  // full_chunked chunks dense layers' MLPs: a model of MoE layers alone has none.
+  ModelDesc all_moe = model_preset("deepseek-v3-like");
+  all_moe.dense_layers = 0;
+  EXPECT_NO_THROW(resolve_strategy(parse_strategy("ep=2,recompute=full"), all_moe, 2));
+  try {
+    resolve_strategy(parse_strategy("ep=2,recompute=full_chunked"), all_moe, 2);
+    ADD_FAILURE() << "full_chunked on a model without dense layers";
+  } catch (const hp::Error& e) {
+    EXPECT_TRUE(mentions(e.what(), "every layer of this model is MoE")) << e.what();
+  }
+
 }
 
 TEST(Strategy, DerivesDpAndBatch) {

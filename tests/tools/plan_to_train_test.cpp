@@ -1,8 +1,8 @@
 // Plan -> train: the config `hp plan --emit-config` writes for the fastest strategy the
 // trainer runs (on 4 devices of a small cluster), and the ones `hp dryrun --emit-config`
-// writes for a pipeline strategy and for one with selective recompute, each trained for 3
-// steps under hprun; all start from the same initial loss as every other layout of the
-// same model and seed.
+// writes for a pipeline strategy and for selective and chunked full recompute, each
+// trained for 3 steps under hprun; all start from the same initial loss as every other
+// layout of the same model and seed.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -58,11 +58,22 @@ TEST(PlanToTrain, EmittedConfigsRun) {
   ASSERT_EQ(rc.code, 0) << rc.output;
   Result keys = shell("grep -c '^activation_checkpoint = \"selective\"' " + recomputed);
   EXPECT_EQ(keys.output, "1\n") << "the strategy's recompute reaches the trainer's [memory] section";
-  const std::string a = train_briefly(planned), b = train_briefly(pipelined), c = train_briefly(recomputed);
+  const std::string chunked = temp("chunked.toml");
+  Result ch = shell(HP_BIN_DIR "/hp dryrun --model " + kModel +
+                    " --topology server-8 --devices 4 --strategy dp=4,gbs=8,recompute=full_chunked --emit-config " +
+                    chunked + " > " + chunked + ".out");
+  ASSERT_EQ(ch.code, 0) << ch.output;
+  Result chunk_keys = shell("grep -c '^chunked_modules = \\[\"layers.\\*.mlp\"\\]\\|^activation_checkpoint = \"full\"' " +
+                            chunked);
+  EXPECT_EQ(chunk_keys.output, "2\n") << "full_chunked reaches the trainer as full with chunked MLPs";
+  const std::string a = train_briefly(planned), b = train_briefly(pipelined), c = train_briefly(recomputed),
+                    d = train_briefly(chunked);
   EXPECT_FALSE(a.empty());
   EXPECT_EQ(a, b) << "the same model, seed and data start at the same loss whatever the layout";
   EXPECT_EQ(a, c) << "recompute does not change the loss";
-  for (const auto& f : {planned, pipelined, recomputed}) std::remove(f.c_str()), std::remove((f + ".out").c_str());
+  EXPECT_EQ(a, d) << "nor does recompute with chunked MLPs";
+  for (const auto& f : {planned, pipelined, recomputed, chunked})
+    std::remove(f.c_str()), std::remove((f + ".out").c_str());
 }
 
 TEST(PlanToTrain, WhatTheTrainerDoesNotRunIsNamed) {

@@ -30,6 +30,8 @@ PipelineShape pipeline_shape(const Strategy& s) {
 // Extra forward work per forward of the layers (pipeline_profile.h's r).
 double recompute_share(Recompute r, const EstimatorOptions& o) {
   if (r == Recompute::Full) return 1;
+  // A chunked MLP runs no more forwards (the layer's recompute stands in for it), in smaller pieces.
+  if (r == Recompute::FullChunked) return 1 + o.chunked_recompute_cost;
   return r == Recompute::Selective ? o.selective_recompute_cost : 0;
 }
 
@@ -118,7 +120,7 @@ Estimate Estimator::estimate(const Strategy& s) {
   const double rate = cluster_.device.tflops * 1e12 * options_.compute_efficiency;
   const double t = s.tp, mb = s.microbatches;
   const double tokens = double(s.micro_batch) * m.seq_len / s.cp;  // per rank per microbatch, before SP
-  const bool full = s.recompute == Recompute::Full;
+  const bool full = recomputes_whole_layers(s.recompute);
 
   // Per-layer, per-microbatch communication, the same on every stage.
   const double tp_bytes = tokens * m.hidden * nm.activation_bytes;

@@ -43,6 +43,9 @@ struct EstimatorOptions {
   double compute_efficiency = 0.55;       // achieved / peak FLOP/s of the matmuls (a guess)
   double usable_memory_fraction = 0.9;    // the rest: allocator slack, runtime, comm buffers (a guess)
   double selective_recompute_cost = 0.03;  // extra forward share for re-running norms/activations (a guess)
+  // Extra forward share of full_chunked over full: the MLP's products in smaller pieces
+  // (bench_memory on a CPU: 0.03-0.09 of the step more, 0.1-0.25 of a forward).
+  double chunked_recompute_cost = 0.15;
   Numerics numerics;                        // bytes per element, what activations are kept
   // Whether data-parallel and cp communication runs beside compute (devices with copy
   // engines and spare links). false: it costs the step its whole time, as on CPU ranks

@@ -6,6 +6,19 @@
 #include "hp/base/strings.h"
 
 namespace hp::plan {
+namespace {
+
+// The token chunks a layer's MLP is recomputed in: full_chunked's, but whole sequences only
+// under sequence parallelism (the MLP's output is its input's sequences, half of each one's
+// tokens), which `hp train` turns on for tp > 1 without cp in a dense model.
+double mlp_chunks(const ModelDesc& m, const Strategy& s) {
+  if (s.recompute != Recompute::FullChunked) return 1;
+  const bool sequence_parallel = s.tp > 1 && s.cp <= 1 && !m.is_moe();
+  const int64_t chunks = sequence_parallel ? std::min(kRecomputeTokenChunks, s.micro_batch) : kRecomputeTokenChunks;
+  return double(std::max<int64_t>(chunks, 1));
+}
+
+}  // namespace
 
 std::vector<std::string> numerics_preset_names() { return {"bf16-flash", "fp32-eager"}; }
 
@@ -25,7 +38,7 @@ Numerics numerics_preset(const std::string& name) {
 
 double layer_activation_bytes_per_token(const ModelDesc& m, bool moe_layer, Recompute r) {
   const double h = m.hidden, q = m.q_dim(), kv = m.kv_dim();
-  if (r == Recompute::Full) return 2 * h;
+  if (recomputes_whole_layers(r)) return 2 * h;
   double attn = 2 * h + 2 * h + 2 * (q + 2 * kv) + 2 * q + 4.0 * m.heads;
   double ffn_in = 2 * h + 2 * h;
   double ffn = 0, cheap_ffn = 0;
@@ -148,7 +161,7 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
   if (n.eager) {
     // Eager ops keep everything unless the layer is recomputed: all of it (its input
     // kept), or its cheap ops.
-    if (s.recompute == Recompute::Full) {
+    if (recomputes_whole_layers(s.recompute)) {
       per_mb = st.layers() * m.hidden / t;
     } else if (s.recompute == Recompute::Selective) {
       if (st.dense_layers) per_mb += st.dense_layers * eager_selective_layer_activation_elements(m, s.tp);
@@ -180,13 +193,17 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     mem.logits = tokens * (2 * m.hidden / t + 1 / t + m.hidden + 2 * double(m.vocab) / t) * n.activation_bytes;
   else if (st.head)
     mem.logits = tokens * double(m.vocab) / t * (2 + 4);
-  if (s.recompute == Recompute::Full && st.layers() > 0 && n.eager) {
+  if (recomputes_whole_layers(s.recompute) && st.layers() > 0 && n.eager) {
     // The backward of one layer has all of it back, and at a dense layer's peak the
     // gradient of SwiGLU's output beside it (SwiGLU then writes its own gradients over gate
     // and up: fused::ReuseSavedInputs); the fuller kind of layer counts. That comes after
     // the head's backward, whose logits are gone by then: the larger of the two counts.
+    // full_chunked: the attention half and one token chunk of the MLP's SwiGLU.
     double layer = 0;
-    if (st.dense_layers) layer = eager_layer_activation_elements(m, s.tp) + m.ffn / t;
+    if (st.dense_layers) {
+      const double swiglu = 3 * m.ffn / t + m.ffn / t;
+      layer = eager_layer_activation_elements(m, s.tp) - 3 * m.ffn / t + swiglu / mlp_chunks(m, s);
+    }
     if (st.moe_layers) layer = std::max(layer, eager_layer_activation_elements(m, s.tp, true));
     after_logits += tokens * layer * n.activation_bytes;
   } else if (s.recompute == Recompute::Selective && st.layers() > 0 && n.eager) {
@@ -199,11 +216,14 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
                                                           eager_selective_layer_activation_elements(m, s.tp, moe) +
                                                           rotary);
     rematerialized += dropped;
-  } else if (s.recompute == Recompute::Full && st.layers() > 0) {
-    // The backward of one layer rematerializes all of it.
-    rematerialized += tokens / t * layer_activation_bytes_per_token(m, st.moe_layers > 0, Recompute::None);
+  } else if (recomputes_whole_layers(s.recompute) && st.layers() > 0) {
+    // The backward of one layer rematerializes all of it (full_chunked: the MLP's 6 ffn
+    // bytes a token one chunk at a time).
+    double layer = layer_activation_bytes_per_token(m, st.moe_layers > 0, Recompute::None);
+    if (st.moe_layers == 0) layer -= 6.0 * m.ffn * (1 - 1 / mlp_chunks(m, s));
+    rematerialized += tokens / t * layer;
   }
-  if (n.eager && st.layers() > 0 && s.recompute != Recompute::Full) {
+  if (n.eager && st.layers() > 0 && !recomputes_whole_layers(s.recompute)) {
     // A layer's backward holds the gradients of SwiGLU's output and of its gate and up
     // inputs (per routed copy of a token in MoE layers) beside every saved activation. On
     // the stage with the head this peak and the head's (its logits term) come at different

@@ -44,6 +44,10 @@ SearchResult search(Estimator& est, const SearchOptions& o) {
   SearchResult res;
   std::vector<Estimate>& best = res.best;  // a max-heap on time, at most `top` entries
   auto heap_less = [](const Estimate& a, const Estimate& b) { return faster(a, b); };
+  // full_chunked where there are dense MLPs to chunk: it fits where full does not, for a
+  // little more time.
+  std::vector<Recompute> recomputes{Recompute::None, Recompute::Selective, Recompute::Full};
+  if (!m.is_moe() || m.dense_layers > 0) recomputes.push_back(Recompute::FullChunked);
 
   for (int64_t tp : divisors(n)) {
     if (m.heads % tp || m.ffn % tp || (m.kv_heads % tp && tp % m.kv_heads)) continue;
@@ -92,7 +96,7 @@ SearchResult search(Estimator& est, const SearchOptions& o) {
                 if (pp > 1 && var.schedule == "interleaved-1f1b" && mb % pp) continue;
                 if (pp > 1 && var.schedule == "zb-h1" && mb < pp) continue;
                 if (pp > 1 && uses_v_placement(var.schedule) && mb < 2 * pp) continue;
-                for (Recompute rc : {Recompute::None, Recompute::Selective, Recompute::Full}) {
+                for (Recompute rc : recomputes) {
                   Strategy s = base;
                   s.zero = zero;
                   s.schedule = var.schedule;

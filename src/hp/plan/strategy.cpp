@@ -15,6 +15,7 @@ const char* to_string(Recompute r) {
     case Recompute::None: return "none";
     case Recompute::Selective: return "selective";
     case Recompute::Full: return "full";
+    case Recompute::FullChunked: return "full_chunked";
   }
   return "?";
 }
@@ -95,7 +96,8 @@ Strategy parse_strategy(const std::string& text) {
       if (val == "none" || val == "0") s.recompute = Recompute::None;
       else if (val == "selective") s.recompute = Recompute::Selective;
       else if (val == "full" || val == "1") s.recompute = Recompute::Full;
-      else HP_FAIL() << "strategy: recompute=" << val << ": expected none, selective or full";
+      else if (val == "full_chunked") s.recompute = Recompute::FullChunked;
+      else HP_FAIL() << "strategy: recompute=" << val << ": expected none, selective, full or full_chunked";
     } else if (key == "schedule") {
       auto names = schedule_names();
       HP_CHECK(std::find(names.begin(), names.end(), val) != names.end())
@@ -134,9 +136,10 @@ Strategy resolve_strategy(Strategy s, const ModelDesc& m, int64_t devices) {
   const bool hybrid = s.cp_mode == "hybrid";
   HP_CHECK(hybrid || s.cp_ulysses == 1)
       << where << "expected cp_ulysses == 1 outside cp_mode=hybrid, found " << s.cp_ulysses;
-  if (s.cp > 1 && s.cp_mode == "ulysses")
+  if (s.cp > 1 && s.cp_mode == "ulysses") {
     HP_CHECK((m.heads / s.tp) % s.cp == 0) << where << "expected (heads / tp) % cp == 0 for cp_mode=ulysses, found "
                                            << m.heads / s.tp << " heads per tp rank, cp " << s.cp;
+  }
   if (s.cp > 1 && hybrid) {
     HP_CHECK(s.cp_ulysses > 1 && s.cp_ulysses < s.cp && s.cp % s.cp_ulysses == 0)
         << where << "expected cp_ulysses to divide cp and lie strictly between 1 and it, found cp_ulysses "
@@ -153,6 +156,8 @@ Strategy resolve_strategy(Strategy s, const ModelDesc& m, int64_t devices) {
   } else {
     HP_CHECK(s.ep == 1) << where << "expected ep == 1 for a dense model, found ep " << s.ep;
   }
+  HP_CHECK(s.recompute != Recompute::FullChunked || !m.is_moe() || m.dense_layers > 0)
+      << where << "recompute=full_chunked chunks the dense layers' MLPs, and every layer of this model is MoE";
 
   // Pipeline: stages may be uneven, the heaviest one sets the pace.
   HP_CHECK(s.pp * s.virtual_stages <= m.layers)

@@ -10,8 +10,12 @@
 
 namespace hp::plan {
 
-enum class Recompute { None, Selective, Full };
+// full_chunked: full, and each dense layer's MLP a region inside its layer, recomputed and
+// differentiated kRecomputeTokenChunks token chunks at a time (CheckpointOptions::token_chunks).
+enum class Recompute { None, Selective, Full, FullChunked };
 const char* to_string(Recompute r);
+inline bool recomputes_whole_layers(Recompute r) { return r == Recompute::Full || r == Recompute::FullChunked; }
+constexpr int64_t kRecomputeTokenChunks = 4;
 
 struct Strategy {
   // Mesh dims. Rank order, outermost to innermost: pp, dp, ep, cp, tp — tp innermost so

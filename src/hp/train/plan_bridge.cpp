@@ -63,11 +63,16 @@ void apply_strategy(TrainConfig& cfg, const plan::Strategy& s) {
   static const char* const stages[] = {"ddp", "zero1", "zero2", "fsdp"};
   cfg.mesh.data_parallel = stages[s.zero];
   // Each layer is one checkpointed region; selective keeps the default policy's outputs,
-  // as the estimator counts them.
-  static const char* const recompute[] = {"", "selective", "full"};
+  // as the estimator counts them; full_chunked also makes each dense layer's MLP a region
+  // inside, in token chunks.
+  static const char* const recompute[] = {"", "selective", "full", "full"};
   cfg.memory.activation_checkpoint = recompute[static_cast<int>(s.recompute)];
   cfg.memory.checkpoint_modules = MemoryConfig{}.checkpoint_modules;
   cfg.memory.chunked_modules = {};
+  if (s.recompute == plan::Recompute::FullChunked) {
+    cfg.memory.chunked_modules = {"layers.*.mlp"};
+    cfg.memory.token_chunks = plan::kRecomputeTokenChunks;
+  }
   cfg.memory.memory_budget = 0;
   cfg.pipeline = PipelineConfig{};
   if (s.pp > 1) {
