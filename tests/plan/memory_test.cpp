@@ -182,9 +182,9 @@ TEST(Memory, EagerBackwardWorkingSet) {
 }
 
 // full_chunked: the layer whose backward runs has its attention half back (3866 less the
-// SwiGLU's 3 x 688) and one of 4 token chunks of the MLP's SwiGLU and its output's
-// gradient (4 x 688 / 4). Under sequence parallelism the chunks are whole sequences: with
-// one sequence a microbatch, one chunk, full's count.
+// SwiGLU's 3 x 688), one of 4 token chunks of the MLP's SwiGLU and its output's gradient
+// (4 x 688 / 4), and the MLP input's gradient (256). Under sequence parallelism the chunks
+// are whole sequences: with one sequence a microbatch, one chunk, full's count.
 TEST(Memory, EagerFullChunkedHoldsOneChunkOfTheMlp) {
   ModelDesc m = bench_3m();
   Strategy s;
@@ -193,7 +193,7 @@ TEST(Memory, EagerFullChunkedHoldsOneChunkOfTheMlp) {
   body.dense_layers = 2;
   const Numerics eager = numerics_preset("fp32-eager");
   EXPECT_DOUBLE_EQ(stage_memory(m, s, body, 0, 1, eager).activations,
-                   256 * 4 * (2 * 256 + 3866.0 - 3 * 688 + 4 * 688 / 4.0));
+                   256 * 4 * (2 * 256 + 3866.0 - 3 * 688 + 4 * 688 / 4.0 + 256));
   EXPECT_DOUBLE_EQ(layer_activation_bytes_per_token(m, false, Recompute::FullChunked),
                    layer_activation_bytes_per_token(m, false, Recompute::Full));  // the layer's input
   s.tp = 2;

@@ -198,11 +198,13 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     // gradient of SwiGLU's output beside it (SwiGLU then writes its own gradients over gate
     // and up: fused::ReuseSavedInputs); the fuller kind of layer counts. That comes after
     // the head's backward, whose logits are gone by then: the larger of the two counts.
-    // full_chunked: the attention half and one token chunk of the MLP's SwiGLU.
+    // full_chunked: the attention half, one token chunk of the MLP's SwiGLU, and the MLP
+    // input's gradient, assembled chunk by chunk.
     double layer = 0;
     if (st.dense_layers) {
-      const double swiglu = 3 * m.ffn / t + m.ffn / t;
-      layer = eager_layer_activation_elements(m, s.tp) - 3 * m.ffn / t + swiglu / mlp_chunks(m, s);
+      const double swiglu = 3 * m.ffn / t + m.ffn / t, chunks = mlp_chunks(m, s);
+      layer = eager_layer_activation_elements(m, s.tp) - 3 * m.ffn / t + swiglu / chunks;
+      if (chunks > 1) layer += m.hidden / t;
     }
     if (st.moe_layers) layer = std::max(layer, eager_layer_activation_elements(m, s.tp, true));
     after_logits += tokens * layer * n.activation_bytes;
