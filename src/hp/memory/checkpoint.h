@@ -59,11 +59,12 @@ struct CheckpointOptions {
   // Where MUST_SWAP outputs go between forward and backward (e.g. a memory::FileTier).
   std::shared_ptr<memory::StorageTier> swap_tier;
   // Full checkpointing of a region whose rows are independent (an MLP; not attention, nor a
-  // MoE layer, whose capacity and auxiliary loss see every row): its backward recomputes and differentiates its rows (whole sequences, or
-  // ranges of a sequence's tokens: every dimension but the last) in about this many chunks,
-  // one after another, so only one chunk's activations are alive at a time. The parameters' gradients become the chunks' sums
-  // (equal to float32 rounding). A region that draws random numbers, or holds a fully_shard
-  // unit, is an error.
+  // MoE layer, whose capacity and auxiliary loss see every row): its backward recomputes
+  // and differentiates its rows (whole sequences, or ranges of a sequence's tokens: every
+  // dimension but the last) in about this many chunks, one after another, so only one
+  // chunk's activations are alive at a time. The parameters' gradients become the chunks'
+  // sums (equal to float32 rounding). A region that draws random numbers, or holds a
+  // fully_shard unit, is an error.
   int token_chunks = 1;
 };
 
