@@ -5,9 +5,8 @@
 // 688, sequence 256) with LAYERS blocks, BATCH sequences, float32. Modes: none (AdamW in
 // memory), full (every block recomputed), full_chunked (and each block's MLP a region inside
 // it, recomputed in 4 token chunks during the block's backward), selective
-// (save_matmuls_and_collectives), budget
-// 0.5 and 0.4, offload (SwapOptimizer over AdamW, state in files under $TMPDIR or /tmp, 8
-// batches, prefetch) and offload_noprefetch; muon (Muon on the blocks' matrices, AdamW on
+// (save_matmuls_and_collectives), budget 0.5 and 0.4, offload (SwapOptimizer over AdamW,
+// state in files under $TMPDIR or /tmp, 8 batches, prefetch) and offload_noprefetch; muon (Muon on the blocks' matrices, AdamW on
 // the rest, in memory) and muon_offload (that chain per batch in a SwapOptimizer, with
 // prefetch; its ratios against muon). One model: each round runs every mode in turn (first
 // mode rotating), each with a fresh optimizer (one untimed step allocates its state), so
