@@ -49,8 +49,9 @@ class RngReplay {
 struct Region {
   RunFn run;
   at::Tensor input;                 // detached: what the region keeps
-  std::vector<at::Tensor> params;   // as the forward read them (views share storage)
-  std::vector<at::Tensor> owners;   // the same, not detached: where their gradients accumulate
+  // As the forward read them (views share storage), not detached: a parameter's own grad()
+  // is where a lent gradient accumulates.
+  std::vector<at::Tensor> params;
   RngState rng;
   bool replay_rng = true;
   int token_chunks = 1;
@@ -142,10 +143,10 @@ variable_list Region::backward(const at::Tensor& grad_output) {
   std::vector<at::Tensor> leaves;
   std::vector<bool> lent;
   for (size_t i = 0; i < params.size(); ++i) {
-    at::Tensor leaf = params[i].detach().requires_grad_(params[i].requires_grad());
-    const at::Tensor& owner = owners[i];
-    lent.push_back(owner.requires_grad() && owner.is_leaf() && owner.grad().defined());
-    if (lent.back()) leaf.mutable_grad() = owner.grad();
+    const at::Tensor& p = params[i];
+    at::Tensor leaf = p.detach().requires_grad_(p.requires_grad());
+    lent.push_back(p.requires_grad() && p.is_leaf() && p.grad().defined());
+    if (lent.back()) leaf.mutable_grad() = p.grad();
     leaves.push_back(std::move(leaf));
   }
   auto fresh = [&](const at::Tensor& t) { return t.detach().requires_grad_(input.requires_grad()); };
@@ -258,12 +259,7 @@ at::Tensor run_region(RunFn run, const at::Tensor& input, std::vector<at::Tensor
   if (aliases) out = out.clone();
   region->input = input.detach();
   region->input.requires_grad_(input.requires_grad());
-  for (const at::Tensor& p : params) {
-    at::Tensor d = p.detach();
-    d.requires_grad_(p.requires_grad());
-    region->params.push_back(d);
-  }
-  region->owners = params;
+  region->params = params;
   region->run = std::move(run);
   std::vector<at::Tensor> inputs{input};
   inputs.insert(inputs.end(), params.begin(), params.end());

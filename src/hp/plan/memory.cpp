@@ -10,11 +10,11 @@ namespace {
 
 // The token chunks a layer's MLP is recomputed in: full_chunked's, but whole sequences only
 // under sequence parallelism (the MLP's output is its input's sequences, half of each one's
-// tokens), which `hp train` turns on for tp > 1 without cp in a dense model.
+// tokens).
 double mlp_chunks(const ModelDesc& m, const Strategy& s) {
   if (s.recompute != Recompute::FullChunked) return 1;
-  const bool sequence_parallel = s.tp > 1 && s.cp <= 1 && !m.is_moe();
-  const int64_t chunks = sequence_parallel ? std::min(kRecomputeTokenChunks, s.micro_batch) : kRecomputeTokenChunks;
+  const int64_t chunks = runs_sequence_parallel(s, m.is_moe()) ? std::min(kRecomputeTokenChunks, s.micro_batch)
+                                                               : kRecomputeTokenChunks;
   return double(std::max<int64_t>(chunks, 1));
 }
 

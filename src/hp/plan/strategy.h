@@ -48,6 +48,10 @@ struct Strategy {
   bool fsdp() const { return zero == 3; }
 };
 
+// Whether `hp train` runs `s` with sequence parallelism, as the estimator assumes: tp > 1 in a
+// dense model without cp (MoE models run without, and cp shards the sequence itself).
+inline bool runs_sequence_parallel(const Strategy& s, bool moe_model) { return s.tp > 1 && s.cp <= 1 && !moe_model; }
+
 std::vector<std::string> schedule_names();
 // zbv and dualpipev: two chunks per rank on the V, chunks c and 2p-1-c on rank c.
 bool uses_v_placement(const std::string& schedule);

@@ -56,8 +56,7 @@ void apply_strategy(TrainConfig& cfg, const plan::Strategy& s) {
   const ParallelDims dims = ParallelDims::from_strategy(s);
   cfg.mesh.shape = dims.config_shape();
   cfg.mesh.names = dims.config_names();
-  // As the estimator assumes; MoE models run without, and cp shards the sequence itself.
-  cfg.mesh.sequence_parallel = s.tp > 1 && s.cp <= 1 && !cfg.moe.enabled();
+  cfg.mesh.sequence_parallel = plan::runs_sequence_parallel(s, cfg.moe.enabled());
   cfg.mesh.context_parallel = s.cp_mode;
   cfg.mesh.cp_ulysses_degree = s.cp_mode == "hybrid" ? s.cp_ulysses : 1;
   static const char* const stages[] = {"ddp", "zero1", "zero2", "fsdp"};
