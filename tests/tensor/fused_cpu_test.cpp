@@ -83,7 +83,8 @@ TEST(FusedRMSNorm, OnlyWhereItApplies) {
 
 TEST(FusedRotary, BitwiseTheCompositionOnStridedHeads) {
   at::manual_seed(4);
-  const int64_t b = 2, s = 7, h = 3, d = 10;
+  const int64_t b = 2, s = 7, h = 3;
+  for (int64_t d : {10, 42})  // half 5: the remainder alone; 21: two blocks of lanes and a remainder
   for (auto dtype : {at::kFloat, at::kDouble}) {
     // [B, S, H, D] projections seen as [B, H, S, D], as the attention hands them over.
     const at::Tensor x = at::randn({b, s, h, d}, dtype).transpose(1, 2);
@@ -96,8 +97,8 @@ TEST(FusedRotary, BitwiseTheCompositionOnStridedHeads) {
     at::Tensor got = fused::rotary(x1, cos, sin), want = rotary_composite(x2, cos, sin);
     (got * weighting).sum().backward();
     (want * weighting).sum().backward();
-    EXPECT_TRUE(at::equal(got, want));
-    EXPECT_TRUE(at::equal(x1.grad(), x2.grad()));
+    EXPECT_TRUE(at::equal(got, want)) << "head dim " << d;
+    EXPECT_TRUE(at::equal(x1.grad(), x2.grad())) << "head dim " << d;
     // Laid out as its input, [B, S, H, D] in storage: attention's output then goes back
     // to [B, S, H * D] without a copy.
     EXPECT_EQ(got.strides(), x1.strides());
