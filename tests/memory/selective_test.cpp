@@ -163,6 +163,35 @@ TEST(SelectiveCheckpoint, ABudgetSpendsNothingOnOutputsOnlyKeptOutputsRead) {
   });
 }
 
+// A recomputed output goes as soon as the node that read it has run, as autograd frees
+// what it saved: when the mul's gradient is made, the replayed mul output (8 KiB) is gone,
+// and the region holds no more than the same function without checkpointing.
+TEST(SelectiveCheckpoint, ARecomputedOutputGoesOnceItsNodeHasRun) {
+  comm::run_local_ranks(1, [](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    manual_seed(5);
+    DTensor w1 = hp::randn({32, 32}, mesh, {Replicate()}), w2 = hp::randn({32, 32}, mesh, {Replicate()});
+    DTensor s = hp::randn({64, 32}, mesh, {Replicate()}), x = hp::randn({64, 32}, mesh, {Replicate()});
+    for (DTensor* p : {&w1, &w2, &s, &x}) p->requires_grad_();
+    track_cpu_memory();
+    int64_t at_mul_grad = 0;
+    auto fn = [&](const DTensor& in) {
+      DTensor m = mul(linear(in, w1), s);
+      if (m.to_local().requires_grad())  // not in the replay
+        m.to_local().register_hook([&](const at::Tensor&) { at_mul_grad = cpu_memory_allocated(); });
+      return linear(m, w2);
+    };
+    auto held_at_mul_grad = [&](bool checkpointed) {
+      const int64_t before = cpu_memory_allocated();
+      DTensor out = checkpointed ? memory::checkpoint(fn, x, {&w1, &w2, &s}, selective()) : fn(x);
+      out.to_local().sum().backward();
+      return at_mul_grad - before;
+    };
+    const int64_t plain = held_at_mul_grad(false), checkpointed = held_at_mul_grad(true);
+    EXPECT_LE(checkpointed, plain) << "checkpointed " << checkpointed << " B, plain " << plain << " B";
+  });
+}
+
 // swap_wrapper: every activation a block's backward reads goes to the tier and comes back;
 // bitwise equal to the run without, on files and in host memory, alone, under tp and under
 // fully_shard over 3 uneven ranks.

@@ -30,6 +30,9 @@ const void* storage_of(const at::Tensor& t) {
 
 struct RegionHooks : torch::autograd::SavedVariableHooks {
   explicit RegionHooks(std::shared_ptr<SelectiveRegion> r) : region(std::move(r)) {}
+  ~RegionHooks() override {
+    if (slot) region->drop(*slot);
+  }
   void call_pack_hook(const at::Tensor& t) override { slot = region->pack(t); }
   at::Tensor call_unpack_hook() override { return region->unpack(*slot); }
   std::shared_ptr<SelectiveRegion> region;
@@ -255,6 +258,7 @@ void SelectiveRegion::decide() {
     if (!e.keep || e.swapped) e.value = at::Tensor();
   for (auto& slot : slots_)
     if (slot->entry >= 0 && (!entries_[slot->entry].keep || entries_[slot->entry].swapped)) slot->value = at::Tensor();
+  slots_.clear();  // from here on autograd holds them, and drops each once its node has run
 }
 
 std::vector<bool> SelectiveRegion::read(bool through_kept) const {
@@ -279,6 +283,21 @@ void SelectiveRegion::mark_demanded() {
   }
 }
 
+// Before the replay every kept output stays: the replay may read one outside the ops it
+// traces (a MoE dispatcher reads the routing's indices).
+void SelectiveRegion::release_if_unused(Entry& e) {
+  if (e.live_slots > 0 || mode_ != Mode::Done || !replayed_) return;
+  e.value = at::Tensor();
+  e.replayed = at::Tensor();
+}
+
+void SelectiveRegion::drop(const Slot& slot) {
+  if (slot.entry < 0) return;
+  Entry& e = entries_[slot.entry];
+  --e.live_slots;
+  release_if_unused(e);
+}
+
 std::shared_ptr<SelectiveRegion::Slot> SelectiveRegion::pack(const at::Tensor& t) {
   auto slot = std::make_shared<Slot>();
   slot->value = t.detach();
@@ -286,6 +305,7 @@ std::shared_ptr<SelectiveRegion::Slot> SelectiveRegion::pack(const at::Tensor& t
   if (it != by_storage_.end() && it->second >= 0) {
     slot->entry = it->second;
     entries_[it->second].referenced = true;
+    ++entries_[it->second].live_slots;
     slot->sizes = t.sizes().vec();
     slot->strides = t.strides().vec();
     slot->offset = t.storage_offset();
@@ -345,6 +365,7 @@ void SelectiveRegion::replay_once() {
   HP_CHECK(cursor_ == entries_.size()) << "checkpoint: the recompute ran " << cursor_ << " ops where the forward ran "
                                        << entries_.size() << " (the region must run the same ops each time)";
   replayed_ = true;
+  for (Entry& e : entries_) release_if_unused(e);  // what only the replay read
 }
 
 int64_t SelectiveRegion::kept_bytes() const {

@@ -12,11 +12,13 @@
 // gradients, with the RNG and the parameters as the forward saw them: an op whose output
 // was kept returns it without running (a matmul is not recomputed, a collective is not
 // issued again), an op that neither autograd nor a recomputed op reads returns zeros of
-// its shape, the others run. Kept outputs that nothing in the replay reads and autograd
-// did not save are released too. MUST_SWAP outputs are kept in the swap tier instead of
-// memory; the previous region's start coming back when this one's replay begins. The saved tensor comes back as the same view of the
-// replayed output. The graph is the forward's, so gradients are bitwise those of a run
-// without checkpointing.
+// its shape, the others run. Kept outputs that nothing in the replay reads and autograd did
+// not save are released too. MUST_SWAP outputs are kept in the swap tier instead of memory;
+// the previous region's start coming back when this one's replay begins. The saved tensor
+// comes back as the same view of the replayed output. The graph is the forward's, so
+// gradients are bitwise those of a run without checkpointing. Once the region has
+// replayed, an output is released when autograd has dropped every saved tensor in it, as
+// autograd frees a saved tensor once its node has run.
 //
 // LibTorch's default saved-tensor hooks are a Python stack; a C++ program gets them by
 // installing an autograd engine whose get_default_saved_variable_hooks returns ours while
@@ -89,6 +91,9 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
   };
   std::shared_ptr<Slot> pack(const at::Tensor& t);
   at::Tensor unpack(const Slot& slot);
+  // Autograd let go of the slot (its node ran): once the region has replayed, an output no
+  // slot holds any longer is released, as autograd frees a saved tensor once its node ran.
+  void drop(const Slot& slot);
 
   at::Tensor run(const ObservedOp& op, const std::function<at::Tensor()>& compute) override;
 
@@ -106,6 +111,7 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
     bool swapped = false;       // kept in the swap tier, not in memory
     std::shared_future<at::Tensor> prefetched;  // its storage, being read back
     bool demanded = false;      // the replay must produce it (for autograd, or for an op that must)
+    int live_slots = 0;         // saved tensors of autograd's that point into it, not yet dropped
     std::vector<int> inputs;    // entries whose outputs it reads
     std::vector<int64_t> sizes, strides;
     int64_t offset = 0;
@@ -132,6 +138,7 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
   // holds however the rest is chosen.
   std::vector<bool> read(bool through_kept) const;
   void mark_demanded();
+  void release_if_unused(Entry& e);
   std::string swap_key(size_t k) const;
   void replay_once();
 
@@ -144,12 +151,12 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
   std::unordered_map<const void*, int> by_storage_;  // StorageImpl* -> entry; -1: protected
   std::vector<std::shared_ptr<Slot>> slots_;
   bool replayed_ = false;
-  bool untracked_input_ = false;
+  bool untracked_input_ = false;  // an op read a tensor of unknown origin: replay every op
   uint64_t id_;  // names its entries in the swap tier
   // The region made before this one on the thread (the layer before, in forward order): its
   // swapped outputs are read back while this one's replay and backward run.
   std::weak_ptr<SelectiveRegion> previous_;
-  void prefetch_swapped();  // an op read a tensor of unknown origin: replay every op
+  void prefetch_swapped();
 };
 
 }  // namespace hp::memory
