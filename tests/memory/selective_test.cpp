@@ -163,6 +163,38 @@ TEST(SelectiveCheckpoint, ABudgetSpendsNothingOnOutputsOnlyKeptOutputsRead) {
   });
 }
 
+// The budget is the share of the activations of the regions still waiting for their
+// backward: a region keeps what the one before it left. Each region here reads two 8 KiB
+// outputs in backward (x w1, by the mul's; the mul's, by the last product's); budget 0.75
+// allows 12 KiB, one output. The second region gets the first's 4 KiB left over, and keeps
+// both. After the backward the next region starts afresh.
+TEST(SelectiveCheckpoint, ABudgetLeftUnusedPassesToTheNextRegion) {
+  comm::run_local_ranks(1, [](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    manual_seed(4);
+    DTensor w1 = hp::randn({32, 32}, mesh, {Replicate()}), w2 = hp::randn({32, 32}, mesh, {Replicate()});
+    DTensor s = hp::randn({64, 32}, mesh, {Replicate()}), x = hp::randn({64, 32}, mesh, {Replicate()});
+    for (DTensor* p : {&w1, &w2, &s, &x}) p->requires_grad_();
+    auto region = [&](const DTensor& in) {
+      return memory::checkpoint([&](const DTensor& t) { return linear(mul(linear(t, w1), s), w2); }, in,
+                                {&w1, &w2, &s}, budget(0.75));
+    };
+    const int64_t output = 64 * 32 * 4;
+    track_cpu_memory();
+    for (int pass = 0; pass < 2; ++pass) {
+      const int64_t before = cpu_memory_allocated();
+      DTensor first = region(x);
+      const int64_t after_first = cpu_memory_allocated();
+      DTensor second = region(first);
+      const int64_t after_second = cpu_memory_allocated();
+      EXPECT_EQ(after_first - before - output, output) << "pass " << pass << ": the first region keeps one";
+      EXPECT_EQ(after_second - after_first - output, 2 * output) << "pass " << pass << ": the second keeps both";
+      second.to_local().sum().backward();
+    }
+    EXPECT_TRUE(w1.to_local().grad().defined());
+  });
+}
+
 // A recomputed output goes as soon as the node that read it has run, as autograd frees
 // what it saved: when the mul's gradient is made, the replayed mul output (8 KiB) is gone,
 // and the region holds no more than the same function without checkpointing.

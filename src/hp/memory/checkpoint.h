@@ -50,7 +50,9 @@ struct CheckpointOptions {
   // whole region is recomputed.
   CheckpointPolicyFn policy;
   // Memory-budget mode: keep at most this fraction (0 to 1) of the region's activation bytes
-  // (the op outputs its backward reads), choosing what to keep among the PREFER_ ops:
+  // (the op outputs its backward reads), plus what the region before it on the thread left
+  // of its own while that one waits for its backward (so a forward's regions together keep
+  // this fraction of their activations), choosing what to keep among the PREFER_ ops:
   // matmuls, then the rest, smallest first within each, after the collectives, which go as
   // the policy prefers (every rank must choose alike, and sizes may differ between ranks);
   // an output that only kept outputs read takes no share. MUST_SAVE ops that alone exceed

@@ -215,11 +215,16 @@ void SelectiveRegion::decide() {
     }
   }
   if (options_.memory_budget) {
-    const double allowed = *options_.memory_budget * static_cast<double>(referenced);
-    HP_CHECK(static_cast<double>(must) <= allowed)
+    const double own = *options_.memory_budget * static_cast<double>(referenced);
+    HP_CHECK(static_cast<double>(must) <= own)
         << "checkpoint: memory budget " << *options_.memory_budget << " of the region's " << referenced
-        << " bytes of activations allows " << static_cast<int64_t>(allowed) << " bytes, but its MUST_SAVE ops alone keep "
+        << " bytes of activations allows " << static_cast<int64_t>(own) << " bytes, but its MUST_SAVE ops alone keep "
         << must << " bytes";
+    // What the region before it left of its budget, while that one waits for its backward:
+    // such regions together keep their budget's share of their activations (identical
+    // layers would otherwise each stop short of it by the same op).
+    const std::shared_ptr<SelectiveRegion> previous = previous_.lock();
+    const double allowed = own + (previous && !previous->replayed_ ? previous->budget_left_ : 0.0);
     std::stable_sort(prefer.begin(), prefer.end(), [&](size_t a, size_t b) {
       const Entry &x = entries_[a], &y = entries_[b];
       if (keep_rank(x.op) != keep_rank(y.op)) return keep_rank(x.op) < keep_rank(y.op);
@@ -245,6 +250,7 @@ void SelectiveRegion::decide() {
           freed = true;
         }
     }
+    budget_left_ = std::max(0.0, allowed - used);
   }
   mark_demanded();
   for (size_t k = 0; k < entries_.size(); ++k) {

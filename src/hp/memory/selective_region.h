@@ -156,6 +156,7 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
   // The region made before this one on the thread (the layer before, in forward order): its
   // swapped outputs are read back while this one's replay and backward run.
   std::weak_ptr<SelectiveRegion> previous_;
+  double budget_left_ = 0;  // bytes of its memory budget (and those handed on to it) it did not keep
   void prefetch_swapped();
 };
 
