@@ -195,6 +195,36 @@ TEST(SelectiveCheckpoint, ABudgetLeftUnusedPassesToTheNextRegion) {
   });
 }
 
+// A budget spends on products first; the rest, cheap to recompute, only gets what lies
+// beyond the largest product left out. Here the mul's output (8 KiB, read by the first
+// product's backward) and the first product's (16 KiB, read by the second's) are what the
+// backward reads; 5/12 of them is 10 KiB. The first region keeps neither: its product does
+// not fit, and keeping the mul's output would leave too little to pass on. The second,
+// with 20 KiB, keeps its product.
+TEST(SelectiveCheckpoint, ABudgetKeepsProductsBeforeCheapOutputs) {
+  comm::run_local_ranks(1, [](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    manual_seed(6);
+    DTensor w1 = hp::randn({64, 32}, mesh, {Replicate()}), w2 = hp::randn({32, 64}, mesh, {Replicate()});
+    DTensor s = hp::randn({64, 32}, mesh, {Replicate()}), x = hp::randn({64, 32}, mesh, {Replicate()});
+    for (DTensor* p : {&w1, &w2, &s, &x}) p->requires_grad_();
+    auto region = [&](const DTensor& in) {
+      return memory::checkpoint([&](const DTensor& t) { return linear(linear(mul(t, s), w1), w2); }, in,
+                                {&w1, &w2, &s}, budget(5.0 / 12));
+    };
+    const int64_t output = 64 * 32 * 4;
+    track_cpu_memory();
+    const int64_t before = cpu_memory_allocated();
+    DTensor first = region(x);
+    const int64_t after_first = cpu_memory_allocated();
+    DTensor second = region(first);
+    EXPECT_EQ(after_first - before - output, 0) << "the first region keeps nothing";
+    EXPECT_EQ(cpu_memory_allocated() - after_first - output, 2 * output) << "the second keeps its product";
+    second.to_local().sum().backward();
+    EXPECT_TRUE(w1.to_local().grad().defined());
+  });
+}
+
 // A recomputed output goes as soon as the node that read it has run, as autograd frees
 // what it saved: when the mul's gradient is made, the replayed mul output (8 KiB) is gone,
 // and the region holds no more than the same function without checkpointing.

@@ -53,7 +53,8 @@ struct CheckpointOptions {
   // (the op outputs its backward reads), plus what the region before it on the thread left
   // of its own while that one waits for its backward (so a forward's regions together keep
   // this fraction of their activations), choosing what to keep among the PREFER_ ops:
-  // matmuls, then the rest, smallest first within each, after the collectives, which go as
+  // matmuls, then the rest (cheap to recompute: only with what lies beyond the largest
+  // matmul output left out), smallest first within each, after the collectives, which go as
   // the policy prefers (every rank must choose alike, and sizes may differ between ranks);
   // an output that only kept outputs read takes no share. MUST_SAVE ops that alone exceed
   // the budget are an error. Without a policy, the default one's.

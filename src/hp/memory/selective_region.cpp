@@ -236,11 +236,20 @@ void SelectiveRegion::decide() {
     std::vector<bool> open = read(/*through_kept=*/true);
     double used = static_cast<double>(must + collectives);
     for (bool freed = true; freed;) {
-      for (size_t k : prefer)
-        if (open[k] && !entries_[k].keep && used + static_cast<double>(entries_[k].op.bytes) <= allowed) {
-          entries_[k].keep = true;
-          used += static_cast<double>(entries_[k].op.bytes);
+      // The rest, cheap to recompute, only keep what lies beyond the largest product left
+      // out: that share passes on, and the next region may keep its product with it.
+      double reserve = 0;
+      for (size_t k : prefer) {
+        Entry& e = entries_[k];
+        const double bytes = static_cast<double>(e.op.bytes);
+        if (keep_rank(e.op) == 0 && open[k] && !e.keep) {
+          if (used + bytes <= allowed)
+            e.keep = true, used += bytes;
+          else
+            reserve = std::max(reserve, bytes);
         }
+        if (keep_rank(e.op) == 1 && open[k] && !e.keep && used + bytes + reserve <= allowed) e.keep = true, used += bytes;
+      }
       const std::vector<bool> demanded = read(/*through_kept=*/false);
       freed = false;
       for (size_t k : prefer)
