@@ -225,6 +225,28 @@ TEST(SelectiveCheckpoint, ABudgetKeepsProductsBeforeCheapOutputs) {
   });
 }
 
+// A kept product that autograd does not read, kept only to recompute the add that reads
+// it, gives way to the add's output (8 KiB each): the same memory, and here nothing left
+// to recompute.
+TEST(SelectiveCheckpoint, KeepsTheReaderInsteadOfAProductOnlyItReads) {
+  comm::run_local_ranks(1, [](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    manual_seed(7);
+    DTensor w1 = hp::randn({32, 32}, mesh, {Replicate()}), w2 = hp::randn({8, 32}, mesh, {Replicate()});
+    DTensor s = hp::randn({64, 32}, mesh, {Replicate()}), x = hp::randn({64, 32}, mesh, {Replicate()});
+    for (DTensor* p : {&w1, &w2, &s, &x}) p->requires_grad_();
+    track_cpu_memory();
+    const int64_t before = cpu_memory_allocated();
+    DTensor out = memory::checkpoint([&](const DTensor& in) { return linear(add(linear(in, w1), s), w2); }, x,
+                                     {&w1, &w2, &s}, selective());
+    EXPECT_EQ(cpu_memory_allocated() - before - 64 * 8 * 4, 64 * 32 * 4) << "one output kept";
+    const double recomputed = memory::recompute_seconds();
+    out.to_local().sum().backward();
+    EXPECT_EQ(memory::recompute_seconds(), recomputed) << "something was recomputed";
+    EXPECT_TRUE(w1.to_local().grad().defined());
+  });
+}
+
 // A recomputed output goes as soon as the node that read it has run, as autograd frees
 // what it saved: when the mul's gradient is made, the replayed mul output (8 KiB) is gone,
 // and the region holds no more than the same function without checkpointing.

@@ -146,13 +146,12 @@ TEST(Memory, EagerSelectiveActivationsByHand) {
   const Numerics eager = numerics_preset("fp32-eager");
   const double none = stage_memory(m, s, all, 0, 1, eager).activations;
   s.recompute = Recompute::Selective;
-  // Four layers kept selectively, and one layer's dropped tensors back during its backward
-  // (with rotary's outputs, 256 + 128 per token, which it recomputes from the q and k it keeps);
+  // Four layers kept selectively, and one layer's dropped tensors back during its backward;
   // the backward's working set (SwiGLU's three gradients, 2064 per token, 783 more than the
   // head's logits term) in both.
   const double working = 256 * 4 * 783.0;
   EXPECT_DOUBLE_EQ(stage_memory(m, s, all, 0, 1, eager).activations,
-                   (none - working) * (4 * 2664.0 + (3866 - 2664 + 384)) / (4 * 3866.0) + working);
+                   (none - working) * (4 * 2664.0 + (3866 - 2664)) / (4 * 3866.0) + working);
 }
 
 // A layer's backward holds SwiGLU's output, gate and up gradients (3 x 688 per token) beside

@@ -261,6 +261,7 @@ void SelectiveRegion::decide() {
     }
     budget_left_ = std::max(0.0, allowed - used);
   }
+  keep_readers_instead();
   mark_demanded();
   for (size_t k = 0; k < entries_.size(); ++k) {
     Entry& e = entries_[k];
@@ -274,6 +275,34 @@ void SelectiveRegion::decide() {
   for (auto& slot : slots_)
     if (slot->entry >= 0 && (!entries_[slot->entry].keep || entries_[slot->entry].swapped)) slot->value = at::Tensor();
   slots_.clear();  // from here on autograd holds them, and drops each once its node has run
+}
+
+void SelectiveRegion::keep_readers_instead() {
+  auto movable = [](const Entry& e) {
+    return e.owns_storage && !e.op.collective && !e.swapped &&
+           (e.policy == CheckpointPolicy::PREFER_SAVE || e.policy == CheckpointPolicy::PREFER_RECOMPUTE);
+  };
+  const std::vector<bool> demanded = read(/*through_kept=*/false);
+  for (size_t m = 0; m < entries_.size(); ++m) {
+    Entry& kept = entries_[m];
+    if (!kept.keep || kept.referenced || !movable(kept) || untracked_input_) continue;
+    std::vector<size_t> readers;
+    int64_t bytes = 0;
+    bool only_readers = true;
+    for (size_t r = m + 1; r < entries_.size() && only_readers; ++r) {
+      const Entry& e = entries_[r];
+      if (e.keep || !demanded[r] || !e.owns_storage ||
+          std::find(e.inputs.begin(), e.inputs.end(), static_cast<int>(m)) == e.inputs.end())
+        continue;
+      only_readers = movable(e) && e.policy != CheckpointPolicy::MUST_RECOMPUTE &&
+                     std::all_of(e.inputs.begin(), e.inputs.end(), [&](int i) { return i == static_cast<int>(m); });
+      readers.push_back(r);
+      bytes += e.op.bytes;
+    }
+    if (!only_readers || readers.empty() || bytes > kept.op.bytes) continue;
+    kept.keep = false;
+    for (size_t r : readers) entries_[r].keep = true;
+  }
 }
 
 std::vector<bool> SelectiveRegion::read(bool through_kept) const {

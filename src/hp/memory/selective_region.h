@@ -137,6 +137,10 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
   // recomputed, so its inputs are not read for it, unless `through_kept`: then the answer
   // holds however the rest is chosen.
   std::vector<bool> read(bool through_kept) const;
+  // A kept output autograd does not read, kept only to recompute ops that read nothing else
+  // (rotary from a projection, the residual add from the last one), gives way to those ops'
+  // outputs where they take no more bytes: the same memory, less to recompute.
+  void keep_readers_instead();
   void mark_demanded();
   void release_if_unused(Entry& e);
   std::string swap_key(size_t k) const;

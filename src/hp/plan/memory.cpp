@@ -87,8 +87,9 @@ double eager_layer_activation_elements(const ModelDesc& m, int64_t tp, bool moe_
 double eager_selective_layer_activation_elements(const ModelDesc& m, int64_t tp, bool moe_layer) {
   const double t = double(tp), h = m.hidden, q = m.q_dim() / t, kv = m.kv_dim() / t, f = m.ffn / t;
   // The layer's input and the attention output's reduce-scatter (h/t each: the residual
-  // sum the second norm recomputes from); q and k (rotary recomputes from them), v and
-  // the attention output with one log-sum-exp per head; gate and up. Under sequence
+  // sum the second norm recomputes from); rotary's q and k (kept in place of the
+  // projections', which only rotary reads), v and the attention output with one
+  // log-sum-exp per head; gate and up. Under sequence
   // parallelism each norm's all-gathered output (h) is a collective's and stays too.
   const double gathered = tp > 1 ? 2 * h : 0;
   const double dense = 2 * h / t + gathered + 2 * q + 2 * kv + m.heads / t + 2 * f;
@@ -210,13 +211,10 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     after_logits += tokens * layer * n.activation_bytes;
   } else if (s.recompute == Recompute::Selective && st.layers() > 0 && n.eager) {
     // The backward of one layer rematerializes what it dropped (a dense layer drops more):
-    // what an unchecked layer keeps less what selective keeps, and rotary's outputs, which
-    // it recomputes from the projections' q and k that it keeps beyond an unchecked layer.
+    // what an unchecked layer keeps less what selective keeps.
     const bool moe = st.dense_layers == 0;
-    const double rotary = (m.q_dim() + m.kv_dim()) / t;
     const double dropped = tokens * n.activation_bytes * (eager_layer_activation_elements(m, s.tp, moe) -
-                                                          eager_selective_layer_activation_elements(m, s.tp, moe) +
-                                                          rotary);
+                                                          eager_selective_layer_activation_elements(m, s.tp, moe));
     rematerialized += dropped;
   } else if (recomputes_whole_layers(s.recompute) && st.layers() > 0) {
     // The backward of one layer rematerializes all of it (full_chunked: the MLP's 6 ffn
