@@ -89,8 +89,8 @@ double eager_selective_layer_activation_elements(const ModelDesc& m, int64_t tp,
   // The layer's input and the attention output's reduce-scatter (h/t each: the residual
   // sum the second norm recomputes from); rotary's q and k (kept in place of the
   // projections', which only rotary reads), v and the attention output with one
-  // log-sum-exp per head; gate and up. Under sequence
-  // parallelism each norm's all-gathered output (h) is a collective's and stays too.
+  // log-sum-exp per head; gate and up. Under sequence parallelism each norm's
+  // all-gathered output (h) is a collective's and stays too.
   const double gathered = tp > 1 ? 2 * h : 0;
   const double dense = 2 * h / t + gathered + 2 * q + 2 * kv + m.heads / t + 2 * f;
   if (!moe_layer) return dense;
