@@ -46,6 +46,21 @@ CheckpointOptions policy(CheckpointPolicy p) {
   return o;
 }
 
+// The small regions below read two products' weights, a factor s and an input x ([64, 32]),
+// all needing gradients, drawn in that order.
+struct SmallRegionTensors {
+  DTensor w1, w2, s, x;
+};
+
+SmallRegionTensors small_region_tensors(const DeviceMesh& mesh, uint64_t seed, std::vector<int64_t> w1,
+                                        std::vector<int64_t> w2) {
+  manual_seed(seed);
+  SmallRegionTensors t{hp::randn(w1, mesh, {Replicate()}), hp::randn(w2, mesh, {Replicate()}),
+                       hp::randn({64, 32}, mesh, {Replicate()}), hp::randn({64, 32}, mesh, {Replicate()})};
+  for (DTensor* d : {&t.w1, &t.w2, &t.s, &t.x}) d->requires_grad_();
+  return t;
+}
+
 }  // namespace
 
 TEST(SelectiveCheckpoint, SingleProcess) { expect_same_as_without(Layout::Single, kBlocks, selective()); }
@@ -118,10 +133,8 @@ TEST(SelectiveCheckpoint, KeepsBetweenFullAndNone) {
 TEST(SelectiveCheckpoint, ABudgetSpendsNothingOnOutputsNothingReads) {
   comm::run_local_ranks(1, [](int) {
     DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
-    manual_seed(2);
-    DTensor w1 = hp::randn({32, 32}, mesh, {Replicate()}), w2 = hp::randn({8, 32}, mesh, {Replicate()});
-    DTensor s = hp::randn({64, 32}, mesh, {Replicate()}), x = hp::randn({64, 32}, mesh, {Replicate()});
-    for (DTensor* t : {&w1, &w2, &s, &x}) t->requires_grad_();
+    SmallRegionTensors t = small_region_tensors(mesh, 2, {32, 32}, {8, 32});
+    DTensor &w1 = t.w1, &w2 = t.w2, &s = t.s, &x = t.x;
     track_cpu_memory();
     const int64_t before = cpu_memory_allocated();
     DTensor out = memory::checkpoint([&](const DTensor& in) { return linear(mul(linear(in, w1), s), w2); }, x,
@@ -171,10 +184,8 @@ TEST(SelectiveCheckpoint, ABudgetSpendsNothingOnOutputsOnlyKeptOutputsRead) {
 TEST(SelectiveCheckpoint, ABudgetLeftUnusedPassesToTheNextRegion) {
   comm::run_local_ranks(1, [](int) {
     DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
-    manual_seed(4);
-    DTensor w1 = hp::randn({32, 32}, mesh, {Replicate()}), w2 = hp::randn({32, 32}, mesh, {Replicate()});
-    DTensor s = hp::randn({64, 32}, mesh, {Replicate()}), x = hp::randn({64, 32}, mesh, {Replicate()});
-    for (DTensor* p : {&w1, &w2, &s, &x}) p->requires_grad_();
+    SmallRegionTensors t = small_region_tensors(mesh, 4, {32, 32}, {32, 32});
+    DTensor &w1 = t.w1, &w2 = t.w2, &s = t.s, &x = t.x;
     auto region = [&](const DTensor& in) {
       return memory::checkpoint([&](const DTensor& t) { return linear(mul(linear(t, w1), s), w2); }, in,
                                 {&w1, &w2, &s}, budget(0.75));
@@ -204,10 +215,8 @@ TEST(SelectiveCheckpoint, ABudgetLeftUnusedPassesToTheNextRegion) {
 TEST(SelectiveCheckpoint, ABudgetKeepsProductsBeforeCheapOutputs) {
   comm::run_local_ranks(1, [](int) {
     DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
-    manual_seed(6);
-    DTensor w1 = hp::randn({64, 32}, mesh, {Replicate()}), w2 = hp::randn({32, 64}, mesh, {Replicate()});
-    DTensor s = hp::randn({64, 32}, mesh, {Replicate()}), x = hp::randn({64, 32}, mesh, {Replicate()});
-    for (DTensor* p : {&w1, &w2, &s, &x}) p->requires_grad_();
+    SmallRegionTensors t = small_region_tensors(mesh, 6, {64, 32}, {32, 64});
+    DTensor &w1 = t.w1, &w2 = t.w2, &s = t.s, &x = t.x;
     auto region = [&](const DTensor& in) {
       return memory::checkpoint([&](const DTensor& t) { return linear(linear(mul(t, s), w1), w2); }, in,
                                 {&w1, &w2, &s}, budget(5.0 / 12));
@@ -231,10 +240,8 @@ TEST(SelectiveCheckpoint, ABudgetKeepsProductsBeforeCheapOutputs) {
 TEST(SelectiveCheckpoint, KeepsTheReaderInsteadOfAProductOnlyItReads) {
   comm::run_local_ranks(1, [](int) {
     DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
-    manual_seed(7);
-    DTensor w1 = hp::randn({32, 32}, mesh, {Replicate()}), w2 = hp::randn({8, 32}, mesh, {Replicate()});
-    DTensor s = hp::randn({64, 32}, mesh, {Replicate()}), x = hp::randn({64, 32}, mesh, {Replicate()});
-    for (DTensor* p : {&w1, &w2, &s, &x}) p->requires_grad_();
+    SmallRegionTensors t = small_region_tensors(mesh, 7, {32, 32}, {8, 32});
+    DTensor &w1 = t.w1, &w2 = t.w2, &s = t.s, &x = t.x;
     track_cpu_memory();
     const int64_t before = cpu_memory_allocated();
     DTensor out = memory::checkpoint([&](const DTensor& in) { return linear(add(linear(in, w1), s), w2); }, x,
@@ -253,10 +260,8 @@ TEST(SelectiveCheckpoint, KeepsTheReaderInsteadOfAProductOnlyItReads) {
 TEST(SelectiveCheckpoint, ARecomputedOutputGoesOnceItsNodeHasRun) {
   comm::run_local_ranks(1, [](int) {
     DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
-    manual_seed(5);
-    DTensor w1 = hp::randn({32, 32}, mesh, {Replicate()}), w2 = hp::randn({32, 32}, mesh, {Replicate()});
-    DTensor s = hp::randn({64, 32}, mesh, {Replicate()}), x = hp::randn({64, 32}, mesh, {Replicate()});
-    for (DTensor* p : {&w1, &w2, &s, &x}) p->requires_grad_();
+    SmallRegionTensors t = small_region_tensors(mesh, 5, {32, 32}, {32, 32});
+    DTensor &w1 = t.w1, &w2 = t.w2, &s = t.s, &x = t.x;
     track_cpu_memory();
     int64_t at_mul_grad = 0;
     auto fn = [&](const DTensor& in) {
