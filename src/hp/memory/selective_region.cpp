@@ -330,7 +330,7 @@ void SelectiveRegion::mark_demanded() {
 // Before the replay every kept output stays: the replay may read one outside the ops it
 // traces (a MoE dispatcher reads the routing's indices).
 void SelectiveRegion::release_if_unused(Entry& e) {
-  if (e.live_slots > 0 || mode_ != Mode::Done || !replayed_) return;
+  if (e.live_slots > 0 || !replayed_) return;
   e.value = at::Tensor();
   e.replayed = at::Tensor();
 }
