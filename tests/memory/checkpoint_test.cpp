@@ -147,8 +147,8 @@ TEST(Checkpoint, MoERecomputeCountsLoadsOnceAndCarriesTheAuxiliaryLoss) {
 }
 
 // The recompute's graph runs once and nothing outside holds its tensors, so a recomputed
-// SwiGLU writes its input gradients over its inputs (fused::ReuseSavedInputs): the
-// region's backward then needs less than where something else holds a recomputed input.
+// SwiGLU writes its input gradients over its inputs: the region's backward then needs less
+// than where something else holds a recomputed input.
 TEST(Checkpoint, RecomputedSwiGLUWritesItsGradientsOverItsInputs) {
   track_cpu_memory();
   auto backward = [](bool hold) {

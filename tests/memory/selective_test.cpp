@@ -281,6 +281,30 @@ TEST(SelectiveCheckpoint, ARecomputedOutputGoesOnceItsNodeHasRun) {
   });
 }
 
+// The last saved tensor in a kept output takes it over once the replay has read it: swiglu's
+// backward then writes its gradients over the kept gate and up, as it does without
+// checkpointing, and the region's backward holds no more than the plain one.
+TEST(SelectiveCheckpoint, SwiGLUWritesItsGradientsOverKeptInputs) {
+  comm::run_local_ranks(1, [](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    SmallRegionTensors t = small_region_tensors(mesh, 8, {32, 32}, {32, 32});
+    track_cpu_memory();
+    auto fn = [&](const DTensor& in) { return mul(swiglu(linear(in, t.w1), linear(in, t.w2)), t.s); };
+    auto backward_peak = [&](bool checkpointed) {
+      const int64_t before = cpu_memory_allocated();
+      DTensor out = checkpointed ? memory::checkpoint(fn, t.x, {&t.w1, &t.w2, &t.s}, selective()) : fn(t.x);
+      reset_cpu_memory_peak();
+      out.to_local().sum().backward();
+      return std::pair{cpu_memory_peak() - before, t.x.to_local().grad().clone()};
+    };
+    const auto [plain, plain_grad] = backward_peak(false);
+    t.x.to_local().mutable_grad().zero_();
+    const auto [checkpointed, grad] = backward_peak(true);
+    EXPECT_TRUE(at::equal(grad, plain_grad));
+    EXPECT_LE(checkpointed, plain) << "checkpointed " << checkpointed << " B, plain " << plain << " B";
+  });
+}
+
 // swap_wrapper: every activation a block's backward reads goes to the tier and comes back;
 // bitwise equal to the run without, on files and in host memory, alone, under tp and under
 // fully_shard over 3 uneven ranks.

@@ -147,17 +147,16 @@ TEST(Memory, EagerSelectiveActivationsByHand) {
   const double none = stage_memory(m, s, all, 0, 1, eager).activations;
   s.recompute = Recompute::Selective;
   // Four layers kept selectively, and one layer's dropped tensors back during its backward;
-  // the backward's working set (SwiGLU's three gradients, 2064 per token, 783 more than the
-  // head's logits term) in both.
-  const double working = 256 * 4 * 783.0;
+  // the backward's working set (the gradient of SwiGLU's output, 688 per token) is under
+  // the head's logits term (1281) in both, and adds nothing.
   EXPECT_DOUBLE_EQ(stage_memory(m, s, all, 0, 1, eager).activations,
-                   (none - working) * (4 * 2664.0 + (3866 - 2664)) / (4 * 3866.0) + working);
+                   none * (4 * 2664.0 + (3866 - 2664)) / (4 * 3866.0));
 }
 
-// A layer's backward holds SwiGLU's output, gate and up gradients (3 x 688 per token) beside
-// the saved activations; on the stage with the head the two peaks come at different times and
-// the larger counts: its logits' term (1281 per token) and what the working set exceeds it
-// by. A recomputed layer holds them in its gate and up.
+// A layer's backward holds the gradient of SwiGLU's output (688 per token) beside the saved
+// activations (SwiGLU writes its own gradients over gate and up); on the stage with the head
+// the two peaks come at different times and the larger counts: its logits' term (1281 per
+// token), or what the working set exceeds it by.
 TEST(Memory, EagerBackwardWorkingSet) {
   ModelDesc m = bench_3m();
   Strategy s;
@@ -165,10 +164,10 @@ TEST(Memory, EagerBackwardWorkingSet) {
   StageContents body;
   body.dense_layers = 2;
   const Numerics eager = numerics_preset("fp32-eager");
-  EXPECT_DOUBLE_EQ(stage_memory(m, s, body, 0, 1, eager).activations, 256 * 4 * (2 * 3866.0 + 3 * 688));
+  EXPECT_DOUBLE_EQ(stage_memory(m, s, body, 0, 1, eager).activations, 256 * 4 * (2 * 3866.0 + 688));
   body.head = true;
   const MemoryBreakdown with_head = stage_memory(m, s, body, 0, 1, eager);
-  EXPECT_DOUBLE_EQ(with_head.activations, 256 * 4 * (2 * 3866.0 + 3 * 688 - 1281));
+  EXPECT_DOUBLE_EQ(with_head.activations, 256 * 4 * 2 * 3866.0);
   EXPECT_DOUBLE_EQ(with_head.logits, 256 * 4 * 1281.0);
   // Recomputed, each layer keeps its input (256) and the one whose backward runs has all
   // of its activations back, and the gradient of SwiGLU's output (688) beside them; SwiGLU

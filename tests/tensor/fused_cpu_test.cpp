@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <optional>
 
 #include "hp/tensor/memory_stats.h"
 
@@ -141,7 +140,9 @@ struct ReuseRun {
   at::Tensor da, db;
   int64_t backward_bytes = 0;
 };
-ReuseRun run_swiglu_backward(bool reuse, bool square_too) {
+// One backward through swiglu(2a, 2b) (plus (2a)^2 where `square_too`); `retain` keeps the
+// graph, which forbids writing over the saved inputs.
+ReuseRun run_swiglu_backward(bool retain, bool square_too) {
   track_cpu_memory();
   at::manual_seed(9);
   at::Tensor a = at::randn({64, 256}).requires_grad_(), b = at::randn({64, 256}).requires_grad_();
@@ -157,29 +158,36 @@ ReuseRun run_swiglu_backward(bool reuse, bool square_too) {
   }
   reset_cpu_memory_peak();
   const int64_t before = cpu_memory_allocated();
-  {
-    std::optional<fused::ReuseSavedInputs> on;
-    if (reuse) on.emplace();
-    y.backward(weighting);
-  }
+  y.backward(weighting, /*retain_graph=*/retain);
   return {a.grad(), b.grad(), cpu_memory_peak() - before};
 }
 
 TEST(FusedSwiGLU, WritesItsInputGradientsOverInputsNothingElseHolds) {
-  const ReuseRun plain = run_swiglu_backward(false, false), reused = run_swiglu_backward(true, false);
-  EXPECT_TRUE(at::equal(reused.da, plain.da));
-  EXPECT_TRUE(at::equal(reused.db, plain.db));
-  // Without reuse the gradients of gate and up are new tensors beside gate and up.
+  const ReuseRun kept = run_swiglu_backward(true, false), reused = run_swiglu_backward(false, false);
+  EXPECT_TRUE(at::equal(reused.da, kept.da));
+  EXPECT_TRUE(at::equal(reused.db, kept.db));
+  // With the graph kept the gradients of gate and up are new tensors beside gate and up.
   const int64_t one = 64 * 256 * 4;
-  EXPECT_LE(reused.backward_bytes + one, plain.backward_bytes)
-      << "reused " << reused.backward_bytes << " B, plain " << plain.backward_bytes << " B";
+  EXPECT_LE(reused.backward_bytes + one, kept.backward_bytes)
+      << "reused " << reused.backward_bytes << " B, kept " << kept.backward_bytes << " B";
 }
 
 TEST(FusedSwiGLU, KeepsInputsAnotherNodeSaved) {
   // gate * gate's backward reads gate after swiglu's: overwriting it would change da.
-  const ReuseRun plain = run_swiglu_backward(false, true), reused = run_swiglu_backward(true, true);
-  EXPECT_TRUE(at::equal(reused.da, plain.da));
-  EXPECT_TRUE(at::equal(reused.db, plain.db));
+  const ReuseRun kept = run_swiglu_backward(true, true), reused = run_swiglu_backward(false, true);
+  EXPECT_TRUE(at::equal(reused.da, kept.da));
+  EXPECT_TRUE(at::equal(reused.db, kept.db));
+}
+
+TEST(FusedSwiGLU, ASecondBackwardOfARetainedGraphReadsTheSameInputs) {
+  at::manual_seed(9);
+  at::Tensor a = at::randn({64, 256}).requires_grad_(), b = at::randn({64, 256}).requires_grad_();
+  at::Tensor y = fused::swiglu(a * 2, b * 2);
+  y.sum().backward({}, /*retain_graph=*/true);
+  const at::Tensor da = a.grad().clone(), db = b.grad().clone();
+  y.sum().backward();
+  EXPECT_TRUE(at::equal(a.grad(), 2 * da));
+  EXPECT_TRUE(at::equal(b.grad(), 2 * db));
 }
 
 TEST(FusedSwiGLU, OnlyWhereItApplies) {

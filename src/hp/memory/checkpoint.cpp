@@ -16,7 +16,6 @@
 #include "hp/memory/nested_regions.h"
 #include "hp/memory/selective_region.h"
 #include "hp/parallel/tensor_parallel.h"
-#include "hp/tensor/fused_cpu.h"
 #include "hp/tensor/random.h"
 #include "hp/tensor/weight_outputs.h"
 
@@ -188,7 +187,6 @@ void Region::backward_rows(const at::Tensor& in, const std::vector<at::Tensor>& 
   std::vector<at::Tensor> own = leaves;
   own.push_back(in);
   const bool sinks = check_closed(out, own, first_seq);
-  fused::ReuseSavedInputs reuse;  // the recompute's graph runs once, and only here
   HP_CHECK(!sinks || token_chunks == 1) << "checkpoint: token_chunks cannot split a region that holds a fully_shard "
                                         << "unit (its gradients would be reduced once per chunk); checkpoint it whole";
   // With sinks the whole graph, so that they run too.

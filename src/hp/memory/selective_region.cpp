@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
 
 #include <algorithm>
@@ -358,14 +359,26 @@ std::shared_ptr<SelectiveRegion::Slot> SelectiveRegion::pack(const at::Tensor& t
   return slot;
 }
 
-at::Tensor SelectiveRegion::unpack(const Slot& slot) {
-  if (slot.value.defined()) return slot.value;
-  replay_once();
-  const Entry& e = entries_.at(slot.entry);
-  HP_CHECK(e.replayed.defined() && static_cast<int64_t>(e.replayed.storage().nbytes()) == e.op.bytes)
-      << "checkpoint: the recompute of " << e.op.name << " did not give an output like the forward's (" << e.op.bytes
-      << " bytes)";
-  return e.replayed.as_strided(slot.sizes, slot.strides, slot.offset);
+at::Tensor SelectiveRegion::unpack(Slot& slot) {
+  if (slot.entry < 0) return slot.value;
+  if (!slot.value.defined()) replay_once();
+  Entry& e = entries_[slot.entry];
+  at::Tensor t = slot.value;
+  if (!t.defined()) {
+    HP_CHECK(e.replayed.defined() && static_cast<int64_t>(e.replayed.storage().nbytes()) == e.op.bytes)
+        << "checkpoint: the recompute of " << e.op.name << " did not give an output like the forward's ("
+        << e.op.bytes << " bytes)";
+    t = e.replayed.as_strided(slot.sizes, slot.strides, slot.offset);
+  }
+  // The last saved tensor in an output takes its storage over once the replay has read it,
+  // where the backward keeps no graph (nothing unpacks it again): a kernel may then write
+  // over it (swiglu's gradients), as over a tensor autograd saved without hooks.
+  if (replayed_ && e.live_slots == 1 && !torch::autograd::get_current_graph_task_keep_graph()) {
+    slot.value = at::Tensor();
+    e.value = at::Tensor();
+    e.replayed = at::Tensor();
+  }
+  return t;
 }
 
 void SelectiveRegion::prefetch_swapped() {

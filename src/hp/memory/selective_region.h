@@ -18,7 +18,7 @@
 // comes back as the same view of the replayed output. The graph is the forward's, so
 // gradients are bitwise those of a run without checkpointing. Once the region has
 // replayed, an output is released when autograd has dropped every saved tensor in it, as
-// autograd frees a saved tensor once its node has run.
+// autograd frees a saved tensor once its node has run; the last one unpacked takes it over.
 //
 // LibTorch's default saved-tensor hooks are a Python stack; a C++ program gets them by
 // installing an autograd engine whose get_default_saved_variable_hooks returns ours while
@@ -90,7 +90,7 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
     int64_t offset = 0;
   };
   std::shared_ptr<Slot> pack(const at::Tensor& t);
-  at::Tensor unpack(const Slot& slot);
+  at::Tensor unpack(Slot& slot);
   // Autograd let go of the slot (its node ran): once the region has replayed, an output no
   // slot holds any longer is released, as autograd frees a saved tensor once its node ran.
   void drop(const Slot& slot);

@@ -197,8 +197,8 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
   if (recomputes_whole_layers(s.recompute) && st.layers() > 0 && n.eager) {
     // The backward of one layer has all of it back, and at a dense layer's peak the
     // gradient of SwiGLU's output beside it (SwiGLU then writes its own gradients over gate
-    // and up: fused::ReuseSavedInputs); the fuller kind of layer counts. That comes after
-    // the head's backward, whose logits are gone by then: the larger of the two counts.
+    // and up); the fuller kind of layer counts. That comes after the head's backward, whose
+    // logits are gone by then: the larger of the two counts.
     // full_chunked: the attention half, one token chunk of the MLP's SwiGLU, and the MLP
     // input's gradient, assembled chunk by chunk.
     double layer = 0;
@@ -224,13 +224,14 @@ MemoryBreakdown stage_memory(const ModelDesc& m, const Strategy& s, const StageC
     rematerialized += tokens / t * layer;
   }
   if (n.eager && st.layers() > 0 && !recomputes_whole_layers(s.recompute)) {
-    // A layer's backward holds the gradients of SwiGLU's output and of its gate and up
-    // inputs (per routed copy of a token in MoE layers) beside every saved activation. On
-    // the stage with the head this peak and the head's (its logits term) come at different
-    // times: the larger counts.
+    // A layer's backward holds beside every saved activation the gradient of SwiGLU's
+    // output (per routed copy of a token in MoE layers), while the down projection's node
+    // still holds SwiGLU's output; SwiGLU then writes its own gradients over gate and up.
+    // On the stage with the head this peak and the head's (its logits term) come at
+    // different times: the larger counts.
     double working = 0;
-    if (st.dense_layers) working = 3 * m.ffn / t;
-    if (st.moe_layers) working = std::max(working, 3 * double(m.top_k + m.shared_experts) * m.moe_ffn / t);
+    if (st.dense_layers) working = m.ffn / t;
+    if (st.moe_layers) working = std::max(working, double(m.top_k + m.shared_experts) * m.moe_ffn / t);
     after_logits += tokens * working * n.activation_bytes;
   }
   mem.activations += rematerialized + std::max(0.0, after_logits - mem.logits);

@@ -4,6 +4,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <algorithm>
 #include <atomic>
@@ -251,13 +252,12 @@ void swiglu_backward_in_place_block(const T* __restrict dy, T* __restrict g, con
   }
 }
 
-thread_local bool t_reuse_saved_inputs = false;
-
-// Whether `t`, a saved input unpacked in backward, may be overwritten: reuse is on, and its
-// storage has this one tensor, held only by the saved variable and the unpacked list.
+// Whether `t`, a saved input unpacked in backward, may be overwritten: the backward keeps no
+// graph (nothing unpacks it again), and its storage has this one tensor, held only by the
+// unpacked list and the saved variable, if that keeps it (it does not when hooks packed it).
 bool reusable(const at::Tensor& t) {
-  return t_reuse_saved_inputs && t.is_contiguous() && t.has_storage() && t.storage().use_count() == 1 &&
-         t.use_count() == 2;
+  return !torch::autograd::get_current_graph_task_keep_graph() && t.is_contiguous() && t.has_storage() &&
+         t.storage().use_count() == 1 && t.use_count() <= 2;
 }
 
 struct SwiGLUFunction : torch::autograd::Function<SwiGLUFunction> {
@@ -299,9 +299,6 @@ struct SwiGLUFunction : torch::autograd::Function<SwiGLUFunction> {
 };
 
 }  // namespace
-
-ReuseSavedInputs::ReuseSavedInputs() : previous_(t_reuse_saved_inputs) { t_reuse_saved_inputs = true; }
-ReuseSavedInputs::~ReuseSavedInputs() { t_reuse_saved_inputs = previous_; }
 
 bool enabled() {
   const char* v = std::getenv("HP_FUSED_KERNELS");

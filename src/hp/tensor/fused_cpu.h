@@ -33,25 +33,12 @@ bool rotary_fusable(const at::Tensor& x, const at::Tensor& cos, const at::Tensor
 // out as x where x is dense (else contiguous). Keeps only the tables for backward.
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
-// While one lives on this thread, the backward it runs differentiates a graph that runs once
-// (retain_graph off) and that nothing outside holds, as a checkpointed region's recompute:
-// swiglu's backward then writes its input gradients over the gate and up it saved, where
-// nothing else refers to them, instead of holding all four at once.
-class ReuseSavedInputs {
- public:
-  ReuseSavedInputs();
-  ~ReuseSavedInputs();
-  ReuseSavedInputs(const ReuseSavedInputs&) = delete;
-  ReuseSavedInputs& operator=(const ReuseSavedInputs&) = delete;
-
- private:
-  bool previous_;
-};
-
 // gate and up of one shape, contiguous, same float32/float64 dtype and device (CPU or meta).
 bool swiglu_fusable(const at::Tensor& gate, const at::Tensor& up);
 // silu(gate) * up, contiguous. Keeps gate and up for backward (both a matmul's outputs,
-// kept anyway), not silu's output; the sigmoid is computed again there.
+// kept anyway), not silu's output; the sigmoid is computed again there. Its backward writes
+// the gradients over gate and up where nothing else can see them (the backward keeps no
+// graph, and the saved tensor is its storage's only one) instead of holding all four.
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 
 }  // namespace hp::fused
