@@ -5,9 +5,9 @@
 // 688, sequence 256) with LAYERS blocks, BATCH sequences, float32. Modes: none (AdamW in
 // memory), full (every block recomputed), full_chunked (and each block's MLP a region inside
 // it, recomputed in 4 token chunks during the block's backward), selective
-// (save_matmuls_and_collectives), budget 0.5 and 0.4, budget 0.22 on every block but the
-// last (budget22_but_last: the last block's backward comes first, when all it dropped is
-// back, so its recompute lowers no peak), offload (SwapOptimizer over AdamW,
+// (save_matmuls_and_collectives), budget 0.5 and 0.4, and 0.4 and 0.22 with
+// release_at_next_region (budget40_next, budget22_next: the last block, whose backward
+// comes first, keeps all it made and replays nothing), offload (SwapOptimizer over AdamW,
 // state in files under $TMPDIR or /tmp, 8 batches, prefetch) and offload_noprefetch; muon (Muon on the blocks' matrices, AdamW on
 // the rest, in memory) and muon_offload (that chain per batch in a SwapOptimizer, with
 // prefetch; its ratios against muon). One model: each round runs every mode in turn (first
@@ -84,7 +84,6 @@ struct Mode {
   int offload = 0;  // 0: in memory; 1: SwapOptimizer with prefetch; 2: without
   bool muon = false;  // Muon + AdamW (get_hyper_optimizer's split), else AdamW
   std::optional<CheckpointOptions> inner;  // the blocks' MLPs checkpointed inside them too
-  bool last_block_plain = false;  // the last block not checkpointed (its backward comes first)
 };
 
 std::vector<Mode> modes() {
@@ -98,10 +97,10 @@ std::vector<Mode> modes() {
   Mode chunked{"full_chunked", true};
   chunked.inner = CheckpointOptions();
   chunked.inner->token_chunks = 4;
-  Mode b22{"budget22_but_last", true};
-  b22.options.memory_budget = 0.22;
-  b22.last_block_plain = true;
-  return {none, full, chunked, sel, half, b40, b22, off, off_np, muon, muon_off};
+  Mode b40_next{"budget40_next", true}, b22_next{"budget22_next", true};
+  b40_next.options.memory_budget = 0.4, b22_next.options.memory_budget = 0.22;
+  b40_next.options.release_at_next_region = b22_next.options.release_at_next_region = true;
+  return {none, full, chunked, sel, half, b40, b40_next, b22_next, off, off_np, muon, muon_off};
 }
 
 std::string temp_dir() {
@@ -220,12 +219,11 @@ void fsdp_rows(const nn::LlamaConfig& c, const DTensor& ids, const DTensor& targ
          median(rows.time["fsdp_offload_clip"]) / median(rows.time["fsdp_offload_clip_in"]));
 }
 
-void set_mode(nn::Llama& model, const Mode& m, int64_t layers) {
+void set_mode(nn::Llama& model, const Mode& m) {
   for (auto& [name, mod] : model.named_modules())
     if (name.rfind("layers.", 0) == 0 && name.find('.', 7) == std::string::npos) {
       mod->set_forward_wrapper(nullptr);
-      const bool plain = m.last_block_plain && name == "layers." + std::to_string(layers - 1);
-      if (m.checkpointed && !plain) checkpoint_wrapper(*mod, m.options);
+      if (m.checkpointed) checkpoint_wrapper(*mod, m.options);
       for (auto& [sub, inner] : mod->named_modules())
         if (sub == "mlp") {
           inner->set_forward_wrapper(nullptr);
@@ -281,7 +279,7 @@ int main(int argc, char** argv) {
     for (int r = 0; r < rounds; ++r)
       for (size_t i = 0; i < ms.size(); ++i) {
         const Mode& m = ms[(i + r) % ms.size()];
-        set_mode(model, m, layers);
+        set_mode(model, m);
         opt.reset();
         opt = make_optimizer(model, m, param_bytes / 8);
         if (m.name == "muon") muon_state = state_bytes(*opt);

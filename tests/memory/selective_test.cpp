@@ -12,6 +12,7 @@
 #include <stdlib.h>
 
 #include <atomic>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -305,6 +306,58 @@ TEST(SelectiveCheckpoint, SwiGLUWritesItsGradientsOverKeptInputs) {
   });
 }
 
+// release_at_next_region: a region lets go of what it drops when the next one starts, so the
+// last of three, whose backward comes first, keeps all it made and replays nothing; the
+// gradients are bitwise those without checkpointing.
+TEST(SelectiveCheckpoint, ReleaseAtNextRegionReplaysOnlyRegionsFollowedByAnother) {
+  comm::run_local_ranks(1, [](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    SmallRegionTensors t = small_region_tensors(mesh, 9, {32, 32}, {32, 32});
+    track_cpu_memory();
+    int calls = 0;
+    auto fn = [&](const DTensor& in) {
+      ++calls;
+      return linear(mul(linear(in, t.w1), t.s), t.w2);
+    };
+    struct Run {
+      int calls;
+      int64_t held;
+      at::Tensor grad;
+    };
+    auto run = [&](std::optional<CheckpointOptions> o) {
+      calls = 0;
+      t.x.to_local().mutable_grad() = at::Tensor();
+      const int64_t before = cpu_memory_allocated();
+      DTensor h = t.x;
+      for (int i = 0; i < 3; ++i) h = o ? memory::checkpoint(fn, h, {&t.w1, &t.w2, &t.s}, *o) : fn(h);
+      const int64_t held = cpu_memory_allocated() - before;
+      h.to_local().sum().backward();
+      return Run{calls, held, t.x.to_local().grad().clone()};
+    };
+    CheckpointOptions deferred = selective();
+    deferred.release_at_next_region = true;
+    const Run plain = run(std::nullopt), released = run(selective()), held = run(deferred);
+    EXPECT_EQ(released.calls, 6);  // three forwards, three replays
+    EXPECT_EQ(held.calls, 5);      // the last region replays nothing
+    EXPECT_TRUE(at::equal(held.grad, plain.grad));
+    EXPECT_TRUE(at::equal(released.grad, plain.grad));
+    // After the forward the first two have let go, the last has not.
+    EXPECT_LT(released.held, held.held) << released.held << " B released, " << held.held << " B held";
+    EXPECT_LT(held.held, plain.held) << held.held << " B held, " << plain.held << " B plain";
+  });
+}
+
+TEST(SelectiveCheckpoint, ReleaseAtNextRegionBudgetTp2) {
+  CheckpointOptions o = budget(0.4);
+  o.release_at_next_region = true;
+  expect_same_as_without(Layout::Tp2, kBlocks, o);
+}
+TEST(SelectiveCheckpoint, ReleaseAtNextRegionFsdp3Uneven) {
+  CheckpointOptions o = selective();
+  o.release_at_next_region = true;
+  expect_same_as_without(Layout::Fsdp3, kBlocks, o);
+}
+
 // swap_wrapper: every activation a block's backward reads goes to the tier and comes back;
 // bitwise equal to the run without, on files and in host memory, alone, under tp and under
 // fully_shard over 3 uneven ranks.
@@ -391,4 +444,7 @@ TEST(SelectiveCheckpoint, ImpossibleBudgetAndSwapAreErrors) {
   }
   EXPECT_THROW(kept_after_forward(kBlocks, budget(1.5)), hp::Error);
   EXPECT_THROW(kept_after_forward(kBlocks, policy(CheckpointPolicy::MUST_SWAP)), hp::Error);
+  CheckpointOptions full;  // a full region has nothing to release later
+  full.release_at_next_region = true;
+  EXPECT_THROW(kept_after_forward(kBlocks, full), hp::Error);
 }

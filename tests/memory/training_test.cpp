@@ -73,11 +73,12 @@ std::string fresh_dir() {
 }
 
 void expect_same(const std::string& dim, const std::string& dp, const std::string& mode, double budget = 0,
-                 bool offload = false) {
+                 bool offload = false, bool release_at_next_region = false) {
   const train::TrainConfig plain = config(dim, dp);
   train::TrainConfig c = plain;
   c.memory.activation_checkpoint = mode;
   c.memory.memory_budget = budget;
+  c.memory.release_at_next_region = release_at_next_region;
   std::string dir;
   if (offload) {
     dir = fresh_dir();
@@ -110,6 +111,9 @@ size_t expect_same_tensors(const std::string& a, const std::string& b) {
 TEST(MemoryTraining, Pp2FullCheckpointing) { expect_same("pp", "ddp", "full"); }
 TEST(MemoryTraining, Pp2Selective) { expect_same("pp", "ddp", "selective"); }
 TEST(MemoryTraining, Tp2SelectiveBudget) { expect_same("tp", "ddp", "selective", 0.5); }
+TEST(MemoryTraining, Pp2SelectiveBudgetReleasedAtTheNextRegion) {
+  expect_same("pp", "ddp", "selective", 0.4, false, /*release_at_next_region=*/true);
+}
 TEST(MemoryTraining, FsdpFullCheckpointingAndOptimizerOffload) { expect_same("dp", "fsdp", "full", 0, true); }
 
 // memory.chunked_modules: the blocks recomputed with their MLPs as regions of their own,

@@ -61,6 +61,13 @@ struct CheckpointOptions {
   std::optional<double> memory_budget;
   // Where MUST_SWAP outputs go between forward and backward (e.g. a memory::FileTier).
   std::shared_ptr<memory::StorageTier> swap_tier;
+  // Selective: what a region drops goes when the next region on the thread starts its
+  // forward, not when its own ends. The region whose backward comes before another region
+  // starts (the last block; each microbatch's on a pipeline's last stage) then keeps all it
+  // made and replays nothing: its recompute would lower no peak, since its backward has it
+  // all back at once. The cost: that region's dropped bytes stay beside what runs before its
+  // backward (the head's logits), which matters where those outweigh a layer's activations.
+  bool release_at_next_region = false;
   // Full checkpointing of a region whose rows are independent (an MLP; not attention, nor a
   // MoE layer, whose capacity and auxiliary loss see every row): its backward recomputes
   // and differentiates its rows (whole sequences, or ranges of a sequence's tokens: every

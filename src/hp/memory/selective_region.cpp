@@ -83,7 +83,7 @@ SelectiveRegion::SelectiveRegion(Options options, std::function<void()> replay)
 SelectiveRegion::~SelectiveRegion() {
   for (size_t k = 0; k < entries_.size(); ++k) {
     if (entries_[k].prefetched.valid()) entries_[k].prefetched.wait();  // before its file goes
-    if (entries_[k].swapped) options_.swap_tier->remove(swap_key(k));
+    if (entries_[k].swapped && !held_) options_.swap_tier->remove(swap_key(k));
   }
 }
 
@@ -97,6 +97,7 @@ void SelectiveRegion::protect(const at::Tensor& t) {
 
 SelectiveRegion::Recording::Recording(SelectiveRegion* r) : r_(r) {
   HP_CHECK(t_packing == nullptr) << "checkpoint: a selective region inside another one on the same thread";
+  if (auto previous = t_last_region.lock(); previous && previous->held_ && !previous->unpacked_) previous->release();
   r_->previous_ = t_last_region;
   t_last_region = r_->weak_from_this();
   r_->rng_ = get_rng_state();
@@ -264,15 +265,23 @@ void SelectiveRegion::decide() {
   }
   keep_readers_instead();
   mark_demanded();
+  for (Entry& e : entries_) {
+    e.swapped = e.swapped && e.keep;
+    if (!e.keep) e.value = at::Tensor();  // autograd's saved tensors in it stay until release
+  }
+  held_ = true;
+  if (!options_.release_at_next_region) release();
+}
+
+void SelectiveRegion::release() {
+  held_ = false;
   for (size_t k = 0; k < entries_.size(); ++k) {
     Entry& e = entries_[k];
-    e.swapped = e.swapped && e.keep;
     if (!e.swapped) continue;
     const int64_t n = e.op.bytes / static_cast<int64_t>(e.value.itemsize());
     options_.swap_tier->write(swap_key(k), e.value.new_empty({0}).set_(e.value.storage(), 0, {n}, {1}));
+    e.value = at::Tensor();
   }
-  for (Entry& e : entries_)
-    if (!e.keep || e.swapped) e.value = at::Tensor();
   for (auto& slot : slots_)
     if (slot->entry >= 0 && (!entries_[slot->entry].keep || entries_[slot->entry].swapped)) slot->value = at::Tensor();
   slots_.clear();  // from here on autograd holds them, and drops each once its node has run
@@ -331,12 +340,13 @@ void SelectiveRegion::mark_demanded() {
 // Before the replay every kept output stays: the replay may read one outside the ops it
 // traces (a MoE dispatcher reads the routing's indices).
 void SelectiveRegion::release_if_unused(Entry& e) {
-  if (e.live_slots > 0 || !replayed_) return;
+  if (e.live_slots > 0 || !replay_over()) return;
   e.value = at::Tensor();
   e.replayed = at::Tensor();
 }
 
-void SelectiveRegion::drop(const Slot& slot) {
+void SelectiveRegion::drop(Slot& slot) {
+  slot.value = at::Tensor();  // a held region's list has it too
   if (slot.entry < 0) return;
   Entry& e = entries_[slot.entry];
   --e.live_slots;
@@ -360,6 +370,7 @@ std::shared_ptr<SelectiveRegion::Slot> SelectiveRegion::pack(const at::Tensor& t
 }
 
 at::Tensor SelectiveRegion::unpack(Slot& slot) {
+  unpacked_ = true;
   if (slot.entry < 0) return slot.value;
   if (!slot.value.defined()) replay_once();
   Entry& e = entries_[slot.entry];
@@ -373,7 +384,7 @@ at::Tensor SelectiveRegion::unpack(Slot& slot) {
   // The last saved tensor in an output takes its storage over once the replay has read it,
   // where the backward keeps no graph (nothing unpacks it again): a kernel may then write
   // over it (swiglu's gradients), as over a tensor autograd saved without hooks.
-  if (replayed_ && e.live_slots == 1 && !torch::autograd::get_current_graph_task_keep_graph()) {
+  if (replay_over() && e.live_slots == 1 && !torch::autograd::get_current_graph_task_keep_graph()) {
     slot.value = at::Tensor();
     e.value = at::Tensor();
     e.replayed = at::Tensor();
@@ -400,7 +411,8 @@ void SelectiveRegion::prefetch_swapped() {
 void SelectiveRegion::replay_once() {
   if (replayed_) return;
   // The layer before runs its backward next: its swapped outputs start coming back now.
-  if (auto previous = previous_.lock(); previous && previous->mode_ == Mode::Done && !previous->replayed_)
+  if (auto previous = previous_.lock(); previous && previous->mode_ == Mode::Done && !previous->held_ &&
+                                         !previous->replayed_)
     previous->prefetch_swapped();
   HP_CHECK(mode_ == Mode::Done) << "checkpoint: a saved tensor unpacked before the region's forward ended";
   const RngState outer = get_rng_state();

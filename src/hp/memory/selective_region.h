@@ -6,7 +6,9 @@
 // region created is tied to that op; others (the region's input, parameters, a kernel's
 // internal temporaries) are kept as autograd would. When the forward ends, the policy
 // (and budget) decides per op: kept outputs stay, the rest are released, with every saved
-// tensor that points into them.
+// tensor that points into them (with release_at_next_region only once the next region on the
+// thread starts its forward: a region whose backward begins first keeps them and never
+// replays).
 //
 // The first backward that unpacks a released tensor replays the region once, without
 // gradients, with the RNG and the parameters as the forward saw them: an op whose output
@@ -66,6 +68,7 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
     std::optional<double> memory_budget;
     bool replay_rng = true;
     std::shared_ptr<StorageTier> swap_tier;
+    bool release_at_next_region = false;  // CheckpointOptions::release_at_next_region
   };
   // `replay` runs the region again (without gradients) as its forward did.
   SelectiveRegion(Options options, std::function<void()> replay);
@@ -93,7 +96,7 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
   at::Tensor unpack(Slot& slot);
   // Autograd let go of the slot (its node ran): once the region has replayed, an output no
   // slot holds any longer is released, as autograd frees a saved tensor once its node ran.
-  void drop(const Slot& slot);
+  void drop(Slot& slot);
 
   at::Tensor run(const ObservedOp& op, const std::function<at::Tensor()>& compute) override;
 
@@ -133,6 +136,12 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
     bool finished_ = false;
   };
   void decide();
+  // Lets go of what the region dropped (and writes what it swaps): when its forward ends, or
+  // with release_at_next_region when the next region on the thread starts, unless its
+  // backward has begun by then.
+  void release();
+  // No replay will read a kept output any more: it has run, or never will.
+  bool replay_over() const { return replayed_ || (held_ && unpacked_); }
   // Per entry, whether autograd or a recomputed op reads its output. A kept output is not
   // recomputed, so its inputs are not read for it, unless `through_kept`: then the answer
   // holds however the rest is chosen.
@@ -155,6 +164,8 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
   std::unordered_map<const void*, int> by_storage_;  // StorageImpl* -> entry; -1: protected
   std::vector<std::shared_ptr<Slot>> slots_;
   bool replayed_ = false;
+  bool held_ = false;      // decided, and what it dropped not yet released
+  bool unpacked_ = false;  // its backward has begun
   bool untracked_input_ = false;  // an op read a tensor of unknown origin: replay every op
   uint64_t id_;  // names its entries in the swap tier
   // The region made before this one on the thread (the layer before, in forward order): its

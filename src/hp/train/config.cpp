@@ -409,6 +409,9 @@ void validate(const TrainConfig& c) {
   HP_CHECK(mem.memory_budget == 0 || mem.activation_checkpoint == "selective")
       << src << ": memory.memory_budget needs memory.activation_checkpoint = \"selective\", not \""
       << mem.activation_checkpoint << "\"";
+  HP_CHECK(!mem.release_at_next_region || mem.activation_checkpoint == "selective")
+      << src << ": memory.release_at_next_region needs memory.activation_checkpoint = \"selective\", not \""
+      << mem.activation_checkpoint << "\"";
   HP_CHECK(mem.activation_checkpoint.empty() || !mem.checkpoint_modules.empty())
       << src << ": memory.checkpoint_modules is empty";
   HP_CHECK(mem.chunked_modules.empty() || !mem.activation_checkpoint.empty())

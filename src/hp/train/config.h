@@ -130,6 +130,7 @@ struct MemoryConfig {
   std::vector<std::string> chunked_modules;
   int64_t token_chunks = 4;
   double memory_budget = 0;  // selective: fraction of each region's activations kept; 0 = the policy decides
+  bool release_at_next_region = false;  // selective: CheckpointOptions::release_at_next_region
   std::string optimizer_offload_dir;    // optimizer state in files here between steps (a dir per rank); "" = off
   int64_t optimizer_offload_batch_mib = 64;  // parameters per streamed batch
   // fully_shard's parameter and gradient shards in files here between uses (FileOffloadPolicy,

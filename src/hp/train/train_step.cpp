@@ -205,6 +205,7 @@ void detail::apply_activation_checkpointing(nn::Module& model, const TrainConfig
   CheckpointOptions o;
   if (m.activation_checkpoint == "selective") o.policy = save_matmuls_and_collectives;
   if (m.memory_budget > 0) o.memory_budget = m.memory_budget;
+  o.release_at_next_region = m.release_at_next_region;
   checkpoint_wrapper(model, m.checkpoint_modules, o);
   if (m.chunked_modules.empty()) return;
   CheckpointOptions chunked;
