@@ -357,6 +357,11 @@ TEST(SelectiveCheckpoint, ReleaseAtNextRegionFsdp3Uneven) {
   o.release_at_next_region = true;
   expect_same_as_without(Layout::Fsdp3, kBlocks, o);
 }
+TEST(SelectiveCheckpoint, ReleaseAtNextRegionSwapMatmulsSingleProcess) {
+  CheckpointOptions o = swap_matmuls();  // the last block writes nothing to the tier
+  o.release_at_next_region = true;
+  expect_same_as_without(Layout::Single, kBlocks, o);
+}
 
 // swap_wrapper: every activation a block's backward reads goes to the tier and comes back;
 // bitwise equal to the run without, on files and in host memory, alone, under tp and under

@@ -97,6 +97,8 @@ void SelectiveRegion::protect(const at::Tensor& t) {
 
 SelectiveRegion::Recording::Recording(SelectiveRegion* r) : r_(r) {
   HP_CHECK(t_packing == nullptr) << "checkpoint: a selective region inside another one on the same thread";
+  // The region before, if it held what it dropped (release_at_next_region), lets go now,
+  // unless its backward has begun: then it replays nothing.
   if (auto previous = t_last_region.lock(); previous && previous->held_ && !previous->unpacked_) previous->release();
   r_->previous_ = t_last_region;
   t_last_region = r_->weak_from_this();
