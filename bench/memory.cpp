@@ -7,7 +7,9 @@
 // it, recomputed in 4 token chunks during the block's backward), selective
 // (save_matmuls_and_collectives), budget 0.5 and 0.4, and 0.4 and 0.22 with
 // release_at_next_region (budget40_next, budget22_next: the last block, whose backward
-// comes first, keeps all it made and replays nothing), offload (SwapOptimizer over AdamW,
+// comes first, keeps all it made and replays nothing), swap (swap_wrapper: every activation a
+// block's backward reads in files under $TMPDIR or /tmp, read back a block ahead; its
+// "recompute" is the replay, views and the reads not yet prefetched), offload (SwapOptimizer over AdamW,
 // state in files under $TMPDIR or /tmp, 8 batches, prefetch) and offload_noprefetch; muon (Muon on the blocks' matrices, AdamW on
 // the rest, in memory) and muon_offload (that chain per batch in a SwapOptimizer, with
 // prefetch; its ratios against muon). One model: each round runs every mode in turn (first
@@ -86,6 +88,13 @@ struct Mode {
   std::optional<CheckpointOptions> inner;  // the blocks' MLPs checkpointed inside them too
 };
 
+std::string temp_dir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir = std::string(tmp ? tmp : "/tmp") + "/hp_bench_memory_XXXXXX";
+  HP_CHECK(::mkdtemp(dir.data()) != nullptr) << "mkdtemp " << dir;
+  return dir;
+}
+
 std::vector<Mode> modes() {
   Mode none{"none"}, full{"full", true}, sel{"selective", true}, half{"budget50", true}, b40{"budget40", true};
   sel.options.policy = save_matmuls_and_collectives;
@@ -100,14 +109,9 @@ std::vector<Mode> modes() {
   Mode b40_next{"budget40_next", true}, b22_next{"budget22_next", true};
   b40_next.options.memory_budget = 0.4, b22_next.options.memory_budget = 0.22;
   b40_next.options.release_at_next_region = b22_next.options.release_at_next_region = true;
-  return {none, full, chunked, sel, half, b40, b40_next, b22_next, off, off_np, muon, muon_off};
-}
-
-std::string temp_dir() {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string dir = std::string(tmp ? tmp : "/tmp") + "/hp_bench_memory_XXXXXX";
-  HP_CHECK(::mkdtemp(dir.data()) != nullptr) << "mkdtemp " << dir;
-  return dir;
+  Mode swap{"swap", true};
+  swap.options = swap_options(std::make_shared<memory::FileTier>(temp_dir()));
+  return {none, full, chunked, sel, half, b40, b40_next, b22_next, swap, off, off_np, muon, muon_off};
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(nn::Llama& model, const Mode& m, int64_t batch_bytes) {

@@ -66,6 +66,31 @@ std::vector<double> offloaded_losses(const train::TrainConfig& c, std::atomic<in
   return results[0].losses;
 }
 
+// As losses(c), with the most activation files any rank's swap directory held after a
+// block's forward (every block's post-hook counts them).
+std::vector<double> swapped_losses(const train::TrainConfig& c, std::atomic<int>* most_files) {
+  std::vector<train::TrainResult> results(c.world_size());
+  comm::run_local_ranks(static_cast<int>(c.world_size()), [&](int rank) {
+    const std::string mine = c.memory.activation_swap_dir + "/rank" + std::to_string(rank);
+    train::TrainHooks hooks;
+    hooks.on_built = [&](train::Training& t) {
+      for (auto& [name, module] : t.model->named_modules())
+        if (name.rfind("layers.", 0) == 0 && name.find('.', 7) == std::string::npos)
+          module->register_forward_hook([&, mine](nn::Module&, const DTensor&, const DTensor& out) {
+            int n = 0;
+            if (std::filesystem::is_directory(mine))
+              for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(mine)) ++n;
+            for (int m = most_files->load(); n > m && !most_files->compare_exchange_weak(m, n);) {
+            }
+            return out;
+          });
+    };
+    results[rank] = train::run_training(c, hooks);
+  });
+  for (size_t r = 1; r < results.size(); ++r) EXPECT_EQ(results[r].losses, results[0].losses) << "rank " << r;
+  return results[0].losses;
+}
+
 std::string fresh_dir() {
   char tmpl[] = "/tmp/hp_train_offload_XXXXXX";
   HP_CHECK(::mkdtemp(tmpl) != nullptr) << "mkdtemp failed";
@@ -79,7 +104,8 @@ void expect_same(const std::string& dim, const std::string& dp, const std::strin
   c.memory.activation_checkpoint = mode;
   c.memory.memory_budget = budget;
   c.memory.release_at_next_region = release_at_next_region;
-  std::string dir;
+  std::string dir, swap_dir;
+  if (mode == "swap") c.memory.activation_swap_dir = swap_dir = fresh_dir();
   if (offload) {
     dir = fresh_dir();
     c.memory.optimizer_offload_dir = dir;
@@ -88,11 +114,18 @@ void expect_same(const std::string& dim, const std::string& dp, const std::strin
   const double before = memory::recompute_seconds();
   const std::vector<double> want = losses(plain);
   EXPECT_EQ(memory::recompute_seconds(), before) << "the run without checkpointing recomputed";
-  EXPECT_EQ(losses(c), want) << dim << "=2 " << dp << " " << mode << " budget " << budget << " offload " << offload;
+  std::atomic<int> swap_files{0};
+  EXPECT_EQ(mode == "swap" ? swapped_losses(c, &swap_files) : losses(c), want)
+      << dim << "=2 " << dp << " " << mode << " budget " << budget << " offload " << offload;
+  if (mode == "swap") EXPECT_GT(swap_files.load(), 0) << "no activation reached " << swap_dir;
   // The keys reached the model: the same losses with nothing recomputed would prove nothing.
   EXPECT_GT(memory::recompute_seconds(), before) << mode << " checkpointing recomputed nothing";
   EXPECT_LT(want.back(), want.front());
   if (!dir.empty()) std::filesystem::remove_all(dir);
+  if (!swap_dir.empty()) {
+    EXPECT_TRUE(std::filesystem::is_empty(swap_dir)) << "activation files left behind in " << swap_dir;
+    std::filesystem::remove_all(swap_dir);
+  }
 }
 
 // Every tensor of two checkpoints (parameters, optimizer state), bitwise; returns how many.
@@ -111,6 +144,8 @@ size_t expect_same_tensors(const std::string& a, const std::string& b) {
 TEST(MemoryTraining, Pp2FullCheckpointing) { expect_same("pp", "ddp", "full"); }
 TEST(MemoryTraining, Pp2Selective) { expect_same("pp", "ddp", "selective"); }
 TEST(MemoryTraining, Tp2SelectiveBudget) { expect_same("tp", "ddp", "selective", 0.5); }
+TEST(MemoryTraining, Tp2Swap) { expect_same("tp", "ddp", "swap"); }
+TEST(MemoryTraining, Pp2SwapReleasedAtTheNextRegion) { expect_same("pp", "ddp", "swap", 0, false, true); }
 TEST(MemoryTraining, Pp2SelectiveBudgetReleasedAtTheNextRegion) {
   expect_same("pp", "ddp", "selective", 0.4, false, /*release_at_next_region=*/true);
 }

@@ -297,6 +297,8 @@ TEST(TrainConfig, InconsistentValuesAreErrors) {
              "memory.memory_budget needs memory.activation_checkpoint = \"selective\"");
   EXPECT_HAS(load_error("[memory]\nactivation_checkpoint = \"full\"\nrelease_at_next_region = true\n"),
              "memory.release_at_next_region needs memory.activation_checkpoint = \"selective\"");
+  EXPECT_HAS(load_error("[memory]\nactivation_checkpoint = \"swap\"\n"),
+             "memory.activation_checkpoint = \"swap\" needs memory.activation_swap_dir");
   EXPECT_HAS(load_error("[memory]\nchunked_modules = [\"layers.*.mlp\"]\n"),
              "memory.chunked_modules are regions inside the checkpointed modules");
   EXPECT_HAS(load_error("[memory]\nactivation_checkpoint = \"full\"\ntoken_chunks = 0\n"), "memory.token_chunks");
@@ -404,6 +406,7 @@ TrainConfig all_changed() {
   c.memory.checkpoint_modules = {"layers.*.mlp"};
   c.memory.memory_budget = 0.5;
   c.memory.release_at_next_region = true;
+  c.memory.activation_swap_dir = "/tmp/activations";
   c.memory.chunked_modules = {"layers.*.mlp.up_proj"};
   c.memory.token_chunks = 2;
   c.memory.optimizer_offload_dir = "/tmp/offload";
@@ -501,6 +504,7 @@ TEST(TrainConfig, EveryFieldRoundTrips) {
   EXPECT_EQ(d.memory.checkpoint_modules, c.memory.checkpoint_modules);
   EXPECT_EQ(bits(d.memory.memory_budget), bits(c.memory.memory_budget));
   EXPECT_EQ(d.memory.release_at_next_region, c.memory.release_at_next_region);
+  EXPECT_EQ(d.memory.activation_swap_dir, c.memory.activation_swap_dir);
   EXPECT_EQ(d.memory.chunked_modules, c.memory.chunked_modules);
   EXPECT_EQ(d.memory.token_chunks, c.memory.token_chunks);
   EXPECT_EQ(d.memory.optimizer_offload_dir, c.memory.optimizer_offload_dir);
@@ -529,8 +533,8 @@ TEST(TrainConfig, PrinterPrintsTheTable) {
   }
   for (const auto& f : hp::train::config_fields()) table.push_back(f.section + "." + f.key);
   EXPECT_EQ(printed, table);
-  // 8 mesh, 4 pipeline, 10 model, 15 moe, 17 train, 1 data, 5 checkpoint, 4 low_precision, 9 memory, 4 monitor
-  EXPECT_EQ(table.size(), 77u);
+  // 8 mesh, 4 pipeline, 10 model, 15 moe, 17 train, 1 data, 5 checkpoint, 4 low_precision, 10 memory, 4 monitor
+  EXPECT_EQ(table.size(), 78u);
   EXPECT_EQ(hp::train::config_sections(), (std::vector<std::string>{"mesh", "pipeline", "model", "moe", "train", "data",
                                                                     "checkpoint", "low_precision", "memory",
                                                                     "monitor"}));

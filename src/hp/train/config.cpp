@@ -401,16 +401,19 @@ void validate(const TrainConfig& c) {
       << lp.scaling << "\" (one gathered FP8 weight must serve both of its products)";
   const auto& mem = c.memory;
   HP_CHECK(mem.activation_checkpoint.empty() || mem.activation_checkpoint == "full" ||
-           mem.activation_checkpoint == "selective")
+           mem.activation_checkpoint == "selective" || mem.activation_checkpoint == "swap")
       << src << ": memory.activation_checkpoint = \"" << mem.activation_checkpoint
-      << "\" must be \"\" (off), \"full\" or \"selective\"";
+      << "\" must be \"\" (off), \"full\", \"selective\" or \"swap\"";
+  HP_CHECK(mem.activation_checkpoint != "swap" || !mem.activation_swap_dir.empty())
+      << src << ": memory.activation_checkpoint = \"swap\" needs memory.activation_swap_dir, where the files go";
   HP_CHECK(mem.memory_budget >= 0 && mem.memory_budget <= 1)
       << src << ": memory.memory_budget = " << mem.memory_budget << " must be from 0 to 1";
   HP_CHECK(mem.memory_budget == 0 || mem.activation_checkpoint == "selective")
       << src << ": memory.memory_budget needs memory.activation_checkpoint = \"selective\", not \""
       << mem.activation_checkpoint << "\"";
-  HP_CHECK(!mem.release_at_next_region || mem.activation_checkpoint == "selective")
-      << src << ": memory.release_at_next_region needs memory.activation_checkpoint = \"selective\", not \""
+  HP_CHECK(!mem.release_at_next_region || mem.activation_checkpoint == "selective" ||
+           mem.activation_checkpoint == "swap")
+      << src << ": memory.release_at_next_region needs memory.activation_checkpoint = \"selective\" or \"swap\", not \""
       << mem.activation_checkpoint << "\"";
   HP_CHECK(mem.activation_checkpoint.empty() || !mem.checkpoint_modules.empty())
       << src << ": memory.checkpoint_modules is empty";

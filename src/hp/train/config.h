@@ -123,14 +123,15 @@ struct PrecisionConfig {
 // tensor parallelism and before data parallelism; off while activation_checkpoint is "".
 // Optimizer state offloaded to files (hp::memory::SwapOptimizer); off while the dir is "".
 struct MemoryConfig {
-  std::string activation_checkpoint;                   // "" = off; full or selective
+  std::string activation_checkpoint;                   // "" = off; full, selective or swap
   std::vector<std::string> checkpoint_modules{"layers.*"};
   // Modules inside the checkpointed ones recomputed as full regions of their own, their rows
   // (tokens) in token_chunks chunks one after another (["layers.*.mlp"]); [] = none.
   std::vector<std::string> chunked_modules;
   int64_t token_chunks = 4;
   double memory_budget = 0;  // selective: fraction of each region's activations kept; 0 = the policy decides
-  bool release_at_next_region = false;  // selective: CheckpointOptions::release_at_next_region
+  bool release_at_next_region = false;  // selective, swap: CheckpointOptions::release_at_next_region
+  std::string activation_swap_dir;      // swap: the activations in files here (a dir per rank)
   std::string optimizer_offload_dir;    // optimizer state in files here between steps (a dir per rank); "" = off
   int64_t optimizer_offload_batch_mib = 64;  // parameters per streamed batch
   // fully_shard's parameter and gradient shards in files here between uses (FileOffloadPolicy,

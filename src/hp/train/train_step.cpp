@@ -9,6 +9,7 @@
 #include "hp/comm/trace.h"
 #include "hp/comm/world.h"
 #include "hp/memory/checkpoint.h"
+#include "hp/memory/storage_tier.h"
 #include "hp/memory/swap_optimizer.h"
 #include "hp/optim/adamw.h"
 #include "hp/optim/chained.h"
@@ -204,6 +205,8 @@ void detail::apply_activation_checkpointing(nn::Module& model, const TrainConfig
   if (m.activation_checkpoint.empty()) return;
   CheckpointOptions o;
   if (m.activation_checkpoint == "selective") o.policy = save_matmuls_and_collectives;
+  if (m.activation_checkpoint == "swap")
+    o = swap_options(std::make_shared<memory::FileTier>(rank_dir(m.activation_swap_dir)));
   if (m.memory_budget > 0) o.memory_budget = m.memory_budget;
   o.release_at_next_region = m.release_at_next_region;
   checkpoint_wrapper(model, m.checkpoint_modules, o);
