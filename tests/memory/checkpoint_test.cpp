@@ -173,6 +173,31 @@ TEST(Checkpoint, RecomputedSwiGLUWritesItsGradientsOverItsInputs) {
   EXPECT_LE(bytes + 64 * 256 * 4, held_bytes) << bytes << " B against " << held_bytes << " B";
 }
 
+// A second backward through a region whose first freed its graph is a clear error, not a
+// crash; with retain_graph it runs again, to the same gradient.
+TEST(Checkpoint, ASecondBackwardNeedsTheGraphRetained) {
+  comm::run_local_ranks(1, [&](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    DTensor w = randn({4, 4}, mesh, {Replicate()});
+    w.requires_grad_();
+    DTensor x = randn({2, 4}, mesh, {Replicate()});
+    DTensor y = memory::checkpoint([&](const DTensor& in) { return linear(in, w); }, x, {&w});
+    y.to_local().sum().backward();
+    try {
+      y.to_local().sum().backward();
+      ADD_FAILURE() << "expected an error";
+    } catch (const hp::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("retain_graph"), std::string::npos) << e.what();
+    }
+    w.to_local().mutable_grad().reset();
+    DTensor z = memory::checkpoint([&](const DTensor& in) { return linear(in, w); }, x, {&w});
+    z.to_local().sum().backward({}, /*retain_graph=*/true);
+    const at::Tensor once = w.to_local().grad().clone();
+    z.to_local().sum().backward();
+    EXPECT_TRUE(at::equal(w.to_local().grad(), 2 * once));
+  });
+}
+
 TEST(Checkpoint, BadPatternsAndUnlistedTensorsAreErrors) {
   comm::run_local_ranks(1, [&](int) {
     DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});

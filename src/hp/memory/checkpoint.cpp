@@ -196,7 +196,16 @@ void Region::backward_rows(const at::Tensor& in, const std::vector<at::Tensor>& 
 
 struct CheckpointBackward : torch::autograd::Node {
   std::shared_ptr<Region> region;
-  variable_list apply(variable_list&& grads) override { return region->backward(grads.at(0)); }
+  variable_list apply(variable_list&& grads) override {
+    HP_CHECK(region) << "checkpoint: a backward through a checkpointed region that already ran its backward (pass "
+                        "retain_graph = true to the first to run it again) or whose backward failed";
+    try {
+      return region->backward(grads.at(0));
+    } catch (...) {
+      region.reset();  // what it holds may lead back to this node: a failed backward frees it
+      throw;
+    }
+  }
   std::string name() const override { return "CheckpointBackward"; }
   void release_variables() override { region.reset(); }
 };
