@@ -363,6 +363,39 @@ TEST(SelectiveCheckpoint, ReleaseAtNextRegionSwapMatmulsSingleProcess) {
   expect_same_as_without(Layout::Single, kBlocks, o);
 }
 
+// Under tensor parallelism a row-parallel product's partial sums feed a reduce-scatter the
+// region keeps; nothing else reads them, so the forward lets them go with the model, as a
+// run without checkpointing does (before, the region held them until its forward ended).
+TEST(SelectiveCheckpoint, PartialSumsGoOnceTheirReduceScatterHasRun) {
+  comm::run_local_ranks(2, [](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {2}, {"tp"});
+    manual_seed(4);
+    DTensor w = hp::randn({32, 64}, mesh, {Shard(1)}), x = hp::randn({16, 64}, mesh, {Shard(1)});
+    w.requires_grad_();
+    x.requires_grad_();
+    std::vector<bool> gone;  // per call: whether the partial sums were freed after the reduce-scatter
+    auto fn = [&](const DTensor& in) {
+      std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> partial;
+      std::optional<DTensor> r;
+      {
+        DTensor p = linear(in, w);
+        EXPECT_TRUE(p.placements()[0].is_partial());
+        partial = p.to_local().storage().getWeakStorageImpl();
+        r = p.redistribute({Shard(0)});
+      }
+      gone.push_back(partial->expired());
+      return mul(*r, *r);
+    };
+    const at::Tensor want = fn(x).to_local().detach();
+    DTensor y = memory::checkpoint(fn, x, {&w}, selective());
+    EXPECT_TRUE(at::equal(y.to_local(), want));
+    y.to_local().sum().backward();
+    ASSERT_GE(gone.size(), 2u);  // plain, then the region's forward
+    EXPECT_TRUE(gone[0]);
+    EXPECT_TRUE(gone[1]) << "the region held the partial sums past their reduce-scatter";
+  });
+}
+
 // swap_wrapper: every activation a block's backward reads goes to the tier and comes back;
 // bitwise equal to the run without, on files and in host memory, alone, under tp and under
 // fully_shard over 3 uneven ranks.

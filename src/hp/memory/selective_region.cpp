@@ -150,6 +150,12 @@ at::Tensor SelectiveRegion::run(const ObservedOp& op, const std::function<at::Te
       e.value = out.detach();
     }
     entries_.push_back(std::move(e));
+    const Entry& recorded = entries_.back();
+    for (int i : recorded.inputs) ++entries_[i].readers;
+    const CheckpointPolicy p = options_.policy(recorded.op);
+    if (recorded.op.collective && (p == CheckpointPolicy::MUST_SAVE || p == CheckpointPolicy::PREFER_SAVE ||
+                                   p == CheckpointPolicy::MUST_SWAP))
+      for (int i : recorded.inputs) release_before_collective(entries_[i]);
     return out;
   }
   HP_CHECK(mode_ == Mode::Replay) << "checkpoint: an op observed outside the region's forward and replay";
@@ -178,6 +184,16 @@ at::Tensor SelectiveRegion::run(const ObservedOp& op, const std::function<at::Te
   at::Tensor out = compute();
   if (e.owns_storage) e.replayed = out = in_forward_layout(e, out);
   return out;
+}
+
+void SelectiveRegion::release_before_collective(Entry& in) {
+  const CheckpointPolicy p = options_.policy(in.op);
+  if (!in.owns_storage || in.referenced || in.readers != 1 || in.op.collective ||
+      (p != CheckpointPolicy::PREFER_SAVE && p != CheckpointPolicy::PREFER_RECOMPUTE))
+    return;
+  in.released_early = true;
+  in.address = in.value.storage().getWeakStorageImpl();
+  in.value = at::Tensor();
 }
 
 // The saved views index into the forward's storage of an output: a recompute that lays it
@@ -211,9 +227,9 @@ void SelectiveRegion::decide() {
       // alike (a MoE token exchange receives other row counts on each): collectives go as
       // the policy prefers, and what they keep counts against the budget first.
       if (!options_.memory_budget || e.op.collective) {
-        e.keep = e.policy == CheckpointPolicy::PREFER_SAVE;
+        e.keep = e.policy == CheckpointPolicy::PREFER_SAVE && !e.released_early;
         if (e.keep && e.op.collective) collectives += e.op.bytes;
-      } else {
+      } else if (!e.released_early) {
         prefer.push_back(k);
       }
     }
@@ -291,7 +307,7 @@ void SelectiveRegion::release() {
 
 void SelectiveRegion::keep_readers_instead() {
   auto movable = [](const Entry& e) {
-    return e.owns_storage && !e.op.collective && !e.swapped &&
+    return e.owns_storage && !e.op.collective && !e.swapped && !e.released_early &&
            (e.policy == CheckpointPolicy::PREFER_SAVE || e.policy == CheckpointPolicy::PREFER_RECOMPUTE);
   };
   const std::vector<bool> demanded = read(/*through_kept=*/false);

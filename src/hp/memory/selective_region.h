@@ -115,6 +115,11 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
     std::shared_future<at::Tensor> prefetched;  // its storage, being read back
     bool demanded = false;      // the replay must produce it (for autograd, or for an op that must)
     int live_slots = 0;         // saved tensors of autograd's that point into it, not yet dropped
+    int readers = 0;            // ops of the region that read it so far
+    bool released_early = false;  // let go in the forward: never kept, recomputed where demanded
+    // Its storage object, without its data, once released early: a new tensor of the forward
+    // must not get its address, which identifies outputs (by_storage_).
+    std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> address;
     std::vector<int> inputs;    // entries whose outputs it reads
     std::vector<int64_t> sizes, strides;
     int64_t offset = 0;
@@ -151,6 +156,10 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
   // outputs where they take no more bytes: the same memory, less to recompute.
   void keep_readers_instead();
   void mark_demanded();
+  // A kept collective that is the only reader so far of an output autograd has not saved (a
+  // row-parallel product's partial sums, a sharded norm's output) makes it unkeepable, and
+  // the forward lets it go as soon as the model does, as it would without checkpointing.
+  void release_before_collective(Entry& in);
   void release_if_unused(Entry& e);
   std::string swap_key(size_t k) const;
   void replay_once();
