@@ -149,13 +149,12 @@ at::Tensor SelectiveRegion::run(const ObservedOp& op, const std::function<at::Te
       by_storage_[s] = static_cast<int>(entries_.size());
       e.value = out.detach();
     }
+    e.policy = options_.policy(e.op);
+    for (int i : e.inputs) ++entries_[i].readers;
+    if (e.op.collective && (e.policy == CheckpointPolicy::MUST_SAVE || e.policy == CheckpointPolicy::PREFER_SAVE ||
+                            e.policy == CheckpointPolicy::MUST_SWAP))
+      for (int i : e.inputs) release_before_collective(entries_[i]);
     entries_.push_back(std::move(e));
-    const Entry& recorded = entries_.back();
-    for (int i : recorded.inputs) ++entries_[i].readers;
-    const CheckpointPolicy p = options_.policy(recorded.op);
-    if (recorded.op.collective && (p == CheckpointPolicy::MUST_SAVE || p == CheckpointPolicy::PREFER_SAVE ||
-                                   p == CheckpointPolicy::MUST_SWAP))
-      for (int i : recorded.inputs) release_before_collective(entries_[i]);
     return out;
   }
   HP_CHECK(mode_ == Mode::Replay) << "checkpoint: an op observed outside the region's forward and replay";
@@ -187,9 +186,8 @@ at::Tensor SelectiveRegion::run(const ObservedOp& op, const std::function<at::Te
 }
 
 void SelectiveRegion::release_before_collective(Entry& in) {
-  const CheckpointPolicy p = options_.policy(in.op);
   if (!in.owns_storage || in.referenced || in.readers != 1 || in.op.collective ||
-      (p != CheckpointPolicy::PREFER_SAVE && p != CheckpointPolicy::PREFER_RECOMPUTE))
+      (in.policy != CheckpointPolicy::PREFER_SAVE && in.policy != CheckpointPolicy::PREFER_RECOMPUTE))
     return;
   in.released_early = true;
   in.address = in.value.storage().getWeakStorageImpl();
@@ -216,7 +214,6 @@ void SelectiveRegion::decide() {
   for (size_t k = 0; k < entries_.size(); ++k) {
     Entry& e = entries_[k];
     if (!e.owns_storage) continue;
-    e.policy = options_.policy(e.op);
     HP_CHECK(e.policy != CheckpointPolicy::MUST_SWAP || options_.swap_tier)
         << "checkpoint: the policy asks MUST_SWAP for " << e.op.name << ", and CheckpointOptions::swap_tier is unset";
     if (e.referenced) referenced += e.op.bytes;
