@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include "hp/nn/moe.h"
 #include "hp/tensor/memory_stats.h"
 #include "memory/llama_checkpoint.h"
 
@@ -17,14 +18,17 @@ using hp::testing::LlamaRunSpec;
 
 namespace {
 
-// Blocks checkpointed, each block's MLP a region inside in `chunks` token chunks.
-LlamaRunSpec chunked_llama(Layout layout, int chunks) {
-  LlamaRunSpec spec = hp::testing::checkpointed_llama(layout, {"layers.*"});
+// Blocks checkpointed (with `outer`), each block's `inner` module a region inside in `chunks`
+// token chunks.
+LlamaRunSpec chunked_llama(Layout layout, int chunks, const std::string& inner_pattern = "layers.*.mlp",
+                           bool outer_region = true) {
+  LlamaRunSpec spec = hp::testing::checkpointed_llama(layout, outer_region ? std::vector<std::string>{"layers.*"}
+                                                                           : std::vector<std::string>{});
   CheckpointOptions inner;
   inner.token_chunks = chunks;
   auto outer = spec.parallelize;
-  spec.parallelize = [outer, inner](nn::Llama& model, const DeviceMesh& mesh) {
-    checkpoint_wrapper(model, {"layers.*.mlp"}, inner);
+  spec.parallelize = [outer, inner, inner_pattern](nn::Llama& model, const DeviceMesh& mesh) {
+    checkpoint_wrapper(model, {inner_pattern}, inner);
     return outer(model, mesh);
   };
   return spec;
@@ -49,6 +53,18 @@ TEST(NestedCheckpoint, ChunkedMlpSingleProcess) {
 TEST(NestedCheckpoint, ChunkedMlpTp2) { expect_chunked_matches(Layout::Tp2, 5); }
 TEST(NestedCheckpoint, ChunkedMlpFsdp3Uneven) { expect_chunked_matches(Layout::Fsdp3, 3); }
 TEST(NestedCheckpoint, ChunkedMlpFsdp2Tp2) { expect_chunked_matches(Layout::Fsdp2Tp2, 4); }
+
+// Attention reads every earlier token of its sequence (and rotary a token's position), so
+// its region is recomputed in whole sequences, whatever token_chunks asks: 12 chunks of 6
+// sequences would split each one in two.
+TEST(NestedCheckpoint, ChunkedAttentionKeepsSequencesWhole) {
+  for (Layout layout : {Layout::Single, Layout::Fsdp3}) {
+    const double before = memory::recompute_seconds();
+    hp::testing::expect_runs_match(hp::testing::train_llama(chunked_llama(layout, 12, "layers.*.attn", false)),
+                                   hp::testing::train_llama(hp::testing::checkpointed_llama(layout, {})), 1e-5, 1e-6);
+    EXPECT_GT(memory::recompute_seconds(), before);
+  }
+}
 
 // DistributedDataParallel over 2 ranks with gradient accumulation: in the second
 // micro-step the gradients exist, and the recompute adds into them in place (its
@@ -232,6 +248,13 @@ TEST(NestedCheckpoint, TokenChunksErrors) {
     chunks.token_chunks = 2;
     expect_error([](const DTensor& in) { return dropout(in, 0.5); }, chunks, "draws no random numbers");
     expect_error([](const DTensor& in) { return view(in, {2, 32}); }, chunks, "must have the same");
+    expect_error([](const DTensor& in) { return add(in, mean(in, {0}, true)); }, chunks,
+                 "mean(0)[keepdim] combines rows of different sequences");
+    // Ops on local tensors are not seen: a MoE layer's token dispatch, or a plain flip of the batch.
+    expect_error([](const DTensor& in) { return DTensor(in.to_local().flip(0), in.device_mesh(), in.spec()); },
+                 chunks, "does not come from its input through hp's DTensor ops");
+    nn::MoE moe(8, 16, nn::MoEOptions{}, mesh);
+    expect_error([&](const DTensor& in) { return moe(in); }, chunks, "does not come from its input");
     CheckpointOptions selective = chunks;
     selective.policy = save_matmuls_and_collectives;
     expect_error([](const DTensor& in) { return in; }, selective, "selective policy");

@@ -15,6 +15,7 @@
 #include "hp/base/strings.h"
 #include "hp/memory/nested_regions.h"
 #include "hp/memory/selective_region.h"
+#include "hp/memory/token_chunk_check.h"
 #include "hp/parallel/tensor_parallel.h"
 #include "hp/tensor/random.h"
 #include "hp/tensor/weight_outputs.h"
@@ -235,11 +236,20 @@ bool check_token_chunks(const at::Tensor& input, const at::Tensor& out, RngState
   return same_rows;
 }
 
+// A nested region's output in a recompute (nested_regions.h): its forward does not run.
+struct StandIn {
+  at::Tensor output;            // uninitialised, in the forward's layout
+  bool split_sequences = true;  // the forward's verdict for token_chunks
+};
+
 // Runs the region without keeping its activations and gives its output the backward node
-// that recomputes them. With `stand_in` (a nested region inside a recompute, see
-// nested_regions.h) the forward does not run, and the output is `stand_in`.
+// that recomputes them; with `stand_in`, `stand_in->output` is the output. `observe_rows`:
+// the region runs hp's DTensor ops, and token_chunks is checked against them
+// (token_chunk_check.h); a region on plain tensors is trusted to treat its rows alone.
+// `split_sequences`, when given, gets whether token chunks may split a sequence.
 at::Tensor run_region(RunFn run, const at::Tensor& input, std::vector<at::Tensor> params,
-                      const CheckpointOptions& options, at::Tensor stand_in = {}) {
+                      const CheckpointOptions& options, const StandIn* stand_in = nullptr, bool observe_rows = false,
+                      bool* split_sequences = nullptr) {
   HP_CHECK(!WeightOutputRecorder::recording())
       << "checkpoint: a split backward (zero-bubble schedules' I and W) cannot run through a checkpointed region; "
       << "use a schedule without split backwards (1f1b, gpipe, interleaved-1f1b)";
@@ -251,14 +261,20 @@ at::Tensor run_region(RunFn run, const at::Tensor& input, std::vector<at::Tensor
                           (input.requires_grad() ||
                            std::any_of(params.begin(), params.end(), [](const at::Tensor& p) { return p.requires_grad(); }));
   at::Tensor out;
-  if (stand_in.defined() && needs_grad) {
-    out = std::move(stand_in);
+  bool tokens_apart = true;
+  if (stand_in && needs_grad) {
+    out = stand_in->output;
+    tokens_apart = stand_in->split_sequences;
   } else {
     memory::Nest nest(memory::Nest::Phase::Forward, &region->inner);
     at::NoGradGuard no_grad;
+    std::optional<memory::TokenChunkCheck> rows;
+    if (observe_rows && options.token_chunks > 1) rows.emplace(input);
     out = run(input, params);
+    if (rows) tokens_apart = rows->tokens_apart(out);
   }
-  if (options.token_chunks > 1) region->split_sequences = check_token_chunks(input, out, region->rng);
+  if (options.token_chunks > 1) region->split_sequences = check_token_chunks(input, out, region->rng) && tokens_apart;
+  if (split_sequences) *split_sequences = region->split_sequences;
   if (!needs_grad) return out;
   // The output gets its own history: an output that aliases an input is copied first.
   bool aliases = shares_storage(out, input);
@@ -375,9 +391,10 @@ double memory::recompute_seconds() { return 1e-9 * static_cast<double>(g_recompu
 namespace {
 
 // A full region on DTensors; with `stand_in`, one standing in for a nested region.
+// `split_sequences` as run_region's.
 DTensor full_checkpoint(const std::function<DTensor(const DTensor&)>& fn, const DTensor& input,
                         const std::vector<DTensor*>& params, const CheckpointOptions& options,
-                        const memory::InnerOutput* stand_in = nullptr) {
+                        const memory::InnerOutput* stand_in = nullptr, bool* split_sequences = nullptr) {
   std::vector<DTensor> at_forward;
   std::vector<at::Tensor> locals;
   for (DTensor* p : params) {
@@ -386,10 +403,11 @@ DTensor full_checkpoint(const std::function<DTensor(const DTensor&)>& fn, const 
     locals.push_back(p->to_local());
   }
   auto out_spec = std::make_shared<std::optional<DTensor>>();
-  at::Tensor placeholder;
+  std::optional<StandIn> placeholder;
   if (stand_in) {
     *out_spec = stand_in->like;
-    placeholder = at::empty_strided(stand_in->sizes, stand_in->strides, stand_in->options);
+    placeholder = StandIn{at::empty_strided(stand_in->sizes, stand_in->strides, stand_in->options),
+                          stand_in->split_sequences};
   }
   DTensor in_like = input;
   RunFn run = [fn, params, at_forward, in_like, out_spec](const at::Tensor& x, const std::vector<at::Tensor>& ps) {
@@ -400,7 +418,8 @@ DTensor full_checkpoint(const std::function<DTensor(const DTensor&)>& fn, const 
     if (!out_spec->has_value()) *out_spec = out;
     return out.to_local();
   };
-  at::Tensor out = run_region(std::move(run), input.to_local(), locals, options, placeholder);
+  at::Tensor out = run_region(std::move(run), input.to_local(), locals, options,
+                              placeholder ? &*placeholder : nullptr, /*observe_rows=*/true, split_sequences);
   const DTensor& like = out_spec->value();
   return DTensor(out, like.device_mesh(), like.spec());
 }
@@ -446,8 +465,9 @@ DTensor checkpointed_forward(nn::Module& m, const DTensor& input, const Checkpoi
       }
       return out;
     }
-  DTensor out = full_checkpoint(fn, input, m.parameters(), options);
-  if (nest && nest->phase() == memory::Nest::Phase::Forward) nest->record(self, input, out);
+  bool split_sequences = true;
+  DTensor out = full_checkpoint(fn, input, m.parameters(), options, nullptr, &split_sequences);
+  if (nest && nest->phase() == memory::Nest::Phase::Forward) nest->record(self, input, out, split_sequences);
   return out;
 }
 

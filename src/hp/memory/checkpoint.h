@@ -68,13 +68,17 @@ struct CheckpointOptions {
   // all back at once. The cost: that region's dropped bytes stay beside what runs before its
   // backward (the head's logits), which matters where those outweigh a layer's activations.
   bool release_at_next_region = false;
-  // Full checkpointing of a region whose rows are independent (an MLP; not attention, nor a
-  // MoE layer, whose capacity and auxiliary loss see every row): its backward recomputes
-  // and differentiates its rows (whole sequences, or ranges of a sequence's tokens: every
-  // dimension but the last) in about this many chunks, one after another, so only one
-  // chunk's activations are alive at a time. The parameters' gradients become the chunks'
-  // sums (equal to float32 rounding). A region that draws random numbers, or holds a
-  // fully_shard unit, is an error.
+  // Full checkpointing of a region that treats its rows alone (an MLP): its backward
+  // recomputes and differentiates its rows (ranges of a sequence's tokens: every dimension
+  // but the last) in about this many chunks, one after another, so only one chunk's
+  // activations are alive at a time. The parameters' gradients become the chunks' sums
+  // (equal to float32 rounding). The forward follows the rows through the region's hp ops
+  // (memory/token_chunk_check.h): where one combines tokens of a sequence (attention, a
+  // sequence-parallel reduce-scatter) the chunks are whole sequences; one that combines
+  // sequences (a sum over the batch, a MoE token exchange), a region whose output hp's ops
+  // did not make from its input (a MoE layer's dispatch on local tensors), one that draws
+  // random numbers, or one that holds a fully_shard unit is an error. A region on plain
+  // tensors (checkpoint(at::Tensor fn, ...)) is trusted to treat its rows alone.
   int token_chunks = 1;
 };
 

@@ -36,12 +36,13 @@ Nest::~Nest() { t_nest = outer_; }
 
 Nest* Nest::current() { return t_nest; }
 
-void Nest::record(std::shared_ptr<NestedRegion> region, const DTensor& input, const DTensor& out) {
+void Nest::record(std::shared_ptr<NestedRegion> region, const DTensor& input, const DTensor& out,
+                  bool split_sequences) {
   const at::Tensor& local = out.to_local();
   at::Tensor meta = at::empty_strided(local.sizes(), local.strides(), local.options().device(at::kMeta));
   outputs_->push_back(InnerOutput{std::move(region), input.to_local().sizes().vec(), local.sizes().vec(),
                                   local.strides().vec(), local.options(), DTensor(meta, out.device_mesh(), out.spec()),
-                                  get_rng_state()});
+                                  get_rng_state(), split_sequences});
 }
 
 std::optional<InnerOutput> Nest::stand_in(const NestedRegion* region, const DTensor& input) {

@@ -43,6 +43,7 @@ struct InnerOutput {
   at::TensorOptions options;
   DTensor like;                      // mesh and layout (its local is a meta tensor)
   RngState rng_after;                // a stand-in leaves the RNG where the forward did
+  bool split_sequences = true;       // token chunks may split a sequence's tokens (its forward's verdict)
 };
 
 // What the running enclosing region tells the regions called inside it; the thread's
@@ -59,7 +60,7 @@ class Nest {
   Phase phase() const { return phase_; }
 
   // Forward: an inner region returned `out` for `input`.
-  void record(std::shared_ptr<NestedRegion> region, const DTensor& input, const DTensor& out);
+  void record(std::shared_ptr<NestedRegion> region, const DTensor& input, const DTensor& out, bool split_sequences);
   // Recompute: the layout to stand in for the next inner region with, or none (run it).
   std::optional<InnerOutput> stand_in(const NestedRegion* region, const DTensor& input);
   // Recompute: `node` is the backward node of a stand-in for `region`.

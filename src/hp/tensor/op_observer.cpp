@@ -29,6 +29,7 @@ ScopedOpObserver::ScopedOpObserver(OpObserver* observer) : previous_(t_observer)
 ScopedOpObserver::~ScopedOpObserver() { t_observer = previous_; }
 
 bool observing() { return t_observer != nullptr; }
+OpObserver* op_observer() { return t_observer; }
 
 at::Tensor observe_op(const ObservedOp& op, const std::function<at::Tensor()>& compute) {
   if (!t_observer || t_depth > 0) return compute();

@@ -50,6 +50,8 @@ class ScopedOpObserver {
 // recompute): code that would run some of them inside another observed op, where the
 // observer cannot see them, runs them on their own instead.
 bool observing();
+// The thread's observer (null: none), for an observer that looks on and passes ops to it.
+OpObserver* op_observer();
 
 // compute() through the observer; ops nested inside an observed one are not observed
 // (their outer op stands for them).
