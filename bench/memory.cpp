@@ -54,6 +54,7 @@
 #include "hp/optim/chained.h"
 #include "hp/parallel.h"
 #include "hp/plan/estimator.h"
+#include "hp/plan/flops.h"
 #include "hp/plan/memory.h"
 #include "hp/plan/model_desc.h"
 #include "hp/tensor/memory_stats.h"
@@ -339,9 +340,12 @@ int main(int argc, char** argv) {
                   muon_state / (1 << 20), (p_muon - median(peak["muon_offload"])) / (1 << 20),
                   (p_muon - median(peak["muon_offload"])) / muon_state, median(time["muon_offload"]) / t_muon);
     }
+    // One more forward of the layers, less the products only the residual add reads.
+    const double planned_full_time =
+        1 + double(layers) * plan::recomputed_layer_flops_per_token(d, false) / (3 * plan::forward_flops_per_token(d));
     std::printf("planner, per layer's saved activations: selective %.3f, full %.3f of none; step time "
-                "selective %.2fx, full %.2fx (one more forward: 4/3)\n",
-                layer_sel / layer_none, layer_full / layer_none, planned_sel_time, 4.0 / 3.0);
+                "selective %.2fx, full %.2fx (FLOPs)\n",
+                layer_sel / layer_none, layer_full / layer_none, planned_sel_time, planned_full_time);
     std::printf("estimator (fp32-eager), this model's activations and logits: selective %.3f, full %.3f, "
                 "full_chunked %.3f of none\n",
                 estimated_activations(plan::Recompute::Selective) / est_none,

@@ -14,6 +14,7 @@
 #include "hp/base/error.h"
 #include "hp/base/strings.h"
 #include "hp/memory/nested_regions.h"
+#include "hp/memory/region_ops.h"
 #include "hp/memory/selective_region.h"
 #include "hp/memory/token_chunk_check.h"
 #include "hp/parallel/tensor_parallel.h"
@@ -26,6 +27,7 @@ namespace {
 using torch::autograd::variable_list;
 
 std::atomic<int64_t> g_recompute_ns{0};  // recompute_seconds(), in nanoseconds
+std::atomic<int64_t> g_left_out{0};       // products_left_out()
 
 // Runs the region on (input, params): in forward with the real tensors, in the recompute
 // with fresh leaves standing for them.
@@ -55,7 +57,8 @@ struct Region {
   RngState rng;
   bool replay_rng = true;
   int token_chunks = 1;
-  bool split_sequences = true;  // token_chunks may split a sequence's tokens
+  memory::RegionOps ops;  // what its forward learned of its ops
+  std::shared_ptr<memory::NestedRegion> self;  // the wrapper's, where there is one
   std::vector<memory::InnerOutput> inner;  // the full regions its forward ran inside it
 
   variable_list backward(const at::Tensor& grad_output);
@@ -157,7 +160,7 @@ variable_list Region::backward(const at::Tensor& grad_output) {
   } else {
     // One chunk of rows at a time: only one chunk's activations are alive at once.
     if (input.requires_grad()) grads[0] = at::empty_like(input);
-    for (const RowChunk& c : row_chunks(input, token_chunks, split_sequences)) {
+    for (const RowChunk& c : row_chunks(input, token_chunks, ops.split_sequences)) {
       at::Tensor in = fresh(rows_of(input, c));
       backward_rows(in, leaves, rows_of(grad_output, c));
       if (!grads[0].defined()) continue;
@@ -177,8 +180,17 @@ void Region::backward_rows(const at::Tensor& in, const std::vector<at::Tensor>& 
     memory::Nest nest(memory::Nest::Phase::Recompute, &inner);
     RngReplay replay(replay_rng, rng);
     memory::RecomputeTimer timer;
+    std::optional<memory::GraphOnlyRecompute> graph_only;
+    if (!ops.graph_only.empty() && !observing()) graph_only.emplace(ops.graph_only, leaves);
     out = run(in, leaves);
     again = nest.read_stand_ins(out, first_seq);
+    if (graph_only && graph_only->read(out, first_seq)) {  // code the forward did not see reads one
+      again = true;
+      ops.graph_only.clear();
+      if (self) self->graph_only_read = true;
+    } else if (graph_only) {
+      g_left_out += graph_only->stood_in();
+    }
   }
   std::vector<at::Tensor> wrt;
   if (in.requires_grad()) wrt.push_back(in);
@@ -236,20 +248,25 @@ bool check_token_chunks(const at::Tensor& input, const at::Tensor& out, RngState
   return same_rows;
 }
 
-// A nested region's output in a recompute (nested_regions.h): its forward does not run.
-struct StandIn {
-  at::Tensor output;            // uninitialised, in the forward's layout
-  bool split_sequences = true;  // the forward's verdict for token_chunks
+// How a full region runs, besides its function and options.
+struct RegionSetup {
+  // The region runs hp's DTensor ops: its forward observes them, to check token_chunks
+  // (token_chunk_check.h) and to find what the recompute may leave out (region_ops.h). A
+  // region on plain tensors is trusted to treat its rows alone.
+  bool hp_ops = false;
+  // A nested region in a recompute (nested_regions.h): its forward does not run, this
+  // uninitialised tensor in the forward's layout is its output, and `stand_in_ops` what
+  // that forward learned.
+  at::Tensor stand_in;
+  memory::RegionOps stand_in_ops;
+  std::shared_ptr<memory::NestedRegion> self;  // the wrapper's region, where there is one
+  memory::RegionOps* learned = nullptr;        // gets what the forward learned
 };
 
 // Runs the region without keeping its activations and gives its output the backward node
-// that recomputes them; with `stand_in`, `stand_in->output` is the output. `observe_rows`:
-// the region runs hp's DTensor ops, and token_chunks is checked against them
-// (token_chunk_check.h); a region on plain tensors is trusted to treat its rows alone.
-// `split_sequences`, when given, gets whether token chunks may split a sequence.
+// that recomputes them.
 at::Tensor run_region(RunFn run, const at::Tensor& input, std::vector<at::Tensor> params,
-                      const CheckpointOptions& options, const StandIn* stand_in = nullptr, bool observe_rows = false,
-                      bool* split_sequences = nullptr) {
+                      const CheckpointOptions& options, const RegionSetup& setup = {}) {
   HP_CHECK(!WeightOutputRecorder::recording())
       << "checkpoint: a split backward (zero-bubble schedules' I and W) cannot run through a checkpointed region; "
       << "use a schedule without split backwards (1f1b, gpipe, interleaved-1f1b)";
@@ -260,21 +277,27 @@ at::Tensor run_region(RunFn run, const at::Tensor& input, std::vector<at::Tensor
   const bool needs_grad = at::GradMode::is_enabled() &&
                           (input.requires_grad() ||
                            std::any_of(params.begin(), params.end(), [](const at::Tensor& p) { return p.requires_grad(); }));
+  region->self = setup.self;
   at::Tensor out;
-  bool tokens_apart = true;
-  if (stand_in && needs_grad) {
-    out = stand_in->output;
-    tokens_apart = stand_in->split_sequences;
+  if (setup.stand_in.defined() && needs_grad) {
+    out = setup.stand_in;
+    region->ops = setup.stand_in_ops;
   } else {
     memory::Nest nest(memory::Nest::Phase::Forward, &region->inner);
     at::NoGradGuard no_grad;
     std::optional<memory::TokenChunkCheck> rows;
-    if (observe_rows && options.token_chunks > 1) rows.emplace(input);
+    if (setup.hp_ops && options.token_chunks > 1) rows.emplace(input);
+    std::optional<memory::ForwardOps> ops;
+    // Without gradients, for the stand-in of a nested region that a recompute will run.
+    if (setup.hp_ops && (needs_grad || setup.learned) && !(setup.self && setup.self->graph_only_read))
+      ops.emplace(params);
     out = run(input, params);
-    if (rows) tokens_apart = rows->tokens_apart(out);
+    if (rows) region->ops.split_sequences = rows->tokens_apart(out);
+    if (ops) region->ops.graph_only = ops->graph_only(out);
   }
-  if (options.token_chunks > 1) region->split_sequences = check_token_chunks(input, out, region->rng) && tokens_apart;
-  if (split_sequences) *split_sequences = region->split_sequences;
+  if (options.token_chunks > 1)
+    region->ops.split_sequences = check_token_chunks(input, out, region->rng) && region->ops.split_sequences;
+  if (setup.learned) *setup.learned = region->ops;
   if (!needs_grad) return out;
   // The output gets its own history: an output that aliases an input is copied first.
   bool aliases = shares_storage(out, input);
@@ -388,13 +411,16 @@ memory::RecomputeTimer::~RecomputeTimer() {
 
 double memory::recompute_seconds() { return 1e-9 * static_cast<double>(g_recompute_ns.load()); }
 
+int64_t memory::products_left_out() { return g_left_out.load(); }
+
 namespace {
 
-// A full region on DTensors; with `stand_in`, one standing in for a nested region.
-// `split_sequences` as run_region's.
+// A full region on DTensors; with `stand_in`, one standing in for a nested region. `self`
+// and `learned` as in RegionSetup.
 DTensor full_checkpoint(const std::function<DTensor(const DTensor&)>& fn, const DTensor& input,
                         const std::vector<DTensor*>& params, const CheckpointOptions& options,
-                        const memory::InnerOutput* stand_in = nullptr, bool* split_sequences = nullptr) {
+                        const memory::InnerOutput* stand_in = nullptr,
+                        std::shared_ptr<memory::NestedRegion> self = nullptr, memory::RegionOps* learned = nullptr) {
   std::vector<DTensor> at_forward;
   std::vector<at::Tensor> locals;
   for (DTensor* p : params) {
@@ -403,11 +429,14 @@ DTensor full_checkpoint(const std::function<DTensor(const DTensor&)>& fn, const 
     locals.push_back(p->to_local());
   }
   auto out_spec = std::make_shared<std::optional<DTensor>>();
-  std::optional<StandIn> placeholder;
+  RegionSetup setup;
+  setup.hp_ops = true;
+  setup.self = std::move(self);
+  setup.learned = learned;
   if (stand_in) {
     *out_spec = stand_in->like;
-    placeholder = StandIn{at::empty_strided(stand_in->sizes, stand_in->strides, stand_in->options),
-                          stand_in->split_sequences};
+    setup.stand_in = at::empty_strided(stand_in->sizes, stand_in->strides, stand_in->options);
+    setup.stand_in_ops = stand_in->ops;
   }
   DTensor in_like = input;
   RunFn run = [fn, params, at_forward, in_like, out_spec](const at::Tensor& x, const std::vector<at::Tensor>& ps) {
@@ -418,8 +447,7 @@ DTensor full_checkpoint(const std::function<DTensor(const DTensor&)>& fn, const 
     if (!out_spec->has_value()) *out_spec = out;
     return out.to_local();
   };
-  at::Tensor out = run_region(std::move(run), input.to_local(), locals, options,
-                              placeholder ? &*placeholder : nullptr, /*observe_rows=*/true, split_sequences);
+  at::Tensor out = run_region(std::move(run), input.to_local(), locals, options, setup);
   const DTensor& like = out_spec->value();
   return DTensor(out, like.device_mesh(), like.spec());
 }
@@ -458,16 +486,17 @@ DTensor checkpointed_forward(nn::Module& m, const DTensor& input, const Checkpoi
   memory::Nest* nest = memory::Nest::current();
   if (nest && nest->phase() == memory::Nest::Phase::Recompute)
     if (std::optional<memory::InnerOutput> like = nest->stand_in(self.get(), input)) {
-      DTensor out = full_checkpoint(fn, input, m.parameters(), options, &*like);
+      DTensor out = full_checkpoint(fn, input, m.parameters(), options, &*like, self);
       if (out.to_local().grad_fn()) {  // else it ran: nothing needed its gradient
         nest->stood_in(self.get(), out.to_local().grad_fn().get());
         set_rng_state(like->rng_after);  // as if its forward had drawn
       }
       return out;
     }
-  bool split_sequences = true;
-  DTensor out = full_checkpoint(fn, input, m.parameters(), options, nullptr, &split_sequences);
-  if (nest && nest->phase() == memory::Nest::Phase::Forward) nest->record(self, input, out, split_sequences);
+  const bool nested = nest && nest->phase() == memory::Nest::Phase::Forward;
+  memory::RegionOps learned;
+  DTensor out = full_checkpoint(fn, input, m.parameters(), options, nullptr, self, nested ? &learned : nullptr);
+  if (nested) nest->record(self, input, out, std::move(learned));
   return out;
 }
 

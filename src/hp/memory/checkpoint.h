@@ -9,7 +9,9 @@
 // gathered ones, into the previous region's node. The recompute replays hp's
 // counter-based RNG from the state the forward started at, so dropout draws the same mask.
 // Everything inside the region runs again, collectives of tensor-parallel layers included
-// (every rank recomputes the same regions in the same order, so they pair up).
+// (every rank recomputes the same regions in the same order, so they pair up), except
+// products whose output value nothing reads (a block's last projection, which meets only
+// the residual add): those give their backward node alone (memory/region_ops.h).
 // A parameter whose gradient exists already (a second micro-batch, gradients zeroed in
 // place) lends it to the recompute, which adds into it weight by weight, as the run without
 // checkpointing does; its AccumulateGrad still runs after the region's node, with its
@@ -101,6 +103,9 @@ DTensor checkpoint(nn::Module& module, const DTensor& input, const CheckpointOpt
 // Wall seconds this process has spent recomputing checkpointed regions (full and
 // selective) since it started: the part of a step that checkpointing adds.
 double recompute_seconds();
+// Products full regions' recomputes have left out since the process started: hp::linear ops
+// whose output value nothing read, run for their backward node alone (region_ops.h).
+int64_t products_left_out();
 
 }  // namespace memory
 

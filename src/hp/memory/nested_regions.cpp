@@ -37,12 +37,12 @@ Nest::~Nest() { t_nest = outer_; }
 Nest* Nest::current() { return t_nest; }
 
 void Nest::record(std::shared_ptr<NestedRegion> region, const DTensor& input, const DTensor& out,
-                  bool split_sequences) {
+                  RegionOps ops) {
   const at::Tensor& local = out.to_local();
   at::Tensor meta = at::empty_strided(local.sizes(), local.strides(), local.options().device(at::kMeta));
   outputs_->push_back(InnerOutput{std::move(region), input.to_local().sizes().vec(), local.sizes().vec(),
                                   local.strides().vec(), local.options(), DTensor(meta, out.device_mesh(), out.spec()),
-                                  get_rng_state(), split_sequences});
+                                  get_rng_state(), std::move(ops)});
 }
 
 std::optional<InnerOutput> Nest::stand_in(const NestedRegion* region, const DTensor& input) {
@@ -57,16 +57,27 @@ std::optional<InnerOutput> Nest::stand_in(const NestedRegion* region, const DTen
 void Nest::stood_in(NestedRegion* region, const torch::autograd::Node* node) { stand_ins_.emplace_back(region, node); }
 
 bool Nest::read_stand_ins(const at::Tensor& out, uint64_t first_seq) {
-  if (stand_ins_.empty() || !out.grad_fn()) return false;
+  std::vector<const torch::autograd::Node*> nodes;
+  for (const auto& [region, node] : stand_ins_) nodes.push_back(node);
+  const std::vector<bool> read = values_read(out, first_seq, nodes);
+  bool any = false;
+  for (size_t i = 0; i < read.size(); ++i)
+    if (read[i]) stand_ins_[i].first->output_read = true, any = true;
+  return any;
+}
+
+std::vector<bool> values_read(const at::Tensor& out, uint64_t first_seq,
+                              const std::vector<const torch::autograd::Node*>& stand_ins) {
+  std::vector<bool> read(stand_ins.size(), false);
+  if (stand_ins.empty() || !out.grad_fn()) return read;
   auto stand_in_at = [&](const torch::autograd::Node* n) {
-    for (size_t i = 0; i < stand_ins_.size(); ++i)
-      if (stand_ins_[i].second == n) return static_cast<int>(i);
+    for (size_t i = 0; i < stand_ins.size(); ++i)
+      if (stand_ins[i] == n) return static_cast<int>(i);
     return -1;
   };
   // Per node: the stand-ins it reaches through one edge or more, i.e. whose values (or
   // values made from them) it received in the forward.
   std::map<const torch::autograd::Node*, std::set<int>> reach;
-  std::set<int> bad;
   std::function<const std::set<int>&(const torch::autograd::Node*)> visit =
       [&](const torch::autograd::Node* n) -> const std::set<int>& {
     if (auto it = reach.find(n); it != reach.end()) return it->second;
@@ -78,12 +89,12 @@ bool Nest::read_stand_ins(const at::Tensor& out, uint64_t first_seq) {
       const std::set<int>& below = visit(e.function.get());
       r.insert(below.begin(), below.end());
     }
-    if (!r.empty() && !keeps_no_values(*n)) bad.insert(r.begin(), r.end());
+    if (!keeps_no_values(*n))
+      for (int i : r) read[i] = true;
     return r;
   };
   visit(out.grad_fn().get());
-  for (int i : bad) stand_ins_[i].first->output_read = true;
-  return !bad.empty();
+  return read;
 }
 
 }  // namespace hp::memory

@@ -25,6 +25,7 @@
 #include <optional>
 #include <vector>
 
+#include "hp/memory/region_ops.h"
 #include "hp/tensor/dtensor.h"
 #include "hp/tensor/random.h"
 
@@ -33,6 +34,7 @@ namespace hp::memory {
 // A checkpoint_wrapper'd module, as a region that may be nested in another.
 struct NestedRegion {
   std::atomic<bool> output_read{false};  // a recompute was seen to read its output
+  std::atomic<bool> graph_only_read{false};  // a recompute read an output it left out (region_ops.h)
 };
 
 // An inner region's output as the enclosing region's forward saw it.
@@ -43,7 +45,7 @@ struct InnerOutput {
   at::TensorOptions options;
   DTensor like;                      // mesh and layout (its local is a meta tensor)
   RngState rng_after;                // a stand-in leaves the RNG where the forward did
-  bool split_sequences = true;       // token chunks may split a sequence's tokens (its forward's verdict)
+  RegionOps ops;                     // what its forward learned of its ops
 };
 
 // What the running enclosing region tells the regions called inside it; the thread's
@@ -60,7 +62,7 @@ class Nest {
   Phase phase() const { return phase_; }
 
   // Forward: an inner region returned `out` for `input`.
-  void record(std::shared_ptr<NestedRegion> region, const DTensor& input, const DTensor& out, bool split_sequences);
+  void record(std::shared_ptr<NestedRegion> region, const DTensor& input, const DTensor& out, RegionOps ops);
   // Recompute: the layout to stand in for the next inner region with, or none (run it).
   std::optional<InnerOutput> stand_in(const NestedRegion* region, const DTensor& input);
   // Recompute: `node` is the backward node of a stand-in for `region`.
@@ -77,5 +79,12 @@ class Nest {
   std::vector<std::pair<NestedRegion*, const torch::autograd::Node*>> stand_ins_;
   Nest* outer_;
 };
+
+// Per stand-in (the backward node of an output whose values were not computed): whether a
+// node that keeps values (anything but adds, views and the like) of the graph under `out`
+// reads it, directly or through nodes that keep none; nodes made before `first_seq` are
+// outside the region.
+std::vector<bool> values_read(const at::Tensor& out, uint64_t first_seq,
+                              const std::vector<const torch::autograd::Node*>& stand_ins);
 
 }  // namespace hp::memory

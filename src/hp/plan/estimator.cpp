@@ -27,12 +27,16 @@ PipelineShape pipeline_shape(const Strategy& s) {
   return p;
 }
 
-// Extra forward work per forward of the layers (pipeline_profile.h's r).
-double recompute_share(Recompute r, const EstimatorOptions& o) {
-  if (r == Recompute::Full) return 1;
+// Extra forward work per forward of `dense` and `moe` layers (pipeline_profile.h's r).
+double recompute_share(Recompute r, const ModelDesc& m, double dense, double moe, const EstimatorOptions& o) {
+  if (!recomputes_whole_layers(r)) return r == Recompute::Selective ? o.selective_recompute_cost : 0;
+  // One more forward, less the products only the residual add reads.
+  const double forward = dense * layer_forward_flops_per_token(m, false) + moe * layer_forward_flops_per_token(m, true);
+  const double again =
+      dense * recomputed_layer_flops_per_token(m, false) + moe * recomputed_layer_flops_per_token(m, true);
+  const double share = forward > 0 ? again / forward : 1;
   // A chunked MLP runs no more forwards (the layer's recompute stands in for it), in smaller pieces.
-  if (r == Recompute::FullChunked) return 1 + o.chunked_recompute_cost;
-  return r == Recompute::Selective ? o.selective_recompute_cost : 0;
+  return r == Recompute::FullChunked ? share + o.chunked_recompute_cost : share;
 }
 
 void add_item(std::vector<CommItem>& items, const char* name, Collective kind, GroupKind g, RankGroups& groups,
@@ -162,7 +166,7 @@ Estimate Estimator::estimate(const Strategy& s) {
     StageTime r;
     double fwd = st.dense_layers * layer_forward_flops_per_token(m, false) +
                  st.moe_layers * layer_forward_flops_per_token(m, true);
-    const double extra = fwd * recompute_share(s.recompute, options_);
+    const double extra = fwd * recompute_share(s.recompute, m, double(st.dense_layers), double(st.moe_layers), options_);
     if (st.head) fwd += head_forward_flops_per_token(m);
     const double scale = tokens / t / rate;
     r.compute = (3 * fwd + extra) * scale;
@@ -218,7 +222,9 @@ Estimate Estimator::estimate(const Strategy& s) {
   }
   const StageTime& st = times[slow];
   e.slowest_stage = static_cast<int64_t>(slow);
-  e.bubble_fraction = pipelines_.bubble_fraction(pipeline_shape(s), recompute_share(s.recompute, options_));
+  e.bubble_fraction = pipelines_.bubble_fraction(
+      pipeline_shape(s),
+      recompute_share(s.recompute, m, double(m.layers - m.moe_layers()), double(m.moe_layers()), options_));
   const double busy = mb * st.per_microbatch();
   const double pipeline = busy / (1 - e.bubble_fraction);
   double pp_send = 0;

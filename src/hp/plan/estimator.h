@@ -8,7 +8,8 @@
 // strategy's schedule (pipeline_profile.h, which says how the costs map).
 // Compute = FLOPs / (device peak * compute_efficiency); FLOPs = 3 forward passes
 // (6 * active matmul params per token + causal attention 6 * seq * q_dim per layer),
-// one more forward of the layers under full recompute (the 4/3), a small share more
+// one more forward of the layers under full recompute (less the products only the residual
+// add reads, which the recompute leaves out: below 4/3), a small share more
 // under selective recompute. Which communication hides behind compute:
 //   tp all-gather/reduce-scatter, ep all-to-all     exposed
 //   cp, by Strategy::cp_mode (cp_traffic.h):

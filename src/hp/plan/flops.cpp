@@ -19,6 +19,11 @@ double layer_forward_flops_per_token(const ModelDesc& m, bool moe) {
   return 2 * layer_matmul_params(m, moe) + attention_flops_per_token(m);
 }
 
+double recomputed_layer_flops_per_token(const ModelDesc& m, bool moe) {
+  const double down = moe ? double(m.shared_experts) * m.moe_ffn : double(m.ffn);
+  return layer_forward_flops_per_token(m, moe) - 2.0 * m.hidden * down;
+}
+
 double head_forward_flops_per_token(const ModelDesc& m) { return 2.0 * m.hidden * m.vocab; }
 
 double forward_flops_per_token(const ModelDesc& m) {

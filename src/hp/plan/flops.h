@@ -12,6 +12,11 @@ double attention_flops_per_token(const ModelDesc& m);
 // One transformer layer: its matmuls (a MoE layer: router plus top_k and shared experts)
 // and its attention.
 double layer_forward_flops_per_token(const ModelDesc& m, bool moe);
+// What a full checkpoint's recompute runs of one layer: its forward less the products
+// whose output only meets the residual add (memory/region_ops.h), the MLP's down
+// projection or the shared experts' (routed experts run as LibTorch's grouped products,
+// which the recompute does not see).
+double recomputed_layer_flops_per_token(const ModelDesc& m, bool moe);
 // The output projection (the final norm is not counted).
 double head_forward_flops_per_token(const ModelDesc& m);
 // The whole model: every layer and the head.

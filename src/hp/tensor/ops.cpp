@@ -121,8 +121,10 @@ DTensor matmul(const DTensor& a, const DTensor& b) {
   return binary_same_dtype(Op::matmul(), a, b, [](const auto& x, const auto&) { return at::matmul(x[0], x[1]); });
 }
 
+const char* const kAtLinearLabel = "linear";
+
 DTensor linear(const DTensor& x, const DTensor& weight) {
-  return binary_same_dtype(Op::linear(), x, weight,
+  return binary_same_dtype(Op::linear().named(kAtLinearLabel), x, weight,
                            [](const auto& t, const auto&) { return at::linear(t[0], t[1]); });
 }
 
