@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include "hp/nn/moe.h"
+#include "hp/tensor/fp8_linear.h"
 #include "hp/tensor/memory_stats.h"
 #include "memory/llama_checkpoint.h"
 
@@ -255,6 +256,10 @@ TEST(NestedCheckpoint, TokenChunksErrors) {
                  chunks, "does not come from its input through hp's DTensor ops");
     nn::MoE moe(8, 16, nn::MoEOptions{}, mesh);
     expect_error([&](const DTensor& in) { return moe(in); }, chunks, "does not come from its input");
+    // FP8's scales span rows (tensorwise here; the weight gradient's contraction in every mode).
+    DTensor w = randn({8, 8}, mesh, {Replicate()});
+    const Fp8Linear fp8;
+    expect_error([&](const DTensor& in) { return fp8(in, w); }, chunks, "fp8_linear combines rows");
     CheckpointOptions selective = chunks;
     selective.policy = save_matmuls_and_collectives;
     expect_error([](const DTensor& in) { return in; }, selective, "selective policy");

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "hp/base/error.h"
+#include "hp/tensor/ops.h"
 
 namespace hp::memory {
 namespace {
@@ -45,8 +46,8 @@ std::vector<int64_t> touched(const ObservedOp& op, size_t i, int64_t rank, bool 
     case OpKind::Embedding:
     case OpKind::View:
       return {};
-    case OpKind::Linear:
-      return {rank - 1};
+    case OpKind::Linear:  // at::linear treats rows alone; FP8's scales span rows (tensorwise, or dW's contraction)
+      return op.op->label == kAtLinearLabel ? std::vector<int64_t>{rank - 1} : all;
     case OpKind::Matmul:
       if (i == 0) return b_derived ? std::vector<int64_t>{rank - 2, rank - 1} : std::vector<int64_t>{rank - 1};
       return {rank - 2, rank - 1};

@@ -2,7 +2,8 @@
 // it must treat each row of its input alone. This observer follows the input's rows
 // through the hp ops of the region's forward and finds the first op that combines rows:
 // one that reduces, moves or contracts a row dimension, reads another row of the same
-// sequence by position (attention, rotary), or exchanges tokens between ranks.
+// sequence by position (attention, rotary), exchanges tokens between ranks, or is a linear
+// op with another kernel than at::linear (FP8's, whose scales span rows).
 //
 // A row is a token: every dimension of the input but the last. A tensor made from the
 // input carries the same rows when a prefix of its dimensions multiplies to their number

@@ -117,7 +117,7 @@ DTensor Fp8Linear::operator()(const DTensor& x_in, const DTensor& weight_in) con
   const Fp8LinearOptions options = options_;
   const Histories histories = histories_;
   const Fp8PrecastWeight precast = *precast_;
-  return dispatch(Op::linear(), {x, weight}, [mesh, options, histories, precast](const auto& t,
+  return dispatch(Op::linear().named("fp8_linear"), {x, weight}, [mesh, options, histories, precast](const auto& t,
                                                                                  const LocalContext& ctx) {
     HP_CHECK(!ctx.inputs[0].has_partial() && !ctx.inputs[1].has_partial())
         << "the FP8 linear quantizes whole values, not partial terms; got " << ctx.inputs[0].to_string() << " and "

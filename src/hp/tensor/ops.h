@@ -32,8 +32,9 @@ DTensor mul(const DTensor& a, const DTensor& b);
 DTensor matmul(const DTensor& a, const DTensor& b);
 DTensor linear(const DTensor& x, const DTensor& weight);  // x @ weight^T
 // The label of linear()'s op, whose kernel is at::linear(x, weight): a full checkpoint's
-// recompute may give its node without its product (memory/region_ops.h). Other kernels under
-// Op::linear() (FP8's) carry other labels or none.
+// recompute may give its node without its product (memory/region_ops.h), and token chunks
+// may split its rows (memory/token_chunk_check.h). Other kernels under Op::linear() carry
+// other labels ("fp8_linear") or none.
 extern const char* const kAtLinearLabel;
 DTensor sum(const DTensor& x, std::vector<int64_t> dims, bool keepdim = false);
 DTensor mean(const DTensor& x, std::vector<int64_t> dims, bool keepdim = false);
