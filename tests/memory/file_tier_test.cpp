@@ -1,12 +1,15 @@
 // FileTier rewrites a key's file in place: what reads back is always the last write whole,
-// never the bytes of an earlier, longer one nor a write that failed part way.
+// never the bytes of an earlier, longer one nor a write that failed part way; a removed
+// key's file is renamed for the next new key.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 
 #include "hp/base/error.h"
 #include "hp/memory/storage_tier.h"
@@ -56,4 +59,40 @@ TEST(FileTier, ARewriteThatFailsPartWayLeavesNothingToReadBack) {
   EXPECT_NE(error.find("stays in memory"), std::string::npos) << error;
   at::Tensor got = at::empty({64}, at::kFloat);
   EXPECT_THROW(tier.read("k", got), hp::Error) << "read back: " << got;
+}
+
+// A removed key's file serves the next new key (activation swap writes new keys every step):
+// the same inode, renamed, with the new key's bytes; nothing is left when the tier goes.
+TEST(FileTier, ARemovedKeysFileServesTheNextNewKey) {
+  const std::string dir = fresh_dir();
+  auto inode = [&](const std::string& key) {
+    struct stat st;
+    HP_CHECK(::stat((dir + "/" + key).c_str(), &st) == 0) << key;
+    return st.st_ino;
+  };
+  {
+    memory::FileTier tier(dir);
+    tier.write("a", at::arange(1000, at::kFloat));
+    const auto a = inode("a");
+    tier.remove("a");
+    EXPECT_FALSE(std::filesystem::exists(dir + "/a"));
+    const at::Tensor b = at::arange(1000, at::kFloat) * 2;
+    tier.write("b", b);
+    EXPECT_EQ(inode("b"), a);
+    at::Tensor back = at::empty({1000}, at::kFloat);
+    tier.read("b", back);
+    EXPECT_TRUE(at::equal(back, b));
+    // Of another size: the kept file is cut to it.
+    tier.remove("b");
+    const at::Tensor c = at::arange(10, at::kFloat);
+    tier.write("c", c);
+    EXPECT_EQ(inode("c"), a);
+    at::Tensor c_back = at::empty({10}, at::kFloat);
+    tier.read("c", c_back);
+    EXPECT_TRUE(at::equal(c_back, c));
+    tier.write("d", c);  // nothing kept: a new file
+    EXPECT_NE(inode("d"), a);
+    tier.remove("c");
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir)) << "the tier left files in " << dir;
 }

@@ -32,16 +32,33 @@ FileTier::FileTier(std::string dir) : dir_(std::move(dir)) {
 
 FileTier::~FileTier() {
   for (const std::string& key : written_) ::unlink(path(key).c_str());
+  for (const auto& [n, p] : spare_) ::unlink(p.c_str());
   ::rmdir(dir_.c_str());
+}
+
+void FileTier::recycle_into(const std::string& p, int64_t n) {
+  std::string from;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (spare_.empty()) return;
+    auto it = spare_.find(n);
+    if (it == spare_.end()) it = spare_.begin();
+    from = it->second;
+    spare_.erase(it);
+  }
+  struct stat st;
+  if (::stat(p.c_str(), &st) == 0 || ::rename(from.c_str(), p.c_str()) != 0) ::unlink(from.c_str());
 }
 
 void FileTier::write(const std::string& key, const at::Tensor& t) {
   const at::Tensor c = t.contiguous();
   const std::string p = path(key);
+  bool fresh;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    written_.insert(key);
+    fresh = written_.insert(key).second;
   }
+  if (fresh) recycle_into(p, static_cast<int64_t>(c.nbytes()));
   // Overwritten in place, not truncated first: a truncated file gives its blocks back
   // (a discard on a mount with `discard`) and ext4 flushes a file rewritten after a
   // truncation when it is closed, so every step would wait for the disk.
@@ -89,9 +106,15 @@ void FileTier::read(const std::string& key, at::Tensor& into) {
 }
 
 void FileTier::remove(const std::string& key) {
-  ::unlink(path(key).c_str());
   std::lock_guard<std::mutex> lock(mu_);
-  written_.erase(key);
+  if (written_.erase(key) == 0) return;
+  // Kept under a name no key has (keys name files: no '/' and no leading '.' needed).
+  const std::string p = path(key), kept = dir_ + "/.spare." + std::to_string(spares_made_++);
+  struct stat st;
+  if (::stat(p.c_str(), &st) == 0 && ::rename(p.c_str(), kept.c_str()) == 0)
+    spare_.emplace(static_cast<int64_t>(st.st_size), kept);
+  else
+    ::unlink(p.c_str());
 }
 
 }  // namespace hp::memory

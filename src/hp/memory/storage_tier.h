@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -30,7 +31,9 @@ class StorageTier {
 // of data read from an unlinked inode. Plain page-cache I/O: at these sizes (optimizer
 // state in batches of tens of MiB) O_DIRECT's aligned buffers would cost a copy and save
 // nothing measurable, and a memory map would leave every touched page counted in the
-// resident set.
+// resident set. A removed key's file is kept, renamed, for the next new key: activation
+// swap writes new keys every step, and writing a new file takes fresh page-cache pages
+// (7 MiB in 15 ms here) where rewriting one takes 1 ms.
 class FileTier : public StorageTier {
  public:
   explicit FileTier(std::string dir);  // created if missing
@@ -43,9 +46,13 @@ class FileTier : public StorageTier {
 
  private:
   std::string path(const std::string& key) const { return dir_ + "/" + key; }
+  // A kept file for a new key's path, if there is one (with `n` bytes, where one has).
+  void recycle_into(const std::string& p, int64_t n);
   std::string dir_;
   std::mutex mu_;
   std::set<std::string> written_;
+  std::multimap<int64_t, std::string> spare_;  // removed keys' files, by size
+  uint64_t spares_made_ = 0;
 };
 
 }  // namespace hp::memory
