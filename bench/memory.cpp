@@ -314,7 +314,9 @@ int main(int argc, char** argv) {
     const double layer_none = plan::layer_activation_bytes_per_token(d, false, plan::Recompute::None);
     const double layer_sel = plan::layer_activation_bytes_per_token(d, false, plan::Recompute::Selective);
     const double layer_full = plan::layer_activation_bytes_per_token(d, false, plan::Recompute::Full);
-    const double planned_sel_time = 1 + plan::EstimatorOptions().selective_recompute_cost;
+    const double layers_share = double(layers) * plan::layer_forward_flops_per_token(d, false) /
+                                (3 * plan::forward_flops_per_token(d));  // of a step's FLOPs, one forward of the layers
+    const double planned_sel_time = 1 + plan::EstimatorOptions().selective_recompute_cost * layers_share;
     // The estimator's fp32-eager count of this run's activations and logits, per recompute.
     auto estimated_activations = [&](plan::Recompute r) {
       plan::Strategy s;

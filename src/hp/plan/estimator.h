@@ -43,7 +43,9 @@ namespace hp::plan {
 struct EstimatorOptions {
   double compute_efficiency = 0.55;       // achieved / peak FLOP/s of the matmuls (a guess)
   double usable_memory_fraction = 0.9;    // the rest: allocator slack, runtime, comm buffers (a guess)
-  double selective_recompute_cost = 0.03;  // extra forward share for re-running norms/activations (a guess)
+  // Extra forward share for replaying norms and activations under the default policy
+  // (bench_memory on a CPU at 2e0f4ca: a 20-27 ms replay beside a forward of about 220 ms).
+  double selective_recompute_cost = 0.1;
   // Extra forward share of full_chunked over full: the MLP's products in smaller pieces
   // (bench_memory on a CPU: 0.03-0.09 of the step more, 0.1-0.25 of a forward).
   double chunked_recompute_cost = 0.15;
