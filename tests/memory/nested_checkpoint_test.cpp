@@ -67,6 +67,30 @@ TEST(NestedCheckpoint, ChunkedAttentionKeepsSequencesWhole) {
   }
 }
 
+// Rotary alone ([batch, heads, tokens, head_dim]) turns each token by its position in the
+// sequence: a chunk of a sequence's tokens would start again at position 0.
+TEST(NestedCheckpoint, ChunkedRotaryKeepsSequencesWhole) {
+  comm::run_local_ranks(1, [&](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    manual_seed(6);
+    DTensor x = randn({2, 2, 6, 8}, mesh, {Replicate()});
+    const at::Tensor weights = at::randn({2, 2, 6, 8}, at::kDouble).to(x.to_local().scalar_type());
+    auto grad = [&](int chunks) {
+      x.requires_grad_();
+      CheckpointOptions o;
+      o.token_chunks = chunks;
+      auto rotary = [](const DTensor& in) { return nn::apply_rotary(in, 10000.0); };
+      DTensor y = chunks > 0 ? memory::checkpoint(rotary, x, {}, o) : rotary(x);
+      (y.to_local() * weights).sum().backward();
+      at::Tensor g = x.to_local().grad().clone();
+      x.to_local().mutable_grad().reset();
+      return g;
+    };
+    const at::Tensor want = grad(0), got = grad(6);  // 6 chunks would take 2 tokens of a sequence each
+    EXPECT_TRUE(at::allclose(got, want, 1e-6, 1e-7)) << "max abs diff " << (got - want).abs().max().item<double>();
+  });
+}
+
 // DistributedDataParallel over 2 ranks with gradient accumulation: in the second
 // micro-step the gradients exist, and the recompute adds into them in place (its
 // AccumulateGrad, and DDP's hook on it, run after the region's backward).

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "hp/base/error.h"
 #include "hp/tensor/ops.h"
 
@@ -37,7 +39,9 @@ std::vector<int64_t> touched(const ObservedOp& op, size_t i, int64_t rank, bool 
       if (in.size(d) != out.size(d)) dims.push_back(d);
     return dims;
   }
-  if (op.op->label && std::string(op.op->label) == "rotary") return {1, rank - 1};  // by the token's position
+  const std::vector<int64_t> past_batch(all.begin() + std::min<int64_t>(1, rank), all.end());
+  // Rotary reads each token's position in its sequence; attention, every key of the sequence.
+  if (op.op->label && std::string(op.op->label) == "rotary") return past_batch;
   const std::vector<int64_t>& dims = op.op->dims;
   switch (op.op->kind) {
     case OpKind::Elementwise:
@@ -71,10 +75,8 @@ std::vector<int64_t> touched(const ObservedOp& op, size_t i, int64_t rank, bool 
         if (wrap(dims[j], rank) != static_cast<int64_t>(j)) r.push_back(wrap(dims[j], rank));
       return r;
     }
-    case OpKind::Attention: {
-      std::vector<int64_t> r(all.begin() + 1, all.end());  // every query reads every key of its sequence
-      return r;
-    }
+    case OpKind::Attention:
+      return past_batch;
   }
   return all;
 }
