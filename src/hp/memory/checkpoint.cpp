@@ -16,6 +16,7 @@
 #include "hp/memory/nested_regions.h"
 #include "hp/memory/region_ops.h"
 #include "hp/memory/selective_region.h"
+#include "hp/memory/storage_map.h"
 #include "hp/memory/token_chunk_check.h"
 #include "hp/parallel/tensor_parallel.h"
 #include "hp/tensor/random.h"
@@ -224,8 +225,7 @@ struct CheckpointBackward : torch::autograd::Node {
 };
 
 bool shares_storage(const at::Tensor& a, const at::Tensor& b) {
-  return a.defined() && b.defined() && a.has_storage() && b.has_storage() &&
-         a.storage().unsafeGetStorageImpl() == b.storage().unsafeGetStorageImpl();
+  return memory::storage_of(a) != nullptr && memory::storage_of(a) == memory::storage_of(b);
 }
 
 // A region split into token chunks must treat its rows alone and draw nothing from the RNG

@@ -15,10 +15,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-const void* storage_of(const at::Tensor& t) {
-  return t.defined() && t.has_storage() ? static_cast<const void*>(t.storage().unsafeGetStorageImpl()) : nullptr;
-}
-
 // at::linear without bias folds x to rows and runs mm(x2d, weight.t()); autograd's mm
 // backward then computes these two products, on operands laid out the same.
 struct LinearGraphOnly : torch::autograd::Function<LinearGraphOnly> {
@@ -44,22 +40,18 @@ bool is_at_linear(const ObservedOp& op) {
          op.inputs->size() == 2 && (*op.inputs)[0].dim() >= 2 && (*op.inputs)[1].dim() == 2;
 }
 
-std::unordered_map<const void*, int> index_storages(const std::vector<at::Tensor>& params) {
-  std::unordered_map<const void*, int> out;
-  for (size_t i = 0; i < params.size(); ++i)
-    if (const void* s = storage_of(params[i])) out.emplace(s, static_cast<int>(i));
-  return out;
-}
-
-// The weight use of an hp::linear op whose weight is a parameter; {-1, -1} otherwise.
-WeightUse weight_use(const ObservedOp& op, const std::unordered_map<const void*, int>& params, std::vector<int>& uses) {
-  if (!is_at_linear(op)) return {-1, -1};
-  auto it = params.find(storage_of((*op.inputs)[1]));
-  if (it == params.end()) return {-1, -1};
-  return {it->second, uses[it->second]++};
-}
-
 }  // namespace
+
+WeightUses::WeightUses(const std::vector<at::Tensor>& params) : uses_(params.size(), 0) {
+  for (size_t i = 0; i < params.size(); ++i) params_.insert(params[i], static_cast<int>(i));
+}
+
+WeightUse WeightUses::of(const ObservedOp& op) {
+  if (!is_at_linear(op)) return {-1, -1};
+  const int* p = params_.find((*op.inputs)[1]);
+  if (!p) return {-1, -1};
+  return {*p, uses_[*p]++};
+}
 
 at::Tensor linear_graph_only(const at::Tensor& x, const at::Tensor& weight) {
   HP_CHECK(x.is_contiguous() && x.dim() >= 2 && weight.dim() == 2)
@@ -69,7 +61,7 @@ at::Tensor linear_graph_only(const at::Tensor& x, const at::Tensor& weight) {
 }
 
 ForwardOps::ForwardOps(const std::vector<at::Tensor>& params)
-    : params_(index_storages(params)), uses_(params.size(), 0), nest_(Nest::current()), outer_(op_observer()) {
+    : weights_(params), nest_(Nest::current()), outer_(op_observer()) {
   scope_ = std::make_unique<ScopedOpObserver>(this);
 }
 
@@ -79,18 +71,14 @@ at::Tensor ForwardOps::run(const ObservedOp& op, const std::function<at::Tensor(
   at::Tensor out = outer_ ? outer_->run(op, compute) : compute();
   if (Nest::current() != nest_) return out;  // a nested region's op
   Seen seen;
-  seen.weight = weight_use(op, params_, uses_);
+  seen.weight = weights_.of(op);
   seen.keeps_no_values = !op.op || op.op->kind == OpKind::Add || op.op->kind == OpKind::View;
   seen.output = storage_of(out);
   const int k = static_cast<int>(ops_.size());
   if (op.inputs)
     for (const at::Tensor& t : *op.inputs)
-      if (auto it = by_storage_.find(storage_of(t)); it != by_storage_.end() && it->second != k)
-        ops_[it->second].readers.push_back(k);
-  if (seen.output && !by_storage_.count(seen.output)) {
-    by_storage_[seen.output] = k;
-    pins_.push_back(out.storage().getWeakStorageImpl());
-  }
+      if (const int* producer = by_storage_.find(t); producer && *producer != k) ops_[*producer].readers.push_back(k);
+  by_storage_.insert(out, k);
   ops_.push_back(std::move(seen));
   return out;
 }
@@ -117,8 +105,7 @@ std::vector<WeightUse> ForwardOps::graph_only(const at::Tensor& output) const {
 
 GraphOnlyRecompute::GraphOnlyRecompute(const std::vector<WeightUse>& graph_only, const std::vector<at::Tensor>& params)
     : graph_only_(graph_only),
-      params_(index_storages(params)),
-      uses_(params.size(), 0),
+      weights_(params),
       nest_(Nest::current()),
       outer_(op_observer()) {
   scope_ = std::make_unique<ScopedOpObserver>(this);
@@ -129,7 +116,7 @@ GraphOnlyRecompute::~GraphOnlyRecompute() = default;
 at::Tensor GraphOnlyRecompute::run(const ObservedOp& op, const std::function<at::Tensor()>& compute) {
   // Another observer (a selective region's) must see the op run; a nested region's ops are its own.
   if (outer_ || Nest::current() != nest_) return outer_ ? outer_->run(op, compute) : compute();
-  const WeightUse use = weight_use(op, params_, uses_);
+  const WeightUse use = weights_.of(op);
   if (use.first < 0 || std::find(graph_only_.begin(), graph_only_.end(), use) == graph_only_.end() ||
       !(*op.inputs)[0].is_contiguous())
     return compute();

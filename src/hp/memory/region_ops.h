@@ -21,14 +21,13 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/autograd/function.h>
 
 #include <memory>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "hp/memory/storage_map.h"
 #include "hp/tensor/op_observer.h"
 
 namespace hp::memory {
@@ -50,6 +49,19 @@ struct RegionOps {
 // one takes another path through autograd's mm backward).
 at::Tensor linear_graph_only(const at::Tensor& x, const at::Tensor& weight);
 
+// Names the region's hp::linear ops in the order they run: by their weight, a parameter of
+// the region, and how many times it was used before.
+class WeightUses {
+ public:
+  explicit WeightUses(const std::vector<at::Tensor>& params);
+  // {-1, -1} for any other op, or a weight that is not a parameter.
+  WeightUse of(const ObservedOp& op);
+
+ private:
+  StorageMap<int> params_;  // its storage -> the parameter's index
+  std::vector<int> uses_;   // per parameter
+};
+
 // Records the region's own ops while its forward runs (installed as the thread's observer).
 class ForwardOps : public OpObserver {
  public:
@@ -70,12 +82,9 @@ class ForwardOps : public OpObserver {
     std::vector<int> readers;       // ops that read its output
     const void* output = nullptr;   // its output's storage
   };
-  std::unordered_map<const void*, int> params_;  // storage -> parameter index
-  std::vector<int> uses_;                        // per parameter
+  WeightUses weights_;
   std::vector<Seen> ops_;
-  std::unordered_map<const void*, int> by_storage_;  // an op's output storage -> the op
-  // Their storage objects: no other takes an address while the forward runs.
-  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> pins_;
+  StorageMap<int> by_storage_;  // an op's output storage -> the op
   const Nest* nest_;
   OpObserver* outer_;
   std::unique_ptr<ScopedOpObserver> scope_;
@@ -97,8 +106,7 @@ class GraphOnlyRecompute : public OpObserver {
 
  private:
   std::vector<WeightUse> graph_only_;
-  std::unordered_map<const void*, int> params_;
-  std::vector<int> uses_;
+  WeightUses weights_;
   std::vector<const torch::autograd::Node*> nodes_;  // the stand-ins' backward nodes
   const Nest* nest_;
   OpObserver* outer_;

@@ -25,10 +25,6 @@ namespace {
 thread_local SelectiveRegion* t_packing = nullptr;
 thread_local std::weak_ptr<SelectiveRegion> t_last_region;  // for prefetching one layer ahead
 
-const void* storage_of(const at::Tensor& t) {
-  return t.defined() && t.has_storage() ? static_cast<const void*>(t.storage().unsafeGetStorageImpl()) : nullptr;
-}
-
 struct RegionHooks : torch::autograd::SavedVariableHooks {
   explicit RegionHooks(std::shared_ptr<SelectiveRegion> r) : region(std::move(r)) {}
   ~RegionHooks() override {
@@ -92,7 +88,7 @@ std::string SelectiveRegion::swap_key(size_t k) const {
 }
 
 void SelectiveRegion::protect(const at::Tensor& t) {
-  if (const void* s = storage_of(t)) by_storage_.emplace(s, -1);
+  by_storage_.insert(t, -1);
 }
 
 SelectiveRegion::Recording::Recording(SelectiveRegion* r) : r_(r) {
@@ -130,23 +126,21 @@ at::Tensor SelectiveRegion::run(const ObservedOp& op, const std::function<at::Te
     e.op.collective = op.communicates();
     if (op.inputs)
       for (const at::Tensor& t : *op.inputs) {
-        auto it = by_storage_.find(storage_of(t));
-        if (it == by_storage_.end())
+        const int* producer = by_storage_.find(t);
+        if (!producer)
           untracked_input_ = untracked_input_ || storage_of(t) != nullptr;
-        else if (it->second >= 0)
-          e.inputs.push_back(it->second);
+        else if (*producer >= 0)
+          e.inputs.push_back(*producer);
       }
-    const void* s = storage_of(out);
     if (out.defined()) {
       e.sizes = out.sizes().vec();
       e.strides = out.strides().vec();
       e.options = out.options();
       e.offset = out.storage_offset();
     }
-    e.owns_storage = s && !by_storage_.count(s);
+    e.owns_storage = by_storage_.insert(out, static_cast<int>(entries_.size()));
     if (e.owns_storage) {
       e.op.bytes = static_cast<int64_t>(out.storage().nbytes());
-      by_storage_[s] = static_cast<int>(entries_.size());
       e.value = out.detach();
     }
     e.policy = options_.policy(e.op);
@@ -190,8 +184,7 @@ void SelectiveRegion::release_before_collective(Entry& in) {
       (in.policy != CheckpointPolicy::PREFER_SAVE && in.policy != CheckpointPolicy::PREFER_RECOMPUTE))
     return;
   in.released_early = true;
-  in.address = in.value.storage().getWeakStorageImpl();
-  in.value = at::Tensor();
+  in.value = at::Tensor();  // by_storage_ keeps its storage object: no new output takes its address
 }
 
 // The saved views index into the forward's storage of an output: a recompute that lays it
@@ -371,11 +364,10 @@ void SelectiveRegion::drop(Slot& slot) {
 std::shared_ptr<SelectiveRegion::Slot> SelectiveRegion::pack(const at::Tensor& t) {
   auto slot = std::make_shared<Slot>();
   slot->value = t.detach();
-  auto it = by_storage_.find(storage_of(t));
-  if (it != by_storage_.end() && it->second >= 0) {
-    slot->entry = it->second;
-    entries_[it->second].referenced = true;
-    ++entries_[it->second].live_slots;
+  if (const int* producer = by_storage_.find(t); producer && *producer >= 0) {
+    slot->entry = *producer;
+    entries_[*producer].referenced = true;
+    ++entries_[*producer].live_slots;
     slot->sizes = t.sizes().vec();
     slot->strides = t.strides().vec();
     slot->offset = t.storage_offset();

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "hp/memory/checkpoint_policy.h"
+#include "hp/memory/storage_map.h"
 #include "hp/memory/storage_tier.h"
 #include "hp/tensor/op_observer.h"
 #include "hp/tensor/random.h"
@@ -117,9 +118,6 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
     int live_slots = 0;         // saved tensors of autograd's that point into it, not yet dropped
     int readers = 0;            // ops of the region that read it so far
     bool released_early = false;  // let go in the forward: never kept, recomputed where demanded
-    // Its storage object, without its data, once released early: a new tensor of the forward
-    // must not get its address, which identifies outputs (by_storage_).
-    std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> address;
     std::vector<int> inputs;    // entries whose outputs it reads
     std::vector<int64_t> sizes, strides;
     int64_t offset = 0;
@@ -170,7 +168,7 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
   enum class Mode { Forward, Done, Replay } mode_ = Mode::Forward;
   std::vector<Entry> entries_;
   size_t cursor_ = 0;
-  std::unordered_map<const void*, int> by_storage_;  // StorageImpl* -> entry; -1: protected
+  StorageMap<int> by_storage_;  // an output's storage -> its entry; -1: protected
   std::vector<std::shared_ptr<Slot>> slots_;
   bool replayed_ = false;
   bool held_ = false;      // decided, and what it dropped not yet released

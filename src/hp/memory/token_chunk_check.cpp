@@ -10,10 +10,6 @@
 namespace hp::memory {
 namespace {
 
-const void* storage_of(const at::Tensor& t) {
-  return t.defined() && t.has_storage() ? static_cast<const void*>(t.storage().unsafeGetStorageImpl()) : nullptr;
-}
-
 // The number of leading dimensions of `t` whose sizes multiply to `group`; -1 if none do.
 int prefix(const at::Tensor& t, int64_t group) {
   int64_t n = 1;
@@ -92,13 +88,13 @@ TokenChunkCheck::TokenChunkCheck(const at::Tensor& input) : outer_(op_observer()
                              << input.dim() << " dimension(s)";
   tokens_ = input.numel() / std::max<int64_t>(input.size(input.dim() - 1), 1);
   sequences_ = input.dim() >= 3 ? input.size(0) : 0;
-  rows_.insert(storage_of(input));
+  rows_.insert(input, true);
   scope_ = std::make_unique<ScopedOpObserver>(this);
 }
 
 TokenChunkCheck::~TokenChunkCheck() = default;
 
-bool TokenChunkCheck::derived(const at::Tensor& t) const { return rows_.count(storage_of(t)) > 0; }
+bool TokenChunkCheck::derived(const at::Tensor& t) const { return rows_.find(t) != nullptr; }
 
 bool TokenChunkCheck::keeps_apart(const ObservedOp& op, const std::vector<at::Tensor>& inputs,
                                   const std::vector<bool>& from_rows, const at::Tensor& out, int64_t group) const {
@@ -134,7 +130,7 @@ at::Tensor TokenChunkCheck::run(const ObservedOp& op, const std::function<at::Te
     any = any || from_rows.back();
   }
   if (!any) return out;
-  if (const void* s = storage_of(out); s && rows_.insert(s).second) pins_.push_back(out.storage().getWeakStorageImpl());
+  rows_.insert(out, true);
   const std::string name = op.name();
   if (op.collective) {  // tokens exchanged between ranks (a MoE dispatch)
     if (mixes_sequences_.empty()) mixes_sequences_ = name;

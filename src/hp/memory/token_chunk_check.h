@@ -20,13 +20,12 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <c10/util/intrusive_ptr.h>
 
 #include <memory>
 #include <string>
-#include <unordered_set>
 #include <vector>
 
+#include "hp/memory/storage_map.h"
 #include "hp/tensor/op_observer.h"
 
 namespace hp::memory {
@@ -55,9 +54,7 @@ class TokenChunkCheck : public OpObserver {
 
   int64_t tokens_ = 0;     // rows of the input
   int64_t sequences_ = 0;  // its first dimension; 0 for an input of fewer than three
-  std::unordered_set<const void*> rows_;  // storages made from the input's rows
-  // Their storage objects (not their data): no other storage takes an address while the check runs.
-  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> pins_;
+  StorageMap<bool> rows_;  // storages made from the input's rows
   std::string mixes_tokens_, mixes_sequences_;  // the first op that does
   OpObserver* outer_;
   std::unique_ptr<ScopedOpObserver> scope_;
