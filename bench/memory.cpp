@@ -26,7 +26,9 @@
 // Per mode: the process's peak RSS over its steps (VmHWM, reset through
 // /proc/self/clear_refs). Medians over all steps of a mode; ratios against none. The
 // planner's figures for the same model (plan/memory.h, plan/estimator.h) are printed
-// beside them.
+// beside them. With selective among the modes, the least step time at which recomputing
+// can bring the activation peak to 0.5x of none's on this CPU (the selective
+// target), from selective's peak and replay and the model's products timed here.
 //
 // fully_shard offload (one rank, so a shard is a whole parameter): fsdp (AdamW in memory),
 // fsdp_optoffload (SwapOptimizer, state in files) and fsdp_offload (FileOffloadPolicy:
@@ -227,6 +229,26 @@ void fsdp_rows(const nn::LlamaConfig& c, const DTensor& ids, const DTensor& targ
          median(rows.time["fsdp_offload_clip"]) / median(rows.time["fsdp_offload_clip_in"]));
 }
 
+// Milliseconds per MiB of output of the model's cheapest product per byte, timed here: a
+// linear over the model's width (q, k, v, o, gate, up: two multiply-adds per element and
+// input column), at each of their shapes, the fastest of 20 calls; the down projection
+// reads ffn_dim columns and attention the whole sequence, which cost more per byte.
+double product_ms_per_mib(int64_t rows, const nn::LlamaConfig& c) {
+  const int64_t kv = c.dim / c.heads * c.kv_heads;
+  const at::Tensor x = at::randn({rows, c.dim});
+  double best = 1e30;
+  for (int64_t n : {c.dim, kv, c.ffn_dim}) {
+    const at::Tensor w = at::randn({n, c.dim});
+    for (int i = 0; i < 23; ++i) {
+      const auto t0 = Clock::now();
+      const at::Tensor y = at::linear(x, w);
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+      if (i >= 3) best = std::min(best, ms / (double(y.nbytes()) / (1 << 20)));
+    }
+  }
+  return best;
+}
+
 void set_mode(nn::Llama& model, const Mode& m) {
   for (auto& [name, mod] : model.named_modules())
     if (name.rfind("layers.", 0) == 0 && name.find('.', 7) == std::string::npos) {
@@ -361,6 +383,22 @@ int main(int argc, char** argv) {
                 estimated_activations(plan::Recompute::FullChunked) / est_none);
     std::printf("target full: activation peak <= 1/L + one layer = %.3f of none\n", 2.0 / double(layers));
     const std::string tag = "L" + std::to_string(layers);
+    // The selective target's time bound when recomputing (not swapping): below selective's
+    // peak, which keeps only the products (and the blocks' inputs, which every mode keeps),
+    // every MiB less at the peak is a MiB of products dropped, and recomputed at no less
+    // than the fastest product's rate; beside selective's replay of all the rest, which
+    // costs less per MiB.
+    double time_bound = 0;
+    if (act.count("selective")) {
+      const double products = std::max(0.0, median(act["selective"]) - 0.5 * a0) / (1 << 20);
+      const double ms_per_mib = product_ms_per_mib(batch * seq, c);
+      const double replay = 1e3 * median(recompute["selective"]);
+      time_bound = (1e3 * t0 + replay + products * ms_per_mib) / (1e3 * t0);
+      std::printf("bound, recomputing: activation peak <= 0.5x of none drops %.1f MiB of products more than selective, "
+                  "each MiB recomputed in >= %.2f ms (the model's fastest product per byte, timed here), beside "
+                  "selective's replay (%.1f ms): step time >= %.3fx\n",
+                  products, ms_per_mib, replay, time_bound);
+    }
     for (const Mode& m : ms) {
       if (m.name == "none" || m.offload) continue;
       std::printf("RESULT memory_%s_act_peak_ratio_%s %.3f\n", m.name.c_str(), tag.c_str(), median(act[m.name]) / a0);
@@ -380,6 +418,7 @@ int main(int argc, char** argv) {
                   (p_muon - median(peak["muon_offload"])) / muon_state);
       std::printf("RESULT memory_muon_offload_step_time_ratio_%s %.3f\n", tag.c_str(), median(time["muon_offload"]) / t_muon);
     }
+    if (time_bound > 0) std::printf("RESULT memory_selective_target_time_bound_%s %.3f\n", tag.c_str(), time_bound);
     std::printf("RESULT memory_none_act_peak_mib_%s %.1f\n", tag.c_str(), a0 / (1 << 20));
     for (const std::string& line : fsdp_results) std::printf("%s\n", line.c_str());
   });
