@@ -10,6 +10,10 @@
 #include <ATen/ATen.h>
 
 #include <stdlib.h>
+#include <sys/resource.h>
+
+#include <csignal>
+#include <filesystem>
 
 #include <atomic>
 #include <optional>
@@ -427,6 +431,59 @@ TEST(SwapWrapper, KeepsNoOpOutputInMemory) {
                               ", swap matmuls " + std::to_string(matmuls) + ", swap all " + std::to_string(swapped);
   EXPECT_LE(swapped, matmuls) << figures;
   EXPECT_LT(swapped, sel) << figures;
+}
+
+// Swap files that vanish before the backward, or a disk too full to write them, are errors
+// that name the file; neither hangs, and the next step on a sound disk gives the numbers of
+// a step without swapping.
+TEST(SwapWrapper, AVanishedOrUnwritableSwapFileIsAnError) {
+  comm::run_local_ranks(1, [](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    SmallRegionTensors t = small_region_tensors(mesh, 7, {32, 32}, {32, 32});
+    DTensor &w1 = t.w1, &w2 = t.w2, &s = t.s, &x = t.x;
+    auto fn = [&](const DTensor& in) { return linear(mul(linear(in, w1), s), w2); };
+    auto grads = [&] {
+      std::vector<at::Tensor> g;
+      for (DTensor* p : {&w1, &w2, &s, &x}) g.push_back(p->to_local().grad().clone()), p->to_local().mutable_grad().zero_();
+      return g;
+    };
+    fn(x).to_local().sum().backward();
+    const std::vector<at::Tensor> want = grads();
+    const std::shared_ptr<memory::FileTier> files = swap_files();
+    const CheckpointOptions o = swap_options(files);
+    auto error_of = [](auto&& run) {
+      try {
+        run();
+      } catch (const std::exception& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+
+    std::optional<DTensor> out = memory::checkpoint(fn, x, {&w1, &w2, &s}, o);
+    int removed = 0;
+    for (const auto& f : std::filesystem::directory_iterator(files->dir())) removed += std::filesystem::remove(f.path());
+    EXPECT_GT(removed, 0);
+    const std::string vanished = error_of([&] { out->to_local().sum().backward(); });
+    EXPECT_NE(vanished.find(files->dir() + "/activation."), std::string::npos) << vanished;
+    out.reset();
+    grads();
+
+    rlimit old;
+    ::getrlimit(RLIMIT_FSIZE, &old);
+    auto previous = std::signal(SIGXFSZ, SIG_IGN);
+    rlimit tiny = old;
+    tiny.rlim_cur = 100;  // smaller than any output of the region
+    ::setrlimit(RLIMIT_FSIZE, &tiny);
+    const std::string full = error_of([&] { memory::checkpoint(fn, x, {&w1, &w2, &s}, o); });
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, previous);
+    EXPECT_NE(full.find(files->dir() + "/activation."), std::string::npos) << full;
+
+    memory::checkpoint(fn, x, {&w1, &w2, &s}, o).to_local().sum().backward();
+    const std::vector<at::Tensor> got = grads();
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], want[i])) << "gradient " << i;
+  });
 }
 
 TEST(SwapWrapper, HostTierRoundTripsAndNamesBadReads) {
