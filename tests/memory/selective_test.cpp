@@ -434,8 +434,8 @@ TEST(SwapWrapper, KeepsNoOpOutputInMemory) {
 }
 
 // Swap files that vanish before the backward, or a disk too full to write them, are errors
-// that name the file; neither hangs, and the next step on a sound disk gives the numbers of
-// a step without swapping.
+// that name the file; neither hangs, and the next step on a sound disk gives the gradients
+// of a step without swapping.
 TEST(SwapWrapper, AVanishedOrUnwritableSwapFileIsAnError) {
   comm::run_local_ranks(1, [](int) {
     DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
@@ -461,6 +461,7 @@ TEST(SwapWrapper, AVanishedOrUnwritableSwapFileIsAnError) {
     };
 
     std::optional<DTensor> out = memory::checkpoint(fn, x, {&w1, &w2, &s}, o);
+    memory::wait_for_swap_writes();
     int removed = 0;
     for (const auto& f : std::filesystem::directory_iterator(files->dir())) removed += std::filesystem::remove(f.path());
     EXPECT_GT(removed, 0);
@@ -475,10 +476,19 @@ TEST(SwapWrapper, AVanishedOrUnwritableSwapFileIsAnError) {
     rlimit tiny = old;
     tiny.rlim_cur = 100;  // smaller than any output of the region
     ::setrlimit(RLIMIT_FSIZE, &tiny);
-    const std::string full = error_of([&] { memory::checkpoint(fn, x, {&w1, &w2, &s}, o); });
+    // The writes run behind the next region's forward: their error comes out of the
+    // backward, or earlier from wait_for_swap_writes.
+    const std::string full_at_wait = error_of([&] {
+      DTensor y = memory::checkpoint(fn, x, {&w1, &w2, &s}, o);
+      memory::wait_for_swap_writes();
+    });
+    const std::string full_at_backward =
+        error_of([&] { memory::checkpoint(fn, x, {&w1, &w2, &s}, o).to_local().sum().backward(); });
     ::setrlimit(RLIMIT_FSIZE, &old);
     std::signal(SIGXFSZ, previous);
-    EXPECT_NE(full.find(files->dir() + "/activation."), std::string::npos) << full;
+    for (const std::string& full : {full_at_wait, full_at_backward})
+      EXPECT_NE(full.find(files->dir() + "/activation."), std::string::npos) << full;
+    grads();
 
     memory::checkpoint(fn, x, {&w1, &w2, &s}, o).to_local().sum().backward();
     const std::vector<at::Tensor> got = grads();

@@ -106,6 +106,11 @@ double recompute_seconds();
 // Products full regions' recomputes have left out since the process started: hp::linear ops
 // whose output value nothing read, run for their backward node alone (region_ops.h).
 int64_t products_left_out();
+// Swapped activations are written by a thread while the next region runs its forward, and a
+// backward waits for them by itself. This waits until those of every region this thread
+// has run reached their tier, rethrowing a failed write's error (a full disk) before the
+// backward would: for measuring memory after a forward, or failing early.
+void wait_for_swap_writes();
 
 }  // namespace memory
 

@@ -77,6 +77,7 @@ SelectiveRegion::SelectiveRegion(Options options, std::function<void()> replay)
 }
 
 SelectiveRegion::~SelectiveRegion() {
+  if (written_.valid()) written_.wait();  // a failed write is an error for readers only: none is left
   for (size_t k = 0; k < entries_.size(); ++k) {
     if (entries_[k].prefetched.valid()) entries_[k].prefetched.wait();  // before its file goes
     if (entries_[k].swapped && !held_) options_.swap_tier->remove(swap_key(k));
@@ -164,6 +165,7 @@ at::Tensor SelectiveRegion::run(const ObservedOp& op, const std::function<at::Te
     if (e.prefetched.valid()) {
       flat = e.prefetched.get();
     } else {
+      wait_written();
       flat = at::empty({e.op.bytes / static_cast<int64_t>(e.options.dtype().itemsize())}, e.options);
       options_.swap_tier->read(swap_key(k), flat);
     }
@@ -281,15 +283,41 @@ void SelectiveRegion::decide() {
   if (!options_.release_at_next_region) release();
 }
 
+void SelectiveRegion::wait_written() const {
+  if (written_.valid()) written_.get();  // rethrows a failed write's error
+}
+
+void wait_for_swap_writes() {
+  for (auto r = t_last_region.lock(); r; r = r->previous_.lock()) r->wait_written();
+}
+
 void SelectiveRegion::release() {
+  // One region's writes at a time: the one before must have finished its own (or its
+  // error comes out here, in the forward).
+  if (auto previous = previous_.lock()) previous->wait_written();
   held_ = false;
+  std::vector<std::pair<std::string, at::Tensor>> writes;
   for (size_t k = 0; k < entries_.size(); ++k) {
     Entry& e = entries_[k];
     if (!e.swapped) continue;
     const int64_t n = e.op.bytes / static_cast<int64_t>(e.value.itemsize());
-    options_.swap_tier->write(swap_key(k), e.value.new_empty({0}).set_(e.value.storage(), 0, {n}, {1}));
+    writes.emplace_back(swap_key(k), e.value.new_empty({0}).set_(e.value.storage(), 0, {n}, {1}));
     e.value = at::Tensor();
   }
+  // Host tensors are written by a thread of their own while the next region runs its
+  // forward, each let go once written; a device tensor's write returns once its copy is
+  // queued on the tier's stream (HostTier), so it is written here.
+  std::shared_ptr<StorageTier> tier = options_.swap_tier;
+  auto write_all = [tier](std::vector<std::pair<std::string, at::Tensor>>& writes) {
+    for (auto& [key, t] : writes) tier->write(key, t), t = at::Tensor();
+  };
+  const bool on_host = std::all_of(writes.begin(), writes.end(), [](const auto& w) { return w.second.is_cpu(); });
+  if (!on_host)
+    write_all(writes);
+  else if (!writes.empty())
+    written_ = std::async(std::launch::async, [write_all, writes = std::move(writes)]() mutable {
+                 write_all(writes);
+               }).share();
   for (auto& slot : slots_)
     if (slot->entry >= 0 && (!entries_[slot->entry].keep || entries_[slot->entry].swapped)) slot->value = at::Tensor();
   slots_.clear();  // from here on autograd holds them, and drops each once its node has run
@@ -407,7 +435,8 @@ void SelectiveRegion::prefetch_swapped() {
     const std::string key = swap_key(k);
     const int64_t n = e.op.bytes / static_cast<int64_t>(e.options.dtype().itemsize());
     const at::TensorOptions opts = e.options;
-    e.prefetched = std::async(std::launch::async, [tier, key, n, opts] {
+    e.prefetched = std::async(std::launch::async, [tier, key, n, opts, written = written_] {
+                     if (written.valid()) written.get();
                      at::Tensor flat = at::empty({n}, opts);
                      tier->read(key, flat);
                      return flat;

@@ -15,8 +15,10 @@
 // was kept returns it without running (a matmul is not recomputed, a collective is not
 // issued again), an op that neither autograd nor a recomputed op reads returns zeros of
 // its shape, the others run. Kept outputs that nothing in the replay reads and autograd did
-// not save are released too. MUST_SWAP outputs are kept in the swap tier instead of memory;
-// the previous region's start coming back when this one's replay begins. The saved tensor
+// not save are released too. MUST_SWAP outputs are kept in the swap tier instead of memory:
+// written while the next region runs its forward (host tensors by a thread, each let go once
+// written; a failed write is an error at the next region's release or at the replay), the
+// previous region's start coming back when this one's replay begins. The saved tensor
 // comes back as the same view of the replayed output. The graph is the forward's, so
 // gradients are bitwise those of a run without checkpointing. Once the region has
 // replayed, an output is released when autograd has dropped every saved tensor in it, as
@@ -180,6 +182,9 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
   std::weak_ptr<SelectiveRegion> previous_;
   double budget_left_ = 0;  // bytes of its memory budget (and those handed on to it) it did not keep
   void prefetch_swapped();
+  std::shared_future<void> written_;  // its swapped outputs' writes, when a thread makes them
+  void wait_written() const;
+  friend void wait_for_swap_writes();
 };
 
 }  // namespace hp::memory
