@@ -476,17 +476,22 @@ TEST(SwapWrapper, AVanishedOrUnwritableSwapFileIsAnError) {
     rlimit tiny = old;
     tiny.rlim_cur = 100;  // smaller than any output of the region
     ::setrlimit(RLIMIT_FSIZE, &tiny);
-    // The writes run behind the next region's forward: their error comes out of the
-    // backward, or earlier from wait_for_swap_writes.
+    // The writes run behind the next region's forward: their error comes out of that
+    // region's forward, of the backward, or of wait_for_swap_writes.
     const std::string full_at_wait = error_of([&] {
       DTensor y = memory::checkpoint(fn, x, {&w1, &w2, &s}, o);
       memory::wait_for_swap_writes();
+    });
+    const std::string full_at_next = error_of([&] {
+      DTensor y = memory::checkpoint(fn, x, {&w1, &w2, &s}, o);
+      DTensor next = memory::checkpoint(fn, y, {&w1, &w2, &s}, o);
+      ADD_FAILURE() << "the next region's forward ended";
     });
     const std::string full_at_backward =
         error_of([&] { memory::checkpoint(fn, x, {&w1, &w2, &s}, o).to_local().sum().backward(); });
     ::setrlimit(RLIMIT_FSIZE, &old);
     std::signal(SIGXFSZ, previous);
-    for (const std::string& full : {full_at_wait, full_at_backward})
+    for (const std::string& full : {full_at_wait, full_at_next, full_at_backward})
       EXPECT_NE(full.find(files->dir() + "/activation."), std::string::npos) << full;
     grads();
 
