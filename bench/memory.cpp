@@ -8,8 +8,10 @@
 // (save_matmuls_and_collectives), budget 0.5 and 0.4, and 0.4 and 0.22 with
 // release_at_next_region (budget40_next, budget22_next: the last block, whose backward
 // comes first, keeps all it made and replays nothing), swap (swap_wrapper: every activation a
-// block's backward reads in files under $TMPDIR or /tmp, read back a block ahead; its
-// "recompute" is the replay, views and the reads not yet prefetched), offload (SwapOptimizer over AdamW,
+// block's backward reads in files under $TMPDIR or /tmp, written behind the next block's
+// forward and read back a block ahead; its "recompute" is the replay, views and the reads
+// not yet prefetched), budget40_swap (budget 0.4 with those files as its swap tier: the
+// products it does not keep go there, the rest is recomputed), offload (SwapOptimizer over AdamW,
 // state in files under $TMPDIR or /tmp, 8 batches, prefetch) and offload_noprefetch; muon (Muon on the blocks' matrices, AdamW on
 // the rest, in memory) and muon_offload (that chain per batch in a SwapOptimizer, with
 // prefetch; its ratios against muon). One model: each round runs every mode in turn (first
@@ -115,7 +117,10 @@ std::vector<Mode> modes() {
   b40_next.options.release_at_next_region = b22_next.options.release_at_next_region = true;
   Mode swap{"swap", true};
   swap.options = swap_options(std::make_shared<memory::FileTier>(temp_dir()));
-  return {none, full, chunked, sel, half, b40, b40_next, b22_next, swap, off, off_np, muon, muon_off};
+  Mode b40_swap{"budget40_swap", true};
+  b40_swap.options.memory_budget = 0.4;
+  b40_swap.options.swap_tier = swap.options.swap_tier;
+  return {none, full, chunked, sel, half, b40, b40_next, b22_next, swap, b40_swap, off, off_np, muon, muon_off};
 }
 
 std::unique_ptr<optim::Optimizer> make_optimizer(nn::Llama& model, const Mode& m, int64_t batch_bytes) {

@@ -91,7 +91,24 @@ CheckpointOptions swap_matmuls() {
   return o;
 }
 
+// A budget with a swap tier: the products it does not keep go to files, the rest is
+// recomputed from them.
+CheckpointOptions budget_swapping(double fraction) {
+  CheckpointOptions o = budget(fraction);
+  char tmpl[] = "/tmp/hp_act_swap_XXXXXX";
+  HP_CHECK(::mkdtemp(tmpl) != nullptr) << "mkdtemp";
+  o.swap_tier = std::make_shared<memory::FileTier>(tmpl);
+  return o;
+}
+
 TEST(SelectiveCheckpoint, SwapMatmulsSingleProcess) { expect_same_as_without(Layout::Single, kBlocks, swap_matmuls()); }
+TEST(SelectiveCheckpoint, Budget40SwappingSingleProcess) {
+  expect_same_as_without(Layout::Single, kBlocks, budget_swapping(0.4));
+}
+TEST(SelectiveCheckpoint, Budget40SwappingTp2) { expect_same_as_without(Layout::Tp2, kBlocks, budget_swapping(0.4)); }
+TEST(SelectiveCheckpoint, Budget40SwappingFsdp3Uneven) {
+  expect_same_as_without(Layout::Fsdp3, kBlocks, budget_swapping(0.4));
+}
 TEST(SelectiveCheckpoint, SwapMatmulsTp2) { expect_same_as_without(Layout::Tp2, kBlocks, swap_matmuls()); }
 
 // A policy sees each op by the function the model called: the fused kernels borrow
@@ -236,6 +253,44 @@ TEST(SelectiveCheckpoint, ABudgetKeepsProductsBeforeCheapOutputs) {
     EXPECT_EQ(cpu_memory_allocated() - after_first - output, 2 * output) << "the second keeps its product";
     second.to_local().sum().backward();
     EXPECT_TRUE(w1.to_local().grad().defined());
+  });
+}
+
+// With a swap tier, the same budget sends the first region's product (16 KiB) to a file
+// instead of recomputing it, and keeps the rest as before: one file, nothing more in
+// memory, the gradients of the run without checkpointing.
+TEST(SelectiveCheckpoint, ABudgetWithATierSwapsTheProductsItLeavesOut) {
+  comm::run_local_ranks(1, [](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    SmallRegionTensors t = small_region_tensors(mesh, 6, {64, 32}, {32, 64});
+    DTensor &w1 = t.w1, &w2 = t.w2, &s = t.s, &x = t.x;
+    auto fn = [&](const DTensor& t) { return linear(linear(mul(t, s), w1), w2); };
+    auto grads = [&] {
+      std::vector<at::Tensor> g;
+      for (DTensor* p : {&w1, &w2, &s, &x}) g.push_back(p->to_local().grad().clone()), p->to_local().mutable_grad().zero_();
+      return g;
+    };
+    fn(fn(x)).to_local().sum().backward();
+    const std::vector<at::Tensor> want = grads();
+    const CheckpointOptions o = budget_swapping(5.0 / 12);
+    const std::string dir = std::static_pointer_cast<memory::FileTier>(o.swap_tier)->dir();
+    auto region = [&](const DTensor& in) { return memory::checkpoint(fn, in, {&w1, &w2, &s}, o); };
+    const int64_t output = 64 * 32 * 4;
+    track_cpu_memory();
+    const int64_t before = cpu_memory_allocated();
+    DTensor first = region(x);
+    memory::wait_for_swap_writes();
+    const int64_t after_first = cpu_memory_allocated();
+    DTensor second = region(first);
+    memory::wait_for_swap_writes();
+    EXPECT_EQ(after_first - before - output, 0) << "the first region keeps nothing in memory";
+    EXPECT_EQ(cpu_memory_allocated() - after_first - output, 2 * output) << "the second keeps its product";
+    std::vector<uintmax_t> files;
+    for (const auto& f : std::filesystem::directory_iterator(dir)) files.push_back(std::filesystem::file_size(f.path()));
+    EXPECT_EQ(files, std::vector<uintmax_t>{64 * 64 * 4}) << "the first region's product alone in a file";
+    second.to_local().sum().backward();
+    const std::vector<at::Tensor> got = grads();
+    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], want[i])) << "gradient " << i;
   });
 }
 

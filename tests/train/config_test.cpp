@@ -294,7 +294,7 @@ TEST(TrainConfig, InconsistentValuesAreErrors) {
   EXPECT_HAS(load_error("[memory]\nactivation_checkpoint = \"selective\"\nmemory_budget = 1.5\n"),
              "memory.memory_budget = 1.5 must be from 0 to 1");
   EXPECT_HAS(load_error("[memory]\nactivation_checkpoint = \"full\"\nmemory_budget = 0.5\n"),
-             "memory.memory_budget needs memory.activation_checkpoint = \"selective\"");
+             "memory.memory_budget needs memory.activation_checkpoint = \"selective\" or \"swap\"");
   EXPECT_HAS(load_error("[memory]\nactivation_checkpoint = \"full\"\nrelease_at_next_region = true\n"),
              "memory.release_at_next_region needs memory.activation_checkpoint = \"selective\"");
   EXPECT_HAS(load_error("[memory]\nactivation_checkpoint = \"swap\"\n"),

@@ -59,9 +59,12 @@ struct CheckpointOptions {
   // matmul output left out), smallest first within each, after the collectives, which go as
   // the policy prefers (every rank must choose alike, and sizes may differ between ranks);
   // an output that only kept outputs read takes no share. MUST_SAVE ops that alone exceed
-  // the budget are an error. Without a policy, the default one's.
+  // the budget are an error. Without a policy, the default one's. With a swap_tier, the
+  // matmul outputs it leaves out that the backward reads go to the tier instead of being
+  // recomputed (the rest is recomputed from them).
   std::optional<double> memory_budget;
-  // Where MUST_SWAP outputs go between forward and backward (e.g. a memory::FileTier).
+  // Where MUST_SWAP outputs go between forward and backward (e.g. a memory::FileTier), and
+  // the matmul outputs a memory budget does not keep in memory.
   std::shared_ptr<memory::StorageTier> swap_tier;
   // Selective: what a region drops goes when the next region on the thread starts its
   // forward, not when its own ends. The region whose backward comes before another region

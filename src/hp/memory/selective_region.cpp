@@ -272,6 +272,13 @@ void SelectiveRegion::decide() {
         }
     }
     budget_left_ = std::max(0.0, allowed - used);
+    // With a swap tier, the products it leaves out that the backward needs go there
+    // instead of being recomputed; the rest is recomputed from them.
+    if (options_.swap_tier) {
+      const std::vector<bool> demanded = read(/*through_kept=*/false);
+      for (size_t k : prefer)
+        if (keep_rank(entries_[k].op) == 0 && !entries_[k].keep && demanded[k]) entries_[k].keep = entries_[k].swapped = true;
+    }
   }
   keep_readers_instead();
   mark_demanded();

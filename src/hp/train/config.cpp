@@ -408,8 +408,8 @@ void validate(const TrainConfig& c) {
       << src << ": memory.activation_checkpoint = \"swap\" needs memory.activation_swap_dir, where the files go";
   HP_CHECK(mem.memory_budget >= 0 && mem.memory_budget <= 1)
       << src << ": memory.memory_budget = " << mem.memory_budget << " must be from 0 to 1";
-  HP_CHECK(mem.memory_budget == 0 || mem.activation_checkpoint == "selective")
-      << src << ": memory.memory_budget needs memory.activation_checkpoint = \"selective\", not \""
+  HP_CHECK(mem.memory_budget == 0 || mem.activation_checkpoint == "selective" || mem.activation_checkpoint == "swap")
+      << src << ": memory.memory_budget needs memory.activation_checkpoint = \"selective\" or \"swap\", not \""
       << mem.activation_checkpoint << "\"";
   HP_CHECK(!mem.release_at_next_region || mem.activation_checkpoint == "selective" ||
            mem.activation_checkpoint == "swap")

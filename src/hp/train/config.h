@@ -129,7 +129,7 @@ struct MemoryConfig {
   // (tokens) in token_chunks chunks one after another (["layers.*.mlp"]); [] = none.
   std::vector<std::string> chunked_modules;
   int64_t token_chunks = 4;
-  double memory_budget = 0;  // selective: fraction of each region's activations kept; 0 = the policy decides
+  double memory_budget = 0;  // selective, swap: fraction of each region's activations kept in memory; 0 = the policy decides
   bool release_at_next_region = false;  // selective, swap: CheckpointOptions::release_at_next_region
   std::string activation_swap_dir;      // swap: the activations in files here (a dir per rank)
   std::string optimizer_offload_dir;    // optimizer state in files here between steps (a dir per rank); "" = off

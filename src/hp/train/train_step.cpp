@@ -207,7 +207,11 @@ void detail::apply_activation_checkpointing(nn::Module& model, const TrainConfig
   if (m.activation_checkpoint == "selective") o.policy = save_matmuls_and_collectives;
   if (m.activation_checkpoint == "swap")
     o = swap_options(std::make_shared<memory::FileTier>(rank_dir(m.activation_swap_dir)));
-  if (m.memory_budget > 0) o.memory_budget = m.memory_budget;
+  if (m.memory_budget > 0) {
+    // Swap with a budget: what it keeps stays in memory, the other products go to the files.
+    if (m.activation_checkpoint == "swap") o.policy = save_matmuls_and_collectives;
+    o.memory_budget = m.memory_budget;
+  }
   o.release_at_next_region = m.release_at_next_region;
   checkpoint_wrapper(model, m.checkpoint_modules, o);
   if (m.chunked_modules.empty()) return;
