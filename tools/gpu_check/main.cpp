@@ -1,9 +1,10 @@
 // What scripts/gpu_check runs on a machine with a GPU (built with HP_CUDA): DTensor ops and
 // a tensor-parallel Llama step on the GPU against the same on the CPU, the NCCL process
 // group with world size 1, a bf16 training step, activations swapped to pinned host memory
-// through a copy stream (memory::HostTier), blocks recomputed (the down projections' products
-// left out) and with their MLPs in token chunks (stand-ins on the device), fully_shard with CPUOffloadPolicy, and the FP8
-// Linear (through _scaled_mm) against the CPU's emulated one. Prints one line per check and
+// through a copy stream (memory::HostTier), a memory budget's left-out products there too,
+// blocks recomputed (the down projections' products left out) and with their MLPs in token
+// chunks (stand-ins on the device), fully_shard with CPUOffloadPolicy, and the FP8 Linear
+// (through _scaled_mm) against the CPU's emulated one. Prints one line per check and
 // `RESULT gpu_check pass|fail` last.
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -122,6 +123,14 @@ void llama(const DeviceMesh& cpu, const DeviceMesh& gpu) {
   });
   check(same_step(swapped, 1e-6),
         "activations swapped to pinned host memory (HostTier, copy stream): the step's numbers unchanged");
+  Step budget_swapped = llama_step(gpu, init, false, [](nn::Llama& m) {
+    CheckpointOptions o;
+    o.memory_budget = 0.4;
+    o.swap_tier = std::make_shared<memory::HostTier>();
+    checkpoint_wrapper(m, {"layers.*"}, o);
+  });
+  check(same_step(budget_swapped, 1e-6),
+        "memory budget 0.4 with the products it leaves out in pinned host memory: the step's numbers unchanged");
   const int64_t left_out = memory::products_left_out();
   Step blocks = llama_step(gpu, init, false, [](nn::Llama& m) { checkpoint_wrapper(m, {"layers.*"}); });
   check(same_step(blocks, 1e-6) && memory::products_left_out() > left_out,
