@@ -66,6 +66,16 @@ SmallRegionTensors small_region_tensors(const DeviceMesh& mesh, uint64_t seed, s
   return t;
 }
 
+// Their gradients, each then zeroed for the next run.
+std::vector<at::Tensor> take_grads(SmallRegionTensors& t) {
+  std::vector<at::Tensor> g;
+  for (DTensor* p : {&t.w1, &t.w2, &t.s, &t.x}) {
+    g.push_back(p->to_local().grad().clone());
+    p->to_local().mutable_grad().zero_();
+  }
+  return g;
+}
+
 }  // namespace
 
 TEST(SelectiveCheckpoint, SingleProcess) { expect_same_as_without(Layout::Single, kBlocks, selective()); }
@@ -265,11 +275,7 @@ TEST(SelectiveCheckpoint, ABudgetWithATierSwapsTheProductsItLeavesOut) {
     SmallRegionTensors t = small_region_tensors(mesh, 6, {64, 32}, {32, 64});
     DTensor &w1 = t.w1, &w2 = t.w2, &s = t.s, &x = t.x;
     auto fn = [&](const DTensor& t) { return linear(linear(mul(t, s), w1), w2); };
-    auto grads = [&] {
-      std::vector<at::Tensor> g;
-      for (DTensor* p : {&w1, &w2, &s, &x}) g.push_back(p->to_local().grad().clone()), p->to_local().mutable_grad().zero_();
-      return g;
-    };
+    auto grads = [&] { return take_grads(t); };
     fn(fn(x)).to_local().sum().backward();
     const std::vector<at::Tensor> want = grads();
     const CheckpointOptions o = budget_swapping(5.0 / 12);
@@ -497,11 +503,7 @@ TEST(SwapWrapper, AVanishedOrUnwritableSwapFileIsAnError) {
     SmallRegionTensors t = small_region_tensors(mesh, 7, {32, 32}, {32, 32});
     DTensor &w1 = t.w1, &w2 = t.w2, &s = t.s, &x = t.x;
     auto fn = [&](const DTensor& in) { return linear(mul(linear(in, w1), s), w2); };
-    auto grads = [&] {
-      std::vector<at::Tensor> g;
-      for (DTensor* p : {&w1, &w2, &s, &x}) g.push_back(p->to_local().grad().clone()), p->to_local().mutable_grad().zero_();
-      return g;
-    };
+    auto grads = [&] { return take_grads(t); };
     fn(x).to_local().sum().backward();
     const std::vector<at::Tensor> want = grads();
     const std::shared_ptr<memory::FileTier> files = swap_files();
