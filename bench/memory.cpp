@@ -11,9 +11,10 @@
 // block's backward reads in files under $TMPDIR or /tmp, written behind the next block's
 // forward and read back a block ahead; its "recompute" is the replay, views and the reads
 // not yet prefetched), budget40_swap (budget 0.4 with those files as its swap tier: the
-// products it does not keep go there, the rest is recomputed), offload (SwapOptimizer over AdamW,
-// state in files under $TMPDIR or /tmp, 8 batches, prefetch) and offload_noprefetch; muon (Muon on the blocks' matrices, AdamW on
-// the rest, in memory) and muon_offload (that chain per batch in a SwapOptimizer, with
+// products it does not keep go there, the rest is recomputed), offload (SwapOptimizer over
+// AdamW, state in files under $TMPDIR or /tmp, 8 batches, prefetch) and offload_noprefetch;
+// muon (Muon on the blocks' matrices, AdamW on the rest, in memory) and muon_offload (that
+// chain per batch in a SwapOptimizer, with
 // prefetch; its ratios against muon). One model: each round runs every mode in turn (first
 // mode rotating), each with a fresh optimizer (two untimed steps allocate its state and
 // settle the allocator's heap), so

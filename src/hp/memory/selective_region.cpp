@@ -276,8 +276,10 @@ void SelectiveRegion::decide() {
     // instead of being recomputed; the rest is recomputed from them.
     if (options_.swap_tier) {
       const std::vector<bool> demanded = read(/*through_kept=*/false);
-      for (size_t k : prefer)
-        if (keep_rank(entries_[k].op) == 0 && !entries_[k].keep && demanded[k]) entries_[k].keep = entries_[k].swapped = true;
+      for (size_t k : prefer) {
+        Entry& e = entries_[k];
+        if (keep_rank(e.op) == 0 && !e.keep && demanded[k]) e.keep = e.swapped = true;
+      }
     }
   }
   keep_readers_instead();

@@ -123,7 +123,9 @@ std::vector<Field> make_fields() {
        "e.g. layers.*.mlp)",
        at<&T::memory, &Mem::chunked_modules>()},
       {"memory", "token_chunks", "chunks of the chunked_modules' rows", at<&T::memory, &Mem::token_chunks>()},
-      {"memory", "memory_budget", "selective, swap: fraction of activations kept in memory, 0 to 1 (swap: the products beyond it go to the files); 0 = the policy decides",
+      {"memory", "memory_budget",
+       "selective, swap: fraction of activations kept in memory, 0 to 1 (swap: the products beyond it go to the "
+       "files); 0 = the policy decides",
        at<&T::memory, &Mem::memory_budget>()},
       {"memory", "release_at_next_region",
        "selective: a block lets go of what it drops when the next one starts, so the last replays nothing",
