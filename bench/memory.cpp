@@ -9,8 +9,8 @@
 // release_at_next_region (budget40_next, budget22_next: the last block, whose backward
 // comes first, keeps all it made and replays nothing), swap (swap_wrapper: every activation a
 // block's backward reads in files under $TMPDIR or /tmp, written behind the next block's
-// forward and read back a block ahead; its "recompute" is the replay, views and the reads
-// not yet prefetched), budget40_swap (budget 0.4 with those files as its swap tier: the
+// forward and read back one at a time as the backward needs them, the next one meanwhile:
+// nothing replays), budget40_swap (budget 0.4 with those files as its swap tier: the
 // products it does not keep go there, the rest is recomputed), offload (SwapOptimizer over
 // AdamW, state in files under $TMPDIR or /tmp, 8 batches, prefetch) and offload_noprefetch;
 // muon (Muon on the blocks' matrices, AdamW on the rest, in memory) and muon_offload (that

@@ -160,18 +160,7 @@ at::Tensor SelectiveRegion::run(const ObservedOp& op, const std::function<at::Te
       << (k < entries_.size() ? entries_[k].op.name : std::string("nothing"))
       << " (the region must run the same ops each time)";
   Entry& e = entries_[k];
-  if (e.keep && e.swapped) {  // the whole storage comes back: saved views index into it
-    at::Tensor flat;
-    if (e.prefetched.valid()) {
-      flat = e.prefetched.get();
-    } else {
-      wait_written();
-      flat = at::empty({e.op.bytes / static_cast<int64_t>(e.options.dtype().itemsize())}, e.options);
-      options_.swap_tier->read(swap_key(k), flat);
-    }
-    e.replayed = flat.as_strided(e.sizes, e.strides, e.offset);
-    return e.replayed;
-  }
+  if (e.keep && e.swapped) return bring_back(k);
   if (e.keep) return e.value;
   // A view costs nothing and reads its owner, which stands for it in the bookkeeping
   // (inputs are traced by storage): it always runs.
@@ -284,10 +273,17 @@ void SelectiveRegion::decide() {
   }
   keep_readers_instead();
   mark_demanded();
+  swap_in_alone_ = options_.swap_tier != nullptr;
+  int64_t swapped = 0, largest = 0;
   for (Entry& e : entries_) {
     e.swapped = e.swapped && e.keep;
     if (!e.keep) e.value = at::Tensor();  // autograd's saved tensors in it stay until release
+    if (e.owns_storage && e.demanded && !e.keep) swap_in_alone_ = false;
+    if (e.swapped) swapped += e.op.bytes, largest = std::max(largest, e.op.bytes);
   }
+  // Alone, one output is read while autograd works on the one before; a replay needs them all.
+  swap_window_ = swap_in_alone_ ? 2 * largest : swapped;
+  unscheduled_ = entries_.size();
   held_ = true;
   if (!options_.release_at_next_region) release();
 }
@@ -416,8 +412,13 @@ std::shared_ptr<SelectiveRegion::Slot> SelectiveRegion::pack(const at::Tensor& t
 at::Tensor SelectiveRegion::unpack(Slot& slot) {
   unpacked_ = true;
   if (slot.entry < 0) return slot.value;
-  if (!slot.value.defined()) replay_once();
   Entry& e = entries_[slot.entry];
+  if (!slot.value.defined() && !swap_in_alone_) replay_once();
+  if (!slot.value.defined() && swap_in_alone_ && !e.replayed.defined()) {
+    prefetch_ahead();
+    bring_back(slot.entry);
+    prefetch_ahead();
+  }
   at::Tensor t = slot.value;
   if (!t.defined()) {
     HP_CHECK(e.replayed.defined() && static_cast<int64_t>(e.replayed.storage().nbytes()) == e.op.bytes)
@@ -436,29 +437,53 @@ at::Tensor SelectiveRegion::unpack(Slot& slot) {
   return t;
 }
 
-void SelectiveRegion::prefetch_swapped() {
-  for (size_t k = 0; k < entries_.size(); ++k) {
-    Entry& e = entries_[k];
-    if (!e.keep || !e.swapped || e.prefetched.valid()) continue;
-    std::shared_ptr<StorageTier> tier = options_.swap_tier;
-    const std::string key = swap_key(k);
-    const int64_t n = e.op.bytes / static_cast<int64_t>(e.options.dtype().itemsize());
-    const at::TensorOptions opts = e.options;
-    e.prefetched = std::async(std::launch::async, [tier, key, n, opts, written = written_] {
-                     if (written.valid()) written.get();
-                     at::Tensor flat = at::empty({n}, opts);
-                     tier->read(key, flat);
-                     return flat;
-                   }).share();
+at::Tensor SelectiveRegion::bring_back(size_t k) {
+  Entry& e = entries_[k];
+  at::Tensor flat;
+  if (e.prefetched.valid()) {
+    const std::shared_future<at::Tensor> read = std::move(e.prefetched);
+    e.prefetched = {};  // it would hold the storage until the region goes
+    ahead_bytes_ -= e.op.bytes;
+    flat = read.get();
+  } else {
+    wait_written();
+    flat = at::empty({e.op.bytes / static_cast<int64_t>(e.options.dtype().itemsize())}, e.options);
+    options_.swap_tier->read(swap_key(k), flat);
+  }
+  e.back = true;
+  e.replayed = flat.as_strided(e.sizes, e.strides, e.offset);  // the whole storage: saved views index into it
+  return e.replayed;
+}
+
+void SelectiveRegion::prefetch_ahead() {
+  int64_t ahead = 0;
+  for (auto r = shared_from_this(); r; r = r->previous_.lock()) {
+    ahead += r->ahead_bytes_;
+    if (r->mode_ != Mode::Done || r->held_) continue;  // a held region has it all in memory
+    for (; r->unscheduled_ > 0; --r->unscheduled_) {
+      const size_t k = r->unscheduled_ - 1;
+      Entry& e = r->entries_[k];
+      if (!e.swapped || e.back || e.prefetched.valid()) continue;
+      if (ahead > 0 && ahead + e.op.bytes > r->swap_window_) return;
+      std::shared_ptr<StorageTier> tier = r->options_.swap_tier;
+      const std::string key = r->swap_key(k);
+      const int64_t n = e.op.bytes / static_cast<int64_t>(e.options.dtype().itemsize());
+      const at::TensorOptions opts = e.options;
+      e.prefetched = std::async(std::launch::async, [tier, key, n, opts, written = r->written_] {
+                       if (written.valid()) written.get();
+                       at::Tensor flat = at::empty({n}, opts);
+                       tier->read(key, flat);
+                       return flat;
+                     }).share();
+      ahead += e.op.bytes;
+      r->ahead_bytes_ += e.op.bytes;
+    }
   }
 }
 
 void SelectiveRegion::replay_once() {
   if (replayed_) return;
-  // The layer before runs its backward next: its swapped outputs start coming back now.
-  if (auto previous = previous_.lock(); previous && previous->mode_ == Mode::Done && !previous->held_ &&
-                                         !previous->replayed_)
-    previous->prefetch_swapped();
+  prefetch_ahead();  // what the replay reads that is not on its way yet
   HP_CHECK(mode_ == Mode::Done) << "checkpoint: a saved tensor unpacked before the region's forward ended";
   const RngState outer = get_rng_state();
   mode_ = Mode::Replay;
@@ -480,6 +505,7 @@ void SelectiveRegion::replay_once() {
                                        << entries_.size() << " (the region must run the same ops each time)";
   replayed_ = true;
   for (Entry& e : entries_) release_if_unused(e);  // what only the replay read
+  prefetch_ahead();  // the layer before runs its backward next
 }
 
 int64_t SelectiveRegion::kept_bytes() const {

@@ -17,9 +17,14 @@
 // its shape, the others run. Kept outputs that nothing in the replay reads and autograd did
 // not save are released too. MUST_SWAP outputs are kept in the swap tier instead of memory:
 // written while the next region runs its forward (host tensors by a thread, each let go once
-// written; a failed write is an error at the next region's release or at the replay), the
-// previous region's start coming back when this one's replay begins. The saved tensor
-// comes back as the same view of the replayed output. The graph is the forward's, so
+// written; a failed write is an error at the next region's release or at the backward).
+// Where nothing needs recomputing (every op swapped or kept: a swap_wrapper's region) there
+// is no replay: each output comes back alone when autograd first unpacks it, the next one in
+// the backward's order (this region's later ops, then the region before's) being read
+// meanwhile, so a backward holds its working set and two outputs more, not its region's
+// whole. A replay reads all the region's swapped outputs at once, and the region before's
+// start coming back once it has run. The saved tensor comes back as the same view of the
+// output. The graph is the forward's, so
 // gradients are bitwise those of a run without checkpointing. Once the region has
 // replayed, an output is released when autograd has dropped every saved tensor in it, as
 // autograd frees a saved tensor once its node has run; the last one unpacked takes it over.
@@ -116,6 +121,7 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
     bool keep = false;
     bool swapped = false;       // kept in the swap tier, not in memory
     std::shared_future<at::Tensor> prefetched;  // its storage, being read back
+    bool back = false;          // swapped, and brought back for the backward (not to be read again)
     bool demanded = false;      // the replay must produce it (for autograd, or for an op that must)
     int live_slots = 0;         // saved tensors of autograd's that point into it, not yet dropped
     int readers = 0;            // ops of the region that read it so far
@@ -146,7 +152,7 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
   // backward has begun by then.
   void release();
   // No replay will read a kept output any more: it has run, or never will.
-  bool replay_over() const { return replayed_ || (held_ && unpacked_); }
+  bool replay_over() const { return replayed_ || (unpacked_ && (held_ || swap_in_alone_)); }
   // Per entry, whether autograd or a recomputed op reads its output. A kept output is not
   // recomputed, so its inputs are not read for it, unless `through_kept`: then the answer
   // holds however the rest is chosen.
@@ -178,10 +184,22 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
   bool untracked_input_ = false;  // an op read a tensor of unknown origin: replay every op
   uint64_t id_;  // names its entries in the swap tier
   // The region made before this one on the thread (the layer before, in forward order): its
-  // swapped outputs are read back while this one's replay and backward run.
+  // swapped outputs are read back while this one's backward runs.
   std::weak_ptr<SelectiveRegion> previous_;
   double budget_left_ = 0;  // bytes of its memory budget (and those handed on to it) it did not keep
-  void prefetch_swapped();
+  // Everything its backward reads is kept, in memory or in the swap tier (a swap_wrapper's
+  // region): nothing replays, and each swapped output comes back alone when autograd first
+  // unpacks it, instead of the whole region at once.
+  bool swap_in_alone_ = false;
+  // Swapped output k's storage in the forward's layout, from its prefetch or read now.
+  at::Tensor bring_back(size_t k);
+  // Starts reading swapped outputs back in the backward's order (this region's last ops
+  // first, then the regions before it), while those read and not yet brought back stay
+  // within swap_window_ bytes.
+  void prefetch_ahead();
+  size_t unscheduled_ = 0;     // swapped outputs not yet brought back nor being read are all below it
+  int64_t swap_window_ = 0;    // two of its largest swapped outputs alone; all of them for a replay
+  int64_t ahead_bytes_ = 0;    // of its outputs being read, or read and not yet brought back
   std::shared_future<void> written_;  // its swapped outputs' writes, when a thread makes them
   void wait_written() const;
   friend void wait_for_swap_writes();
