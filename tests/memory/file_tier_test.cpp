@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 
 #include "hp/base/error.h"
 #include "hp/memory/storage_tier.h"
@@ -95,4 +96,21 @@ TEST(FileTier, ARemovedKeysFileServesTheNextNewKey) {
     tier.remove("c");
   }
   EXPECT_FALSE(std::filesystem::exists(dir)) << "the tier left files in " << dir;
+}
+
+// Files hold host tensors: a device tensor (here a meta one, as a CUDA one would be) is an
+// error naming the key and its device, not a write from a device pointer.
+TEST(FileTier, ADeviceTensorIsAnError) {
+  memory::FileTier tier(fresh_dir());
+  at::Tensor on_device = at::empty({4}, at::TensorOptions().device(at::kMeta));
+  for (auto run : {std::function<void()>([&] { tier.write("w", on_device); }),
+                   std::function<void()>([&] { tier.read("w", on_device); })}) {
+    try {
+      run();
+      ADD_FAILURE() << "expected an error";
+    } catch (const hp::Error& e) {
+      for (const char* word : {" w ", "meta", "HostTier"})
+        EXPECT_NE(std::string(e.what()).find(word), std::string::npos) << e.what();
+    }
+  }
 }

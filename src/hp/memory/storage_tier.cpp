@@ -51,6 +51,8 @@ void FileTier::recycle_into(const std::string& p, int64_t n) {
 }
 
 void FileTier::write(const std::string& key, const at::Tensor& t) {
+  HP_CHECK(t.is_cpu()) << "FileTier: " << key << " is a " << t.device()
+                       << " tensor; files hold host tensors (a device tensor's tier is HostTier)";
   const at::Tensor c = t.contiguous();
   const std::string p = path(key);
   bool fresh;
@@ -86,6 +88,8 @@ void FileTier::write(const std::string& key, const at::Tensor& t) {
 
 void FileTier::read(const std::string& key, at::Tensor& into) {
   HP_CHECK(into.is_contiguous()) << "FileTier: reading " << key << " into a non-contiguous tensor";
+  HP_CHECK(into.is_cpu()) << "FileTier: reading " << key << " into a " << into.device()
+                          << " tensor; files hold host tensors (a device tensor's tier is HostTier)";
   const std::string p = path(key);
   Fd f{::open(p.c_str(), O_RDONLY | O_CLOEXEC)};
   HP_CHECK(f.fd >= 0) << "FileTier: the offload file " << p << " cannot be opened: " << std::strerror(errno)
