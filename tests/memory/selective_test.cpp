@@ -617,21 +617,30 @@ TEST(SwapWrapper, BringsBackOneOutputAtATime) {
     layers(second)(layers(first)(x)).to_local().square().sum().backward();
     const std::vector<at::Tensor> want = grads();
 
-    auto tier = std::make_shared<CountingTier>(swap_files());
-    const CheckpointOptions o = swap_options(tier);
-    track_cpu_memory();
-    DTensor y = memory::checkpoint(layers(second), memory::checkpoint(layers(first), x, first, o), second, o);
-    at::Tensor loss = y.to_local().square().sum();
-    memory::wait_for_swap_writes();
-    const int64_t before = cpu_memory_allocated();
-    reset_cpu_memory_peak();
-    loss.backward();
-    const int64_t peak = cpu_memory_peak() - before;
-    EXPECT_GE(tier->written_bytes, 14 * 1024 * 64 * 4);  // all but the regions' outputs
-    EXPECT_LT(peak, tier->written_bytes / 2) << "the backward's peak, of " << tier->written_bytes << " bytes swapped";
-    for (const auto& [key, n] : tier->reads) EXPECT_EQ(n, 1) << key;
-    const std::vector<at::Tensor> got = grads();
-    for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], want[i])) << "gradient " << i;
+    // The backward's peak, and the bytes swapped, with `read_ahead` (0: the default).
+    auto run = [&](int64_t read_ahead) {
+      auto tier = std::make_shared<CountingTier>(swap_files());
+      CheckpointOptions o = swap_options(tier);
+      o.swap_read_ahead = read_ahead;
+      track_cpu_memory();
+      DTensor y = memory::checkpoint(layers(second), memory::checkpoint(layers(first), x, first, o), second, o);
+      at::Tensor loss = y.to_local().square().sum();
+      memory::wait_for_swap_writes();
+      const int64_t before = cpu_memory_allocated();
+      reset_cpu_memory_peak();
+      loss.backward();
+      const int64_t peak = cpu_memory_peak() - before;
+      EXPECT_GE(tier->written_bytes, 14 * 1024 * 64 * 4);  // all but the regions' outputs
+      for (const auto& [key, n] : tier->reads) EXPECT_EQ(n, 1) << key;
+      const std::vector<at::Tensor> got = grads();
+      for (size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], want[i])) << "gradient " << i;
+      return std::pair<int64_t, int64_t>(peak, tier->written_bytes);
+    };
+    const auto [peak, swapped] = run(0);
+    EXPECT_LT(peak, swapped / 2) << "the backward's peak, of " << swapped << " bytes swapped";
+    // Reading everything ahead brings it all back at the backward's start.
+    const auto [peak_all_ahead, swapped_again] = run(int64_t{1} << 40);
+    EXPECT_GT(peak_all_ahead, swapped_again * 3 / 4) << "read ahead of everything, " << swapped_again << " bytes swapped";
   });
 }
 
@@ -688,6 +697,9 @@ TEST(SelectiveCheckpoint, ImpossibleBudgetAndSwapAreErrors) {
   }
   EXPECT_THROW(kept_after_forward(kBlocks, budget(1.5)), hp::Error);
   EXPECT_THROW(kept_after_forward(kBlocks, policy(CheckpointPolicy::MUST_SWAP)), hp::Error);
+  CheckpointOptions behind = swap_options(swap_files());
+  behind.swap_read_ahead = -1;
+  EXPECT_THROW(kept_after_forward(kBlocks, behind), hp::Error);
   CheckpointOptions full;  // a full region has nothing to release later
   full.release_at_next_region = true;
   EXPECT_THROW(kept_after_forward(kBlocks, full), hp::Error);

@@ -368,6 +368,7 @@ bool is_selective(const CheckpointOptions& o) {
   const bool selective = static_cast<bool>(o.policy) || o.memory_budget.has_value();
   HP_CHECK(!selective || o.token_chunks == 1) << "checkpoint: token_chunks splits a fully recomputed region; a "
                                               << "selective policy or memory budget keeps outputs of the whole one";
+  HP_CHECK(o.swap_read_ahead >= 0) << "checkpoint: swap_read_ahead is a number of bytes, got " << o.swap_read_ahead;
   HP_CHECK(selective || !o.release_at_next_region)
       << "checkpoint: release_at_next_region defers what a selective region drops; a full region (no policy, no "
          "budget) keeps only its input";
@@ -396,6 +397,7 @@ DTensor selective_checkpoint(const std::function<DTensor(const DTensor&)>& fn, c
   o.replay_rng = options.preserve_rng_state;
   o.swap_tier = options.swap_tier;
   o.release_at_next_region = options.release_at_next_region;
+  o.swap_read_ahead = options.swap_read_ahead;
   auto region = std::make_shared<memory::SelectiveRegion>(o, std::move(replay));
   region->protect(input.to_local());
   for (DTensor* p : params) region->protect(p->to_local());

@@ -66,6 +66,15 @@ struct CheckpointOptions {
   // Where MUST_SWAP outputs go between forward and backward (e.g. a memory::FileTier), and
   // the matmul outputs a memory budget does not keep in memory.
   std::shared_ptr<memory::StorageTier> swap_tier;
+  // Where a region has nothing to recompute (swap_wrapper's), each swapped activation comes
+  // back when autograd first needs it, and the next ones in the backward's order (into the
+  // region before) are read meanwhile, up to this many bytes ahead; 0: two of the region's
+  // largest activations, one read while autograd works on the other (enough where reading
+  // an activation takes less than the backward ops between two of them: files in the page
+  // cache on a CPU). More hides more of a slow tier's reads, for as much memory more; a
+  // region's bytes is the classic one-layer-ahead prefetch. A region that replays reads all
+  // of its swapped outputs at once, and the region before's once it has replayed.
+  int64_t swap_read_ahead = 0;
   // Selective: what a region drops goes when the next region on the thread starts its
   // forward, not when its own ends. The region whose backward comes before another region
   // starts (the last block; each microbatch's on a pipeline's last stage) then keeps all it

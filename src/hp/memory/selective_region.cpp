@@ -281,8 +281,9 @@ void SelectiveRegion::decide() {
     if (e.owns_storage && e.demanded && !e.keep) swap_in_alone_ = false;
     if (e.swapped) swapped += e.op.bytes, largest = std::max(largest, e.op.bytes);
   }
-  // Alone, one output is read while autograd works on the one before; a replay needs them all.
-  swap_window_ = swap_in_alone_ ? 2 * largest : swapped;
+  // Alone, by default one output is read while autograd works on the one before; a replay
+  // needs them all.
+  swap_window_ = !swap_in_alone_ ? swapped : options_.swap_read_ahead > 0 ? options_.swap_read_ahead : 2 * largest;
   unscheduled_ = entries_.size();
   held_ = true;
   if (!options_.release_at_next_region) release();

@@ -77,6 +77,7 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
     bool replay_rng = true;
     std::shared_ptr<StorageTier> swap_tier;
     bool release_at_next_region = false;  // CheckpointOptions::release_at_next_region
+    int64_t swap_read_ahead = 0;          // CheckpointOptions::swap_read_ahead
   };
   // `replay` runs the region again (without gradients) as its forward did.
   SelectiveRegion(Options options, std::function<void()> replay);
@@ -198,7 +199,7 @@ class SelectiveRegion : public OpObserver, public std::enable_shared_from_this<S
   // within swap_window_ bytes.
   void prefetch_ahead();
   size_t unscheduled_ = 0;     // swapped outputs not yet brought back nor being read are all below it
-  int64_t swap_window_ = 0;    // two of its largest swapped outputs alone; all of them for a replay
+  int64_t swap_window_ = 0;    // alone: swap_read_ahead, or two of its largest outputs; a replay: all
   int64_t ahead_bytes_ = 0;    // of its outputs being read, or read and not yet brought back
   std::shared_future<void> written_;  // its swapped outputs' writes, when a thread makes them
   void wait_written() const;
