@@ -143,8 +143,9 @@ void checkpoint_wrapper(nn::Module& root, const std::vector<std::string>& patter
 // `tier` after its forward (a memory::HostTier for device tensors, a memory::FileTier on
 // disk) and comes back for its backward, each activation when autograd first needs it, the
 // next one read meanwhile (into the module before, when this one's are all back): nothing is
-// recomputed, and a backward holds its working set and two activations more. The options are those of checkpoint_wrapper with MUST_SWAP for
-// every op (swap_options), so a policy can mix swapping with saving and recomputing.
+// recomputed, and a backward holds its working set and two activations more. The options
+// are those of checkpoint_wrapper with MUST_SWAP for every op (swap_options), so a policy can
+// mix swapping with saving and recomputing.
 CheckpointOptions swap_options(std::shared_ptr<memory::StorageTier> tier);
 void swap_wrapper(nn::Module& module, std::shared_ptr<memory::StorageTier> tier);
 void swap_wrapper(nn::Module& root, const std::vector<std::string>& patterns,

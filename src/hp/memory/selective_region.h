@@ -24,10 +24,10 @@
 // meanwhile, so a backward holds its working set and two outputs more, not its region's
 // whole. A replay reads all the region's swapped outputs at once, and the region before's
 // start coming back once it has run. The saved tensor comes back as the same view of the
-// output. The graph is the forward's, so
-// gradients are bitwise those of a run without checkpointing. Once the region has
-// replayed, an output is released when autograd has dropped every saved tensor in it, as
-// autograd frees a saved tensor once its node has run; the last one unpacked takes it over.
+// output. The graph is the forward's, so gradients are bitwise those of a run without
+// checkpointing. Once the region has replayed (or, with no replay, its backward has begun),
+// an output is released when autograd has dropped every saved tensor in it, as autograd
+// frees a saved tensor once its node has run; the last one unpacked takes it over.
 //
 // LibTorch's default saved-tensor hooks are a Python stack; a C++ program gets them by
 // installing an autograd engine whose get_default_saved_variable_hooks returns ours while
