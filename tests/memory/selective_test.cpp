@@ -640,7 +640,28 @@ TEST(SwapWrapper, BringsBackOneOutputAtATime) {
     EXPECT_LT(peak, swapped / 2) << "the backward's peak, of " << swapped << " bytes swapped";
     // Reading everything ahead brings it all back at the backward's start.
     const auto [peak_all_ahead, swapped_again] = run(int64_t{1} << 40);
-    EXPECT_GT(peak_all_ahead, swapped_again * 3 / 4) << "read ahead of everything, " << swapped_again << " bytes swapped";
+    EXPECT_GT(peak_all_ahead, swapped_again * 3 / 4)
+        << "read ahead of everything, " << swapped_again << " bytes swapped";
+  });
+}
+
+// With the graph retained, a second backward through swapped regions finds what the first
+// brought back, and adds the same gradients again.
+TEST(SwapWrapper, ASecondBackwardWithTheGraphRetained) {
+  comm::run_local_ranks(1, [](int) {
+    DeviceMesh mesh = init_device_mesh("cpu", {1}, {"dp"});
+    SmallRegionTensors t = small_region_tensors(mesh, 5, {32, 32}, {32, 32});
+    auto fn = [&](const DTensor& in) { return linear(mul(linear(in, t.w1), t.s), t.w2); };
+    auto tier = std::make_shared<CountingTier>(swap_files());
+    const CheckpointOptions o = swap_options(tier);
+    DTensor y = memory::checkpoint(fn, memory::checkpoint(fn, t.x, {&t.w1, &t.w2, &t.s}, o), {&t.w1, &t.w2, &t.s}, o);
+    y.to_local().sum().backward({}, /*retain_graph=*/true);
+    const std::vector<at::Tensor> once = take_grads(t);
+    y.to_local().sum().backward();
+    const std::vector<at::Tensor> again = take_grads(t);
+    for (size_t i = 0; i < once.size(); ++i) EXPECT_TRUE(at::equal(again[i], once[i])) << "gradient " << i;
+    EXPECT_FALSE(tier->reads.empty());
+    for (const auto& [key, n] : tier->reads) EXPECT_EQ(n, 1) << key;
   });
 }
 
