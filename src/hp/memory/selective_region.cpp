@@ -23,7 +23,7 @@ namespace memory {
 namespace {
 
 thread_local SelectiveRegion* t_packing = nullptr;
-thread_local std::weak_ptr<SelectiveRegion> t_last_region;  // for prefetching one layer ahead
+thread_local std::weak_ptr<SelectiveRegion> t_last_region;  // the next region's previous_
 
 struct RegionHooks : torch::autograd::SavedVariableHooks {
   explicit RegionHooks(std::shared_ptr<SelectiveRegion> r) : region(std::move(r)) {}
