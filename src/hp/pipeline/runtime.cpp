@@ -318,11 +318,12 @@ PipelineRuntime::PipelineRuntime(std::vector<PipelineStage> stages, schedule::Sc
     HP_CHECK(st.pieces == stages_[0].pieces)
         << "pipeline stages " << stages_[0].stage_index << " and " << st.stage_index
         << " disagree on whether activations travel as pieces";
-  if (stages_[0].pieces)
+  if (stages_[0].pieces) {
     for (const auto& m : members_)
       HP_CHECK(m.size() == members_[0].size())
           << "pipeline: activations travel as pieces between ranks at the same place of meshes of one shape, "
           << "but schedule ranks' meshes hold " << members_[0].size() << " and " << m.size() << " ranks";
+  }
   if (!schedule_.has_comm()) schedule_ = schedule::lower_communication(schedule_);
   schedule::validate(schedule_);
 

@@ -140,7 +140,8 @@ void windows(Heap& h, const Reduction& c, int row, bool waited) {
 
 void all_reduce(Heap& h, at::Tensor t, ReduceOp op) {
   const int n = h.size();
-  const Reduction c{static_cast<char*>(t.data_ptr()), t.numel(), t.scalar_type(), op, t.element_size()};
+  const Reduction c{static_cast<char*>(t.data_ptr()), t.numel(), t.scalar_type(), op,
+                    static_cast<size_t>(t.element_size())};
   const size_t bytes = c.total * c.elem;
   h.announce(all_reduce_call(bytes, c.dtype, op));
   if (c.total == 0) return h.barrier("all_reduce");
