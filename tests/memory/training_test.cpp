@@ -150,6 +150,7 @@ TEST(MemoryTraining, Pp2Selective) { expect_same("pp", "ddp", "selective"); }
 TEST(MemoryTraining, Tp2SelectiveBudget) { expect_same("tp", "ddp", "selective", 0.5); }
 TEST(MemoryTraining, Tp2Swap) { expect_same("tp", "ddp", "swap"); }
 TEST(MemoryTraining, Tp2SwapBudget) { expect_same("tp", "ddp", "swap", 0.4); }
+TEST(MemoryTraining, Pp2Swap) { expect_same("pp", "ddp", "swap"); }
 TEST(MemoryTraining, Pp2SwapReleasedAtTheNextRegion) { expect_same("pp", "ddp", "swap", 0, false, true); }
 TEST(MemoryTraining, Pp2SelectiveBudgetReleasedAtTheNextRegion) {
   expect_same("pp", "ddp", "selective", 0.4, false, /*release_at_next_region=*/true);
